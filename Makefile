@@ -1,0 +1,24 @@
+# The two commands of the README: `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[cloud,dashboard,dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/onepool demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check broker providers pricing tests examples bench
+
+clean:
+	rm -rf $(VENV) .onepool .pytest_cache

@@ -1,0 +1,59 @@
+"""Apply a validated onepool.yaml to the database: teams, pools, nodes, settings."""
+
+from __future__ import annotations
+
+from sqlmodel import Session, select
+
+from broker.errors import NotConfigured
+from broker.model import Node, Pool, Setting, Team
+from broker.spec import ClusterConfig, parse_config
+
+CONFIG_KEY = "config"
+
+
+def apply_config(s: Session, cfg: ClusterConfig) -> None:
+    """Upsert teams and pools, create or retire nodes to match, and store the config.
+
+    A pool dropped from the config is deactivated (its history stays); nodes beyond a
+    pool's new count are retired (work running there finishes, nothing new lands).
+    """
+    for t in cfg.teams:
+        row = s.get(Team, t.name) or Team(name=t.name)
+        row.weight, row.priority_allowance_gpus = t.weight, t.priority_allowance_gpus
+        s.add(row)
+    names = {p.name for p in cfg.pools}
+    for old in s.exec(select(Pool)).all():
+        if old.name not in names:
+            old.active = False
+            s.add(old)
+    for p in cfg.pools:
+        row = s.get(Pool, p.name) or Pool(name=p.name, provider=p.provider, gpu_type=p.gpu_type,
+                                          gpus_per_node=p.gpus_per_node, nodes=p.nodes)
+        for k in ("provider", "gpu_type", "gpus_per_node", "nodes", "region",
+                  "price_per_node_hour", "store"):
+            setattr(row, k, getattr(p, k))
+        row.market, row.active = p.market.value, True
+        s.add(row)
+        s.flush()
+        for i in range(max(p.nodes, _node_count(s, p.name))):
+            nid = f"{p.name}-{i}"
+            node = s.get(Node, nid) or Node(id=nid, pool=p.name, gpus=p.gpus_per_node)
+            node.gpus = p.gpus_per_node
+            node.state = "up" if i < p.nodes else "retired"
+            s.add(node)
+    setting = s.get(Setting, CONFIG_KEY) or Setting(key=CONFIG_KEY)
+    setting.value = cfg.model_dump(mode="json")
+    s.add(setting)
+
+
+def _node_count(s: Session, pool: str) -> int:
+    return len(s.exec(select(Node.id).where(Node.pool == pool)).all())
+
+
+def applied_config(s: Session) -> ClusterConfig:
+    """The config last applied. Raises NotConfigured if none was."""
+    row = s.get(Setting, CONFIG_KEY)
+    if row is None:
+        raise NotConfigured("no onepool.yaml has been applied to this broker home yet: "
+                            "run `onepool apply -c onepool.yaml` (or start `onepool broker -c ...`)")
+    return parse_config(row.value, "stored config")

@@ -1,0 +1,292 @@
+"""The broker's cycle: read -> snapshot -> plan -> apply -> record, on an injected clock.
+
+Every step commits the database BEFORE it acts on the world (signal, start), and every
+action is idempotent, so a broker killed at any point and restarted (reconcile()) neither
+loses a job nor runs one twice:
+- an attempt row is written LAUNCHING before its processes start; reconcile() completes the
+  start, which finds processes a crashed broker had already started instead of starting more;
+- a preemption is written STOPPING before the signal; reconcile() signals again;
+- processes outlive the broker; their exit status is on disk, so an attempt that ended while
+  no broker ran is ended correctly on the next poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass, field
+
+from sqlmodel import Session, col, select
+
+from broker.checkpoints import CheckpointStore
+from broker.clock import Clock
+from broker.config_apply import applied_config
+from broker.errors import CheckpointError
+from broker.events import record
+from broker.model import Attempt, AttemptState, Checkpoint, EndReason, Job, JobState, Node
+from broker.policy import Placement, Plan, PolicyConfig, Preemption, plan
+from broker.snapshots import build_snapshot
+from broker.store import Store
+from providers.base import Executor, RankState
+from providers.local import LocalProcesses
+
+log = logging.getLogger("onepool.engine")
+REQUEUE = (EndReason.PREEMPTED, EndReason.LOST)
+
+
+@dataclass
+class CycleReport:
+    started: list[int] = field(default_factory=list)  # job ids
+    ended: list[tuple[int, str]] = field(default_factory=list)  # (job id, end reason)
+    preempted: list[int] = field(default_factory=list)  # victim job ids
+    killed: list[int] = field(default_factory=list)  # job ids killed after their grace
+    plan: Plan | None = None
+
+
+class Engine:
+    """Runs cycles over one broker home. Not thread-safe: one engine per home at a time."""
+
+    def __init__(self, store: Store, clock: Clock, executor: Executor | None = None,
+                 policy: PolicyConfig | None = None) -> None:
+        self.store = store
+        self.clock = clock
+        with store.session() as s:
+            self.config = applied_config(s)
+        self.settings = self.config.broker
+        self.executor: Executor = executor or LocalProcesses(store.home / "runs")
+        self.policy = policy or PolicyConfig(min_run_s=self.settings.min_run_s)
+
+    # -- start-up ---------------------------------------------------------------------------
+    def reconcile(self) -> None:
+        """After a (re)start: finish half-done launches and re-send pending stop signals."""
+        now = self.clock.now()
+        with self.store.session() as s:
+            attempts = s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED)).all()
+            for a in attempts:
+                job = s.get(Job, a.job_id)
+                assert job is not None
+                if a.state == AttemptState.LAUNCHING or len(a.handles) < len(a.alloc):
+                    self._start_ranks(a, job, recover=True)
+                    a.state = AttemptState.RUNNING
+                    record(s, now, "reconciled", "launch completed after a broker restart",
+                           job_id=job.id, attempt_id=a.id)
+                s.add(a)
+        with self.store.session() as s:
+            for a in s.exec(select(Attempt).where(Attempt.state == AttemptState.STOPPING)).all():
+                for h in a.handles:
+                    self.executor.signal(h, signal.SIGTERM)
+
+    # -- the cycle ------------------------------------------------------------------------
+    def cycle(self) -> CycleReport:
+        """One scheduling round. Returns what it did."""
+        rep = CycleReport()
+        now = self.clock.now()
+        with self.store.session() as s:
+            self._cancel_requested(s, now)
+        with self.store.session() as s:
+            self._poll(s, now, rep)
+        with self.store.session() as s:
+            self._refresh_checkpoints(s, now)
+        with self.store.session() as s:
+            snap = build_snapshot(s, now, self.policy, self.settings.fair_share_half_life_s)
+            p = plan(snap)
+            rep.plan = p
+            waiting = dict(p.waiting)
+            for j in s.exec(select(Job).where(Job.state == JobState.PENDING)).all():
+                if j.waiting_reason != waiting.get(j.id):
+                    j.waiting_reason = waiting.get(j.id)
+                    s.add(j)
+        for pre in p.preemptions:
+            self._preempt(pre, now, rep)
+        for pl in p.placements:
+            self._launch(pl, now, rep)
+        return rep
+
+    def _cancel_requested(self, s: Session, now: float) -> None:
+        for j in s.exec(select(Job).where(col(Job.cancel_requested).is_(True),
+                                          Job.state.in_([JobState.PENDING, JobState.RUNNING]))):
+            if j.state == JobState.PENDING:
+                j.state, j.end_time = JobState.CANCELLED, now
+                record(s, now, "cancelled", "cancelled while pending", job_id=j.id)
+                s.add(j)
+                continue
+            for a in s.exec(select(Attempt).where(Attempt.job_id == j.id,
+                                                  Attempt.state == AttemptState.RUNNING)):
+                self._request_stop(s, a, now, "cancelled")
+
+    def _request_stop(self, s: Session, a: Attempt, now: float, reason: str,
+                      by: int | None = None) -> None:
+        a.state, a.stop_requested_at, a.stop_reason, a.preempted_by = (
+            AttemptState.STOPPING, now, reason, by)
+        s.add(a)
+        s.commit()  # the intent is durable before the signal
+        for h in a.handles:
+            self.executor.signal(h, signal.SIGTERM)
+
+    def _poll(self, s: Session, now: float, rep: CycleReport) -> None:
+        active = s.exec(select(Attempt).where(
+            col(Attempt.state).in_([AttemptState.RUNNING, AttemptState.STOPPING]))).all()
+        for a in active:
+            st = [self.executor.status(h) for h in a.handles]
+            running = [x for x in st if x.state == RankState.RUNNING]
+            if running:
+                failed = any(x.state == RankState.EXITED and x.exit_code for x in st)
+                if failed and a.state == AttemptState.RUNNING:
+                    self._request_stop(s, a, now, "failed")
+                elif (a.state == AttemptState.STOPPING and a.stop_requested_at is not None
+                      and now - a.stop_requested_at >= self.settings.grace_s):
+                    for h in a.handles:
+                        self.executor.signal(h, signal.SIGKILL)
+                    record(s, now, "killed", f"still running {self.settings.grace_s:g}s after "
+                           "SIGTERM: killed", job_id=a.job_id, attempt_id=a.id)
+                    rep.killed.append(a.job_id)
+                continue
+            codes = [x.exit_code for x in st]
+            all_ok = all(x.state == RankState.EXITED and x.exit_code == 0 for x in st)
+            lost = any(x.state == RankState.LOST for x in st)
+            if all_ok:
+                reason = EndReason.COMPLETED
+            elif a.stop_reason == "preempted":
+                reason = EndReason.PREEMPTED
+            elif a.stop_reason == "cancelled":
+                reason = EndReason.CANCELLED
+            elif a.stop_reason == "failed" or not lost:
+                reason = EndReason.FAILED
+            else:
+                reason = EndReason.LOST
+            code = next((c for c in codes if c), 0 if all_ok else None)
+            self._end(s, a, now, reason, code)
+            rep.ended.append((a.job_id, reason.value))
+
+    def _end(self, s: Session, a: Attempt, now: float, reason: EndReason, code: int | None) -> None:
+        job = s.get(Job, a.job_id)
+        assert job is not None
+        self._refresh_job_checkpoints(s, job, a, now)
+        a.state, a.ended_at, a.end_reason, a.exit_code = AttemptState.ENDED, now, reason, code
+        if reason != EndReason.COMPLETED:
+            since = a.started_at if a.last_checkpoint_at is None else max(a.started_at,
+                                                                          a.last_checkpoint_at)
+            a.lost_gpu_s = max(0.0, now - since) * a.gpus
+        s.add(a)
+        if reason in REQUEUE:
+            job.state, job.queued_at = JobState.PENDING, now
+            if reason == EndReason.PREEMPTED:
+                job.preemptions += 1
+            msg = (f"preempted for job {a.preempted_by}" if reason == EndReason.PREEMPTED
+                   else "processes vanished without an exit status")
+            record(s, now, reason.value.lower(), f"{msg}; back in the queue (lost "
+                   f"{a.lost_gpu_s:.0f} GPU-s since step {a.reached_step})",
+                   job_id=job.id, attempt_id=a.id, lost_gpu_s=a.lost_gpu_s,
+                   preempted_by=a.preempted_by)
+        else:
+            job.state = {EndReason.COMPLETED: JobState.SUCCEEDED,
+                         EndReason.CANCELLED: JobState.CANCELLED}.get(reason, JobState.FAILED)
+            job.end_time = now
+            record(s, now, job.state.lower(), f"attempt {a.number} ended: {reason.value}"
+                   + (f" (exit code {code})" if code else ""),
+                   job_id=job.id, attempt_id=a.id, exit_code=code)
+        s.add(job)
+        s.commit()
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def _refresh_checkpoints(self, s: Session, now: float) -> None:
+        rows = s.exec(select(Attempt, Job).join(Job, Job.id == Attempt.job_id)
+                      .where(Attempt.state != AttemptState.ENDED)).all()
+        for a, j in rows:
+            self._refresh_job_checkpoints(s, j, a, now)
+
+    def _refresh_job_checkpoints(self, s: Session, job: Job, a: Attempt, now: float) -> None:
+        """Index newly committed checkpoints; their time is when this broker first saw them."""
+        found = CheckpointStore(job.checkpoint_uri).committed(after=job.last_step)
+        for m in reversed(found):
+            s.add(Checkpoint(job_id=job.id, step=m.step, attempt_id=a.id, uri=m.uri,
+                             observed_at=now, written_at=m.time, bytes=m.bytes))
+        if found:
+            job.last_step, job.last_checkpoint_at = found[0].step, now
+            a.reached_step, a.last_checkpoint_at = found[0].step, now
+            s.add(job)
+            s.add(a)
+
+    # -- acting on the plan -----------------------------------------------------------------
+    def _preempt(self, pre: Preemption, now: float, rep: CycleReport) -> None:
+        with self.store.session() as s:
+            a = s.get(Attempt, pre.attempt_id)
+            if a is None or a.state != AttemptState.RUNNING:
+                return
+            record(s, now, "preempting", f"SIGTERM for job {pre.for_job_id}; "
+                   f"{self.settings.grace_s:g}s grace to checkpoint", job_id=a.job_id,
+                   attempt_id=a.id, for_job=pre.for_job_id, est_lost_gpu_s=pre.lost_gpu_s)
+            self._request_stop(s, a, now, "preempted", pre.for_job_id)
+            rep.preempted.append(a.job_id)
+
+    def _launch(self, pl: Placement, now: float, rep: CycleReport) -> None:
+        with self.store.session() as s:
+            job = s.get(Job, pl.job_id)
+            if job is None or job.state != JobState.PENDING or job.cancel_requested:
+                return
+            slots = self._free_slots(s, pl)
+            restore, notes = self._restore_point(job)
+            a = Attempt(job_id=job.id, number=job.attempts + 1, pool=pl.pool,
+                        alloc=[[node, slots[node]] for node, _ in pl.alloc],
+                        priority=pl.priority.value, started_at=now, gpus=sum(g for _, g in pl.alloc),
+                        restored_step=restore)
+            job.state, job.attempts = JobState.RUNNING, job.attempts + 1
+            job.wait_s += max(0.0, now - job.queued_at)
+            job.waiting_reason = None
+            s.add(a)
+            s.add(job)
+            for note in notes:
+                record(s, now, "checkpoint_damaged", note, job_id=job.id)
+            s.commit()  # LAUNCHING is durable before any process starts
+            self._start_ranks(a, job, recover=False)
+            a.state = AttemptState.RUNNING
+            where = ", ".join(f"{node}[{','.join(map(str, sl))}]" for node, sl in a.alloc)
+            record(s, now, "started", f"attempt {a.number} on {pl.pool}: {where}"
+                   + (f"; resuming from step {restore}" if restore is not None else ""),
+                   job_id=job.id, attempt_id=a.id, pool=pl.pool, restored_step=restore,
+                   priority=pl.priority.value)
+            s.add(a)
+            rep.started.append(job.id)
+
+    def _restore_point(self, job: Job) -> tuple[int | None, list[str]]:
+        if job.last_step is None:
+            return None, []
+        try:
+            m, notes = CheckpointStore(job.checkpoint_uri).latest_valid()
+        except (OSError, CheckpointError) as e:
+            return None, [f"checkpoint store unreadable ({e}); starting from scratch"]
+        return (m.step if m else None), notes
+
+    def _free_slots(self, s: Session, pl: Placement) -> dict[str, list[int]]:
+        used: dict[str, set[int]] = {}
+        for a in s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED)).all():
+            for node, slots in a.alloc:
+                used.setdefault(node, set()).update(slots)
+        out = {}
+        for node, g in pl.alloc:
+            row = s.get(Node, node)
+            assert row is not None, node
+            free = [i for i in range(row.gpus) if i not in used.get(node, set())]
+            out[node] = free[:g]
+        return out
+
+    def _start_ranks(self, a: Attempt, job: Job, *, recover: bool) -> None:
+        pool = self.config.pool(a.pool)
+        handles = list(a.handles)
+        for rank, (_node, slots) in enumerate(a.alloc):
+            if rank < len(handles):
+                continue
+            env = {**job.env,
+                   "ONEPOOL_JOB_ID": str(job.id), "ONEPOOL_ATTEMPT": str(a.number),
+                   "ONEPOOL_RANK": str(rank), "ONEPOOL_WORLD_SIZE": str(len(a.alloc)),
+                   "ONEPOOL_CHECKPOINT_URI": job.checkpoint_uri,
+                   "ONEPOOL_RESTORE_STEP": "" if a.restored_step is None else str(a.restored_step),
+                   "ONEPOOL_GRACE_S": f"{self.settings.grace_s:g}",
+                   "ONEPOOL_CHECKPOINT_INTERVAL_S": f"{job.checkpoint_interval_s:g}",
+                   "ONEPOOL_POOL": pool.name, "ONEPOOL_PROVIDER": pool.provider,
+                   "ONEPOOL_REGION": pool.region, "ONEPOOL_GPU_TYPE": pool.gpu_type,
+                   "CUDA_VISIBLE_DEVICES": ",".join(map(str, slots))}
+            if job.workdir:
+                env["ONEPOOL_WORKDIR"] = job.workdir
+            handles.append(self.executor.start(a.id, rank, list(job.command), env, recover=recover))
+        a.handles = handles

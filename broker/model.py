@@ -1,0 +1,156 @@
+"""SQLModel tables: the broker's persistent state. Times are float seconds on the broker's clock.
+
+Object storage is the truth for checkpoints; the Checkpoint table is the broker's index of
+what it has seen committed there.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import JSON, Column, Index
+from sqlmodel import Field, SQLModel
+
+
+class JobState(StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def final(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class AttemptState(StrEnum):
+    LAUNCHING = "LAUNCHING"  # row written, processes may or may not have started
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"  # signalled; killed after the grace period
+    ENDED = "ENDED"
+
+
+class EndReason(StrEnum):
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    PREEMPTED = "PREEMPTED"
+    CANCELLED = "CANCELLED"
+    LOST = "LOST"  # the processes vanished without an exit status (node failure, reboot)
+
+
+def _json(default: Any = None) -> Any:
+    return Field(default_factory=lambda: default() if callable(default) else default,
+                 sa_column=Column(JSON, nullable=False))
+
+
+class Setting(SQLModel, table=True):
+    key: str = Field(primary_key=True, max_length=64)
+    value: dict = _json(dict)
+
+
+class Team(SQLModel, table=True):
+    name: str = Field(primary_key=True, max_length=63)
+    weight: float = 1.0
+    priority_allowance_gpus: int = 8
+
+
+class Pool(SQLModel, table=True):
+    name: str = Field(primary_key=True, max_length=63)
+    provider: str = Field(max_length=32)
+    gpu_type: str = Field(max_length=40)
+    gpus_per_node: int
+    nodes: int
+    region: str = Field(default="local", max_length=64)
+    market: str = Field(default="onprem", max_length=16)
+    price_per_node_hour: float = 0.0
+    store: str | None = None
+    active: bool = True
+
+
+class Node(SQLModel, table=True):
+    id: str = Field(primary_key=True, max_length=128)
+    pool: str = Field(foreign_key="pool.name", index=True, max_length=63)
+    gpus: int
+    state: str = Field(default="up", max_length=16)  # up | retired
+
+
+class Job(SQLModel, table=True):
+    __table_args__ = (Index("ix_job_state_submit", "state", "submit_time"),)
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=63)
+    experiment: str = Field(default="default", max_length=63, index=True)
+    team: str = Field(foreign_key="team.name", index=True, max_length=63)
+    command: list = _json(list)
+    env: dict = _json(dict)
+    workdir: str | None = None
+    gpus_per_node: int = 1
+    nodes: int = 1
+    gpu_types: list = _json(list)
+    priority: str = Field(default="normal", max_length=16)
+    budget_usd: float | None = None
+    spot: str = Field(default="allowed", max_length=16)
+    checkpoint_interval_s: float = 1800.0
+    expected_duration_s: float | None = None
+    state: str = Field(default=JobState.PENDING, max_length=16)
+    submit_time: float
+    queued_at: float  # when it last became PENDING (wait accounting)
+    end_time: float | None = None
+    wait_s: float = 0.0  # total time spent PENDING before its attempts started
+    cancel_requested: bool = False
+    attempts: int = 0
+    preemptions: int = 0
+    checkpoint_uri: str = ""
+    last_step: int | None = None  # newest committed checkpoint step seen
+    last_checkpoint_at: float | None = None
+    waiting_reason: str | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+class Attempt(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id", index=True)
+    number: int
+    pool: str = Field(foreign_key="pool.name", max_length=63)
+    alloc: list = _json(list)  # [[node_id, [slot, ...]], ...], one entry per rank
+    priority: str = Field(max_length=16)  # effective class when placed
+    state: str = Field(default=AttemptState.LAUNCHING, max_length=16, index=True)
+    started_at: float
+    ended_at: float | None = None
+    end_reason: str | None = Field(default=None, max_length=16)
+    exit_code: int | None = None
+    stop_requested_at: float | None = None
+    stop_reason: str | None = Field(default=None, max_length=16)  # preempted | cancelled
+    preempted_by: int | None = None
+    handles: list = _json(list)  # provider handles, one per rank
+    restored_step: int | None = None
+    reached_step: int | None = None
+    last_checkpoint_at: float | None = None
+    lost_gpu_s: float = 0.0
+    gpus: int = 0
+
+
+class Checkpoint(SQLModel, table=True):
+    __table_args__ = (Index("ix_checkpoint_job_step", "job_id", "step", unique=True),)
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id")
+    step: int
+    attempt_id: int | None = None
+    uri: str
+    observed_at: float
+    written_at: float | None = None
+    bytes: int = 0
+
+
+class Event(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    time: float = Field(index=True)
+    job_id: int | None = Field(default=None, index=True)
+    attempt_id: int | None = None
+    kind: str = Field(max_length=32)
+    message: str = ""
+    data: dict = _json(dict)

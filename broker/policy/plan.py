@@ -1,0 +1,265 @@
+"""plan(snapshot) -> Plan: the one scheduling decision. Pure: no IO, no clock, no mutation.
+
+The live engine and the trace simulator both call this; only their IO differs.
+
+The cycle, step by step:
+1. Free GPUs per node = capacity minus what running attempts hold (stopping ones still hold
+   theirs until they exit).
+2. Effective class (anti-capture): per team, high/urgent GPUs beyond the team's allowance are
+   scheduled as normal. Running attempts keep their class oldest first; pending jobs take
+   what allowance is left, in queue order.
+3. Queue order: effective class (urgent first), then the team's decayed usage divided by its
+   fair-share weight (lighter users first), then submit time (a requeued job keeps its
+   original one), then job id.
+4. For each job in that order:
+   a. candidate pools: GPU type acceptable, market allowed by its spot policy, partition
+      admits its team, nodes big and many enough. None: it waits with a reason.
+   b. it fits on free GPUs: placed, gang all-or-none in one pool; cheapest pool first, then
+      the smallest node size that fits, then best-fit nodes (fullest that still fit).
+   c. it is blocked, and victims are already stopping for it: it holds the GPUs on their
+      nodes and waits for them; no new victims unless those are no longer enough.
+   d. it is blocked and preemption is on: the fewest victims of strictly lower class
+      (see broker.policy.victims for the order) are chosen, and it holds their nodes.
+   e. still blocked: the first `reservations` such jobs hold the free GPUs of the nodes that
+      would fit them soonest, so backfill cannot starve them; with backfill off, the queue
+      stops here.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from broker.policy.capacity import Capacity
+from broker.policy.snapshot import (
+    Alloc,
+    PendingView,
+    Placement,
+    Plan,
+    PolicyConfig,
+    PoolView,
+    Preemption,
+    RunningView,
+    Snapshot,
+)
+from broker.policy.victims import VictimKey, lost_gpu_s, pick_nodes, preemptable, victim_key
+from broker.spec import Priority, market_ok
+
+NORMAL_RANK = Priority.NORMAL.rank
+PRIORITY_RANKS = (Priority.HIGH.rank, Priority.URGENT.rank)
+
+
+def plan(snapshot: Snapshot, now: float | None = None) -> Plan:
+    """Decide placements, preemptions and reservations for one cycle.
+
+    `now` defaults to snapshot.now. The snapshot is not modified. Deterministic: the same
+    snapshot gives the same plan.
+    """
+    return _Planner(snapshot, snapshot.now if now is None else now).run()
+
+
+class _Planner:
+    def __init__(self, snap: Snapshot, now: float) -> None:
+        self.s = snap
+        self.now = now
+        self.cfg: PolicyConfig = snap.config
+        used: dict[str, int] = defaultdict(int)
+        for r in snap.running:
+            for node, g in r.alloc:
+                used[node] += g
+        self.cap = Capacity(snap.pools, used)
+        self.pools = {p.name: p for p in snap.pools}
+        self.teams = {t.name: t for t in snap.teams}
+        self.placements: list[Placement] = []
+        self.preemptions: list[Preemption] = []
+        self.reservations: list[tuple[int, Alloc]] = []
+        self.waiting: list[tuple[int, str]] = []
+        self.demoted: list[int] = []
+        self._cands: dict[tuple, list[PoolView]] = {}
+
+    # -- step 2: effective classes -------------------------------------------------------
+    def _effective_running(self) -> dict[int, int]:
+        rank = {r.attempt_id: r.priority.rank for r in self.s.running}
+        self.priority_used: dict[str, int] = defaultdict(int)
+        if not self.cfg.anti_capture:
+            return rank
+        prio = sorted((r for r in self.s.running if r.priority.rank in PRIORITY_RANKS),
+                      key=lambda r: (r.started_at, r.attempt_id))
+        for r in prio:
+            allowance = self._allowance(r.team)
+            if self.priority_used[r.team] + r.gpus <= allowance:
+                self.priority_used[r.team] += r.gpus
+            else:
+                rank[r.attempt_id] = NORMAL_RANK
+        return rank
+
+    def _allowance(self, team: str) -> int:
+        t = self.teams.get(team)
+        return t.priority_allowance_gpus if t else 1 << 30
+
+    def _share(self, team: str) -> float:
+        if not self.cfg.fair_share:
+            return 0.0
+        t = self.teams.get(team)
+        return t.usage / t.weight if t else 0.0
+
+    def _queue(self) -> list[tuple[int, PendingView]]:
+        pend = self.s.pending
+        if not self.cfg.classes:
+            return [(j.priority.rank, j) for j in sorted(pend, key=lambda j: (j.submit_time, j.job_id))]
+        share = {t: self._share(t) for t in {j.team for j in pend}}
+        raw = sorted(pend, key=lambda j: (-j.priority.rank, share[j.team], j.submit_time, j.job_id))
+        out: list[tuple[int, PendingView]] = []
+        for j in raw:
+            r = j.priority.rank
+            if self.cfg.anti_capture and r in PRIORITY_RANKS:
+                if self.priority_used[j.team] + j.gpus <= self._allowance(j.team):
+                    self.priority_used[j.team] += j.gpus
+                else:
+                    r = NORMAL_RANK
+                    self.demoted.append(j.job_id)
+            out.append((r, j))
+        if self.demoted:
+            out.sort(key=lambda e: (-e[0], share[e[1].team], e[1].submit_time, e[1].job_id))
+        return out
+
+    # -- step 4a: candidate pools --------------------------------------------------------
+    def _candidates(self, j: PendingView) -> list[PoolView]:
+        key = (j.gpu_types, j.spot, j.team, j.gpus_per_node, j.nodes)
+        got = self._cands.get(key)
+        if got is None:
+            got = [p for p in self.s.pools
+                   if (not j.gpu_types or p.gpu_type in j.gpu_types)
+                   and market_ok(j.spot, p.market)
+                   and (p.teams is None or j.team in p.teams)
+                   and p.gpus_per_node >= j.gpus_per_node and len(p.nodes) >= j.nodes]
+            got.sort(key=lambda p: (p.market != "onprem", p.price_per_gpu_hour,
+                                    p.gpus_per_node, p.name))
+            self._cands[key] = got
+        return got
+
+    # -- step 4 ---------------------------------------------------------------------------
+    def run(self) -> Plan:
+        eff = self._effective_running()
+        incoming: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for r in self.s.running:
+            if r.stopping and r.stopping_for is not None:
+                for node, g in r.alloc:
+                    incoming[r.stopping_for][node] += g
+        # Victim candidates per node, sorted by the documented key (computed once).
+        self.by_node: dict[str, list[tuple[VictimKey, RunningView, int]]] = defaultdict(list)
+        self.chosen: set[int] = set()
+        self.eff = eff
+        mode, min_run = self.cfg.victim_order, self.cfg.min_run_s
+        lowest = None
+        if self.cfg.preemption:
+            for r in self.s.running:
+                if preemptable(r, self.now, min_run):
+                    k = victim_key(r, eff[r.attempt_id], self.now, mode)
+                    for node, g in r.alloc:
+                        self.by_node[node].append((k, r, g))
+                    lowest = eff[r.attempt_id] if lowest is None else min(lowest, eff[r.attempt_id])
+            for lst in self.by_node.values():
+                lst.sort(key=lambda e: e[0])
+        failed: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+        no_victims: set[tuple] = set()
+        reservations_left = self.cfg.reservations
+        stopped = False
+        for rank, j in self._queue():
+            cands = self._candidates(j)
+            if not cands:
+                self.waiting.append((j.job_id, "no pool matches its GPU types, spot policy and shape"))
+                continue
+            if stopped:
+                self.waiting.append((j.job_id, "behind a blocked job (backfill is off)"))
+                continue
+            fkey = (tuple(p.name for p in cands),)
+            g, n = j.gpus_per_node, j.nodes
+            if not any(g0 <= g and n0 <= n for g0, n0 in failed[fkey]):
+                if self._try_place(j, rank, cands):
+                    continue
+                failed[fkey].append((g, n))
+            inc = incoming.get(j.job_id)
+            if inc and self._wait_for_incoming(j, cands, inc):
+                continue
+            vkey = (fkey, g, n, rank)
+            # The no-victims cache only holds for jobs without GPUs already coming to them.
+            if lowest is not None and rank > lowest and (inc or vkey not in no_victims):
+                if self._preempt_for(j, rank, cands, inc or {}):
+                    continue
+                if not inc:
+                    no_victims.add(vkey)
+            if reservations_left > 0:
+                reservations_left -= 1
+                self._reserve_head(j, cands)
+            else:
+                self.waiting.append((j.job_id, "no free GPUs of an acceptable type"))
+            if not self.cfg.backfill:
+                stopped = True
+        return Plan(tuple(self.placements), tuple(self.preemptions), tuple(self.reservations),
+                    tuple(self.waiting), tuple(self.demoted))
+
+    def _try_place(self, j: PendingView, rank: int, cands: list[PoolView]) -> bool:
+        for p in cands:
+            if self.cap.count_fit(p.name, j.gpus_per_node, j.nodes):
+                alloc = self.cap.take(p.name, j.gpus_per_node, j.nodes)
+                self.placements.append(Placement(j.job_id, p.name, alloc, _prio(rank)))
+                return True
+        return False
+
+    def _wait_for_incoming(self, j: PendingView, cands: list[PoolView], inc: dict[str, int]) -> bool:
+        g, n = j.gpus_per_node, j.nodes
+        for p in cands:
+            nodes = [nd for nd in _pool_nodes(p)
+                     if self.cap.free[nd] + inc.get(nd, 0) >= g]
+            if len(nodes) >= n:
+                nodes.sort(key=lambda nd: (-inc.get(nd, 0), -self.cap.free[nd], nd))
+                held = self.cap.hold(nodes[:n], g)
+                self.reservations.append((j.job_id, held))
+                self.waiting.append((j.job_id, "waiting for preempted jobs to stop"))
+                return True
+        return False
+
+    def _preempt_for(self, j: PendingView, rank: int, cands: list[PoolView],
+                     inc: dict[str, int]) -> bool:
+        chosen = self.chosen
+
+        def eligible(r: RunningView, key: VictimKey) -> bool:
+            return key[0] < rank and r.attempt_id not in chosen
+
+        base = {nd: f + inc.get(nd, 0) for nd, f in self.cap.free.items()} if inc else self.cap.free
+        best = None
+        for p in cands:
+            got = pick_nodes(_pool_nodes(p), j.nodes, j.gpus_per_node, base, self.by_node, eligible)
+            if got is not None and (best is None or got[0] < best[0]):
+                best = got
+        if best is None:
+            return False
+        _, nodes, victims = best
+        for aid in sorted(victims):
+            r = victims[aid]
+            chosen.add(aid)
+            self.preemptions.append(Preemption(aid, r.job_id, j.job_id, lost_gpu_s(r, self.now)))
+        held = self.cap.hold(nodes, j.gpus_per_node)
+        self.reservations.append((j.job_id, held))
+        self.waiting.append((j.job_id, f"preempting {len(victims)} job(s)"))
+        return True
+
+    def _reserve_head(self, j: PendingView, cands: list[PoolView]) -> None:
+        best: tuple[int, str, list[str]] | None = None
+        for p in cands:
+            nodes = self.cap.fullest(p.name, j.nodes, {})
+            have = sum(min(self.cap.free[nd], j.gpus_per_node) for nd in nodes)
+            if best is None or have > best[0]:
+                best = (have, p.name, nodes)
+        assert best is not None
+        held = self.cap.hold(best[2], j.gpus_per_node)
+        self.reservations.append((j.job_id, held))
+        self.waiting.append((j.job_id, f"head of the queue: holding {best[0]} GPUs in {best[1]}"))
+
+
+def _pool_nodes(p: PoolView) -> list[str]:
+    return [nd.id for nd in p.nodes]
+
+
+def _prio(rank: int) -> Priority:
+    return next(p for p in Priority if p.rank == rank)

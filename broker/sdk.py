@@ -1,0 +1,170 @@
+"""The Python SDK: submit, inspect, cancel and wait for jobs.
+
+    from broker.sdk import Client
+    c = Client()                                   # $ONEPOOL_HOME or ./.onepool
+    job = c.submit(name="bert", team="nlp", command=["python", "train.py"],
+                   gpus_per_node=2, priority="high", budget_usd=40)
+    c.wait([job.id])
+
+The client writes to the same database the broker reads; the broker picks new jobs up on
+its next cycle. Every method raises SpecError (bad input), NotFound, InvalidState or
+NotConfigured with a message that says what to fix.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import col, select
+
+from broker.checkpoints import job_prefix
+from broker.clock import Clock, SystemClock
+from broker.config_apply import applied_config, apply_config
+from broker.errors import InvalidState, NotFound, SpecError
+from broker.events import record
+from broker.model import Attempt, Event, Job, JobState
+from broker.spec import ClusterConfig, JobSpec, check_job_fits, load_config, parse_job
+from broker.store import Store
+from broker.views import EventInfo, JobInfo
+
+FINAL = {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value}
+
+
+class Client:
+    def __init__(self, home: str | os.PathLike[str] | None = None, *, url: str | None = None,
+                 clock: Clock | None = None, store: Store | None = None) -> None:
+        self.store = store or Store(home, url)
+        self.clock = clock or SystemClock()
+
+    # -- configuration ----------------------------------------------------------------------
+    def apply(self, config: ClusterConfig | str | Path) -> ClusterConfig:
+        """Apply an onepool.yaml (path or parsed). Raises SpecError for bad content."""
+        cfg = config if isinstance(config, ClusterConfig) else load_config(config)
+        with self.store.session() as s:
+            apply_config(s, cfg)
+        return cfg
+
+    def config(self) -> ClusterConfig:
+        with self.store.session() as s:
+            return applied_config(s)
+
+    def checkpoint_root(self, cfg: ClusterConfig) -> str:
+        return cfg.broker.checkpoint_store or f"file://{self.store.home / 'checkpoints'}"
+
+    # -- jobs -------------------------------------------------------------------------------
+    def submit(self, spec: JobSpec | dict[str, Any] | None = None, /, *,
+               priority: str | None = None, budget_usd: float | None = None,
+               **fields: Any) -> JobInfo:
+        """Queue a job. `spec` (a JobSpec or dict) and keyword fields are merged, keywords win.
+
+        Raises SpecError naming the bad field and the allowed values (unknown team, GPU type
+        no pool has, a shape no pool can hold, ...). Nothing is written on error.
+        """
+        data: dict[str, Any] = {}
+        if isinstance(spec, JobSpec):
+            data = spec.model_dump()
+        elif isinstance(spec, dict):
+            data = dict(spec)
+        elif spec is not None:
+            raise SpecError("job", [f"(root): expected a JobSpec or a dict, got {type(spec).__name__}"])
+        data.update(fields)
+        if priority is not None:
+            data["priority"] = priority
+        if budget_usd is not None:
+            data["budget_usd"] = budget_usd
+        cfg = self.config()
+        js = parse_job(data)
+        check_job_fits(js, cfg)
+        now = self.clock.now()
+        with self.store.session() as s:
+            job = Job(name=js.name, experiment=js.experiment, team=js.team, command=js.command,
+                      env=js.env, workdir=js.workdir or os.getcwd(),
+                      gpus_per_node=js.gpus_per_node, nodes=js.nodes, gpu_types=js.gpu_types,
+                      priority=js.priority.value, budget_usd=js.budget_usd, spot=js.spot.value,
+                      checkpoint_interval_s=js.checkpoint_interval_s,
+                      expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now)
+            s.add(job)
+            s.flush()
+            assert job.id is not None
+            job.checkpoint_uri = job_prefix(self.checkpoint_root(cfg), js.team, js.experiment, job.id)
+            record(s, now, "submitted", f"{js.priority.value} job, {js.nodes}x{js.gpus_per_node} "
+                   f"GPUs, team {js.team}", job_id=job.id)
+            s.add(job)
+        return self.get(job.id)
+
+    def get(self, job_id: int) -> JobInfo:
+        """The job with its attempts. Raises NotFound."""
+        with self.store.session() as s:
+            j = s.get(Job, job_id)
+            if j is None:
+                raise NotFound(f"no job with id {job_id}")
+            atts = list(s.exec(select(Attempt).where(Attempt.job_id == job_id)).all())
+            return JobInfo.of(j, atts, self.clock.now())
+
+    def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
+             experiment: str | None = None) -> list[JobInfo]:
+        """Jobs, oldest first, optionally filtered."""
+        with self.store.session() as s:
+            q = select(Job).order_by(Job.id)
+            if status:
+                q = q.where(col(Job.state).in_([x.upper() for x in status]))
+            if team:
+                q = q.where(Job.team == team)
+            if experiment:
+                q = q.where(Job.experiment == experiment)
+            jobs = s.exec(q).all()
+            by_job: dict[int, list[Attempt]] = {}
+            ids = [j.id for j in jobs]
+            if ids:
+                for a in s.exec(select(Attempt).where(col(Attempt.job_id).in_(ids))).all():
+                    by_job.setdefault(a.job_id, []).append(a)
+            now = self.clock.now()
+            return [JobInfo.of(j, by_job.get(j.id or 0, []), now) for j in jobs]
+
+    def cancel(self, job_id: int) -> JobInfo:
+        """Ask the broker to cancel a job (pending: at once; running: SIGTERM, grace, kill).
+
+        Raises NotFound, or InvalidState if the job already ended.
+        """
+        now = self.clock.now()
+        with self.store.session() as s:
+            j = s.get(Job, job_id)
+            if j is None:
+                raise NotFound(f"no job with id {job_id}")
+            if j.state in FINAL:
+                raise InvalidState(f"job {job_id} already ended ({j.state}); nothing to cancel")
+            if not j.cancel_requested:
+                j.cancel_requested = True
+                s.add(j)
+                record(s, now, "cancel_requested", "cancel requested", job_id=job_id)
+        return self.get(job_id)
+
+    def events(self, job_id: int | None = None) -> list[EventInfo]:
+        with self.store.session() as s:
+            q = select(Event).order_by(Event.id)
+            if job_id is not None:
+                if s.get(Job, job_id) is None:
+                    raise NotFound(f"no job with id {job_id}")
+                q = q.where(Event.job_id == job_id)
+            return [EventInfo.of(e) for e in s.exec(q).all()]
+
+    def wait(self, job_ids: Iterable[int], timeout: float = 3600.0,
+             poll_s: float = 0.2) -> list[JobInfo]:
+        """Block until every job has ended. Raises TimeoutError naming the ones still open.
+
+        Polls the database (the broker may be another process): a wall-clock wait.
+        """
+        ids = list(job_ids)
+        deadline = time.monotonic() + timeout
+        while True:
+            infos = [self.get(i) for i in ids]
+            if all(i.status in FINAL for i in infos):
+                return infos
+            if time.monotonic() > deadline:
+                open_ = [f"{i.id} ({i.status})" for i in infos if i.status not in FINAL]
+                raise TimeoutError(f"jobs still not finished after {timeout:g}s: {', '.join(open_)}")
+            time.sleep(poll_s)

@@ -1,0 +1,70 @@
+"""Read the database into the policy's immutable Snapshot."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from sqlmodel import Session, col, or_, select
+
+from broker.model import Attempt, AttemptState, Job, JobState, Node, Pool, Team
+from broker.policy import (
+    NodeView,
+    PendingView,
+    PolicyConfig,
+    PoolView,
+    RunningView,
+    Snapshot,
+    TeamView,
+    decayed_gpu_seconds,
+)
+from broker.spec import Market, Priority, SpotPolicy
+
+USAGE_HORIZON_HALF_LIVES = 6  # older usage weighs < 2% and is not read
+
+
+def build_snapshot(s: Session, now: float, config: PolicyConfig, half_life_s: float) -> Snapshot:
+    """Everything plan() needs, read in one transaction."""
+    nodes: dict[str, list[NodeView]] = defaultdict(list)
+    for n in s.exec(select(Node).where(Node.state == "up").order_by(Node.id)).all():
+        nodes[n.pool].append(NodeView(n.id, n.gpus))
+    pools = tuple(
+        PoolView(p.name, p.gpu_type, p.gpus_per_node, tuple(nodes[p.name]), Market(p.market),
+                 p.price_per_node_hour / p.gpus_per_node)
+        for p in s.exec(select(Pool).where(Pool.active).order_by(Pool.name)).all()
+    )
+    active = s.exec(select(Attempt, Job).join(Job, Job.id == Attempt.job_id)
+                    .where(Attempt.state != AttemptState.ENDED)).all()
+    running = tuple(
+        RunningView(
+            attempt_id=a.id, job_id=j.id, team=j.team, priority=Priority(j.priority),
+            alloc=tuple((node, len(slots)) for node, slots in a.alloc),
+            started_at=a.started_at, submit_time=j.submit_time,
+            last_checkpoint_at=a.last_checkpoint_at, times_preempted=j.preemptions,
+            stopping=a.state == AttemptState.STOPPING,
+            stopping_for=a.preempted_by if a.stop_reason == "preempted" else None,
+        )
+        for a, j in active
+    )
+    pending = tuple(
+        PendingView(j.id, j.team, Priority(j.priority), j.gpus_per_node, j.submit_time,
+                    j.nodes, tuple(j.gpu_types), SpotPolicy(j.spot))
+        for j in s.exec(select(Job).where(Job.state == JobState.PENDING,
+                                           col(Job.cancel_requested).is_(False))).all()
+    )
+    return Snapshot(now=now, pools=pools, running=running, pending=pending,
+                    teams=team_views(s, now, half_life_s), config=config)
+
+
+def team_views(s: Session, now: float, half_life_s: float) -> tuple[TeamView, ...]:
+    horizon = now - USAGE_HORIZON_HALF_LIVES * half_life_s
+    rows = s.exec(select(Job.team, Attempt.started_at, Attempt.ended_at, Attempt.gpus)
+                  .join(Job, Job.id == Attempt.job_id)
+                  .where(or_(col(Attempt.ended_at).is_(None), col(Attempt.ended_at) > horizon))).all()
+    spans: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
+    for team, start, end, gpus in rows:
+        spans[team].append((start, now if end is None else end, gpus))
+    return tuple(
+        TeamView(t.name, t.weight, t.priority_allowance_gpus,
+                 decayed_gpu_seconds(spans[t.name], now, half_life_s))
+        for t in s.exec(select(Team).order_by(Team.name)).all()
+    )

@@ -1,0 +1,268 @@
+"""Validated user input: the cluster config (`onepool.yaml`) and the job spec.
+
+Every public loader raises `SpecError` whose lines name the field path and what is allowed,
+e.g. ``jobs.priority: must be one of urgent, high, normal, low (got 'vip')``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from broker.errors import SpecError
+
+NAME_RE = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+NAME_HELP = "lowercase letters, digits, '_', '.', '-' (1-63 chars, starting with a letter or digit)"
+
+
+class Priority(StrEnum):
+    """Priority classes, highest first. `rank` orders them: urgent=3 ... low=0."""
+
+    URGENT = "urgent"
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+
+_RANK = {Priority.URGENT: 3, Priority.HIGH: 2, Priority.NORMAL: 1, Priority.LOW: 0}
+PRIORITIES_BY_RANK = sorted(Priority, key=lambda p: -_RANK[p])
+
+
+class SpotPolicy(StrEnum):
+    """Whether a job may run on spot capacity."""
+
+    NEVER = "never"
+    ALLOWED = "allowed"
+    ONLY = "only"
+
+
+class Market(StrEnum):
+    """How a pool's capacity is paid for."""
+
+    ONPREM = "onprem"
+    ON_DEMAND = "on_demand"
+    SPOT = "spot"
+
+
+Name = Annotated[str, Field(pattern=NAME_RE)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+class PoolSpec(_Strict):
+    """One pool: identical nodes of one GPU type behind one provider."""
+
+    name: Name
+    provider: str = "local"
+    gpu_type: str = Field(min_length=1, max_length=40)
+    gpus_per_node: int = Field(ge=1, le=64)
+    nodes: int = Field(ge=0, le=100_000)
+    region: str = "local"
+    market: Market = Market.ONPREM
+    price_per_node_hour: float = Field(default=0.0, ge=0.0)
+    store: str | None = None  # checkpoint store URI for this pool; default: the broker's store
+
+    @field_validator("provider")
+    @classmethod
+    def _known_provider(cls, v: str) -> str:
+        from providers import KNOWN_PROVIDERS
+
+        if v not in KNOWN_PROVIDERS:
+            raise ValueError(f"must be one of {', '.join(sorted(KNOWN_PROVIDERS))} (got {v!r})")
+        return v
+
+
+class TeamSpec(_Strict):
+    """A team: its fair-share weight and how many GPUs it may hold at high/urgent."""
+
+    name: Name
+    weight: float = Field(default=1.0, gt=0.0)
+    priority_allowance_gpus: int = Field(default=8, ge=0)
+
+
+class BrokerSettings(_Strict):
+    """Knobs of the live broker. Times in seconds."""
+
+    cycle_s: float = Field(default=2.0, gt=0.0, le=3600)
+    grace_s: float = Field(default=60.0, ge=0.0, le=3600)
+    min_run_s: float = Field(default=300.0, ge=0.0)
+    fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0.0)
+    checkpoint_store: str | None = None  # default: file://$ONEPOOL_HOME/checkpoints
+
+
+class ClusterConfig(_Strict):
+    """The whole `onepool.yaml`."""
+
+    pools: list[PoolSpec] = Field(min_length=1)
+    teams: list[TeamSpec] = Field(min_length=1)
+    broker: BrokerSettings = BrokerSettings()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ClusterConfig:
+        for what, items in (("pools", self.pools), ("teams", self.teams)):
+            seen: set[str] = set()
+            for it in items:
+                if it.name in seen:
+                    raise ValueError(f"{what}: duplicate name {it.name!r}")
+                seen.add(it.name)
+        return self
+
+    def gpu_types(self) -> list[str]:
+        return sorted({p.gpu_type for p in self.pools})
+
+    def pool(self, name: str) -> PoolSpec:
+        return next(p for p in self.pools if p.name == name)
+
+
+class JobSpec(_Strict):
+    """What a user submits. `command` is an argv list (a string is split with shlex)."""
+
+    name: Name
+    team: Name
+    command: list[str] = Field(min_length=1)
+    experiment: Name = "default"
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None  # where the command runs; default: where it was submitted from
+    gpus_per_node: int = Field(default=1, ge=1, le=64)
+    nodes: int = Field(default=1, ge=1, le=1024)
+    gpu_types: list[str] = Field(default_factory=list)  # empty: any type
+    priority: Priority = Priority.NORMAL
+    budget_usd: float | None = Field(default=None, ge=0.0)
+    spot: SpotPolicy = SpotPolicy.ALLOWED
+    checkpoint_interval_s: float = Field(default=1800.0, gt=0.0)
+    expected_duration_s: float | None = Field(default=None, gt=0.0)
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        return shlex.split(v) if isinstance(v, str) else v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+                raise ValueError(f"variable name {k!r} is not a valid environment name")
+            if k.startswith("ONEPOOL_") or k == "CUDA_VISIBLE_DEVICES":
+                raise ValueError(f"{k} is set by the broker and cannot be overridden")
+        return v
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+def _format(err: ValidationError, prefix: str = "") -> list[str]:
+    out = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(root)"
+        msg = e["msg"]
+        if e["type"] == "enum":
+            allowed = e.get("ctx", {}).get("expected", "")
+            msg = f"must be one of {allowed.replace(' or ', ', ')}"
+        elif e["type"] == "string_pattern_mismatch":
+            msg = f"must be {NAME_HELP}"
+        elif e["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling)"
+        elif msg.startswith("Value error, "):
+            msg = msg.removeprefix("Value error, ")
+        got = e.get("input")
+        shown = "" if e["type"] in ("missing", "extra_forbidden") or "(got" in msg else f" (got {got!r})"
+        if isinstance(got, dict | list):
+            shown = ""
+        out.append(f"{prefix}{loc}: {msg}{shown}")
+    return out
+
+
+def parse_config(data: Any, source: str = "onepool.yaml") -> ClusterConfig:
+    """Validate a config mapping. Raises SpecError naming every bad field."""
+    if not isinstance(data, dict):
+        raise SpecError(source, ["(root): must be a mapping with 'pools' and 'teams'"])
+    try:
+        return ClusterConfig.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(source, _format(e)) from None
+
+
+def load_config(path: str | Path) -> ClusterConfig:
+    """Read and validate an onepool.yaml file. Raises SpecError (bad content or unreadable file)."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise SpecError(str(p), [f"cannot read the file: {e.strerror}"]) from None
+    except yaml.YAMLError as e:
+        raise SpecError(str(p), [f"not valid YAML: {e}"]) from None
+    return parse_config(data, str(p))
+
+
+def parse_job(data: Any, config: ClusterConfig | None = None, source: str = "job") -> JobSpec:
+    """Validate a job spec mapping, and (given the config) that it can ever run there.
+
+    Raises SpecError naming the field and the allowed values: an unknown team lists the
+    teams, an unknown GPU type lists the configured types, a shape no pool can hold says so.
+    """
+    if not isinstance(data, dict):
+        raise SpecError(source, ["(root): must be a mapping of job fields"])
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(source, _format(e)) from None
+    if config is not None:
+        check_job_fits(spec, config, source)
+    return spec
+
+
+def check_job_fits(spec: JobSpec, config: ClusterConfig, source: str = "job") -> None:
+    """Raise SpecError unless the job's team exists and some pool could ever hold it."""
+    problems: list[str] = []
+    teams = [t.name for t in config.teams]
+    if spec.team not in teams:
+        problems.append(f"team: must be one of {', '.join(teams)} (got {spec.team!r})")
+    known = config.gpu_types()
+    bad = [t for t in spec.gpu_types if t not in known]
+    if bad:
+        problems.append(f"gpu_types: {', '.join(map(repr, bad))} not in any pool; "
+                        f"allowed: {', '.join(known)}")
+    if not problems:
+        ok_type = [p for p in config.pools if not spec.gpu_types or p.gpu_type in spec.gpu_types]
+        ok_market = [p for p in ok_type if market_ok(spec.spot, p.market)]
+        fits = [p for p in ok_market if p.gpus_per_node >= spec.gpus_per_node
+                and p.nodes >= spec.nodes]
+        if not ok_market:
+            problems.append(f"spot: no pool of an acceptable type matches spot={spec.spot.value}")
+        elif not fits:
+            shapes = ", ".join(f"{p.name}: {p.nodes}x{p.gpus_per_node} {p.gpu_type}"
+                               for p in ok_market)
+            problems.append(
+                f"gpus_per_node/nodes: {spec.nodes} node(s) x {spec.gpus_per_node} GPUs fits "
+                f"no pool of an acceptable type ({shapes})")
+    if problems:
+        raise SpecError(source, problems)
+
+
+def market_ok(spot: SpotPolicy, market: Market) -> bool:
+    """Whether a job with this spot policy may run on this market.
+
+    The spot policy is about *rented* capacity: on-prem is always acceptable; `never` excludes
+    spot, `only` excludes on-demand, `allowed` takes either.
+    """
+    if market is Market.ONPREM:
+        return True
+    if spot is SpotPolicy.NEVER:
+        return market is not Market.SPOT
+    if spot is SpotPolicy.ONLY:
+        return market is Market.SPOT
+    return True

@@ -1,0 +1,83 @@
+"""Where state lives: a SQLite file under $ONEPOOL_HOME by default, any SQLAlchemy URL by
+ONEPOOL_DATABASE_URL. The schema is created and upgraded by Alembic, never by create_all.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from sqlalchemy import Engine, event
+from sqlmodel import Session, create_engine
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def home_dir(home: str | os.PathLike[str] | None = None) -> Path:
+    """The broker's home: `home`, else $ONEPOOL_HOME, else ./.onepool (created)."""
+    p = Path(home or os.environ.get("ONEPOOL_HOME") or ".onepool").absolute()
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def database_url(home: Path) -> str:
+    return os.environ.get("ONEPOOL_DATABASE_URL") or f"sqlite:///{home / 'onepool.db'}"
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for `url`. SQLite gets WAL, a busy timeout and foreign keys, so the CLI and
+    the broker can share the file."""
+    if url.startswith("sqlite"):
+        eng = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(eng, "connect")
+        def _pragmas(dbapi_conn, _rec) -> None:  # type: ignore[no-untyped-def]
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return eng
+    return create_engine(url, pool_pre_ping=True)
+
+
+def alembic_config(engine: Engine) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    cfg.attributes["engine"] = engine
+    return cfg
+
+
+def upgrade(engine: Engine) -> None:
+    """Bring the schema to the newest migration (idempotent)."""
+    command.upgrade(alembic_config(engine), "head")
+
+
+class Store:
+    """The database of one broker home. Opening it migrates the schema to head."""
+
+    def __init__(self, home: str | os.PathLike[str] | None = None, url: str | None = None) -> None:
+        self.home = home_dir(home)
+        self.url = url or database_url(self.home)
+        self.engine = make_engine(self.url)
+        upgrade(self.engine)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session that commits on success and rolls back on any exception."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            try:
+                yield s
+                s.commit()
+            except BaseException:
+                s.rollback()
+                raise
+
+    def dispose(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,89 @@
+"""Read views returned by the SDK and printed by the CLI (JSON-able pydantic models)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from broker.model import Attempt, Event, Job
+
+
+class AttemptInfo(BaseModel):
+    number: int
+    id: int
+    pool: str
+    alloc: list
+    priority: str
+    state: str
+    started_at: float
+    ended_at: float | None
+    end_reason: str | None
+    exit_code: int | None
+    preempted_by: int | None
+    restored_step: int | None
+    reached_step: int | None
+    lost_gpu_s: float
+    gpu_s: float
+
+    @classmethod
+    def of(cls, a: Attempt, now: float) -> AttemptInfo:
+        end = a.ended_at if a.ended_at is not None else now
+        return cls(number=a.number, id=a.id or 0, pool=a.pool, alloc=a.alloc, priority=a.priority,
+                   state=a.state, started_at=a.started_at, ended_at=a.ended_at,
+                   end_reason=a.end_reason, exit_code=a.exit_code, preempted_by=a.preempted_by,
+                   restored_step=a.restored_step, reached_step=a.reached_step,
+                   lost_gpu_s=a.lost_gpu_s, gpu_s=max(0.0, end - a.started_at) * a.gpus)
+
+
+class JobInfo(BaseModel):
+    id: int
+    name: str
+    experiment: str
+    team: str
+    priority: str
+    status: str
+    gpus_per_node: int
+    nodes: int
+    gpu_types: list[str]
+    budget_usd: float | None
+    spot: str
+    submit_time: float
+    end_time: float | None
+    wait_s: float
+    attempts: int
+    preemptions: int
+    last_step: int | None
+    checkpoint_uri: str
+    waiting_reason: str | None
+    gpu_s: float
+    lost_gpu_s: float
+    resumed_from_step: int | None
+    attempt_list: list[AttemptInfo]
+
+    @classmethod
+    def of(cls, j: Job, attempts: list[Attempt], now: float) -> JobInfo:
+        infos = [AttemptInfo.of(a, now) for a in sorted(attempts, key=lambda a: a.number)]
+        wait = j.wait_s + (max(0.0, now - j.queued_at) if j.state == "PENDING" else 0.0)
+        resumed = next((a.restored_step for a in reversed(infos) if a.restored_step is not None),
+                       None)
+        return cls(id=j.id or 0, name=j.name, experiment=j.experiment, team=j.team,
+                   priority=j.priority, status=j.state, gpus_per_node=j.gpus_per_node,
+                   nodes=j.nodes, gpu_types=list(j.gpu_types), budget_usd=j.budget_usd,
+                   spot=j.spot, submit_time=j.submit_time, end_time=j.end_time, wait_s=wait,
+                   attempts=j.attempts, preemptions=j.preemptions, last_step=j.last_step,
+                   checkpoint_uri=j.checkpoint_uri, waiting_reason=j.waiting_reason,
+                   gpu_s=sum(a.gpu_s for a in infos), lost_gpu_s=sum(a.lost_gpu_s for a in infos),
+                   resumed_from_step=resumed, attempt_list=infos)
+
+
+class EventInfo(BaseModel):
+    time: float
+    job_id: int | None
+    attempt_id: int | None
+    kind: str
+    message: str
+    data: dict
+
+    @classmethod
+    def of(cls, e: Event) -> EventInfo:
+        return cls(time=e.time, job_id=e.job_id, attempt_id=e.attempt_id, kind=e.kind,
+                   message=e.message, data=e.data)

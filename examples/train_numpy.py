@@ -1,0 +1,66 @@
+"""A small numpy model that trains, checkpoints every few seconds, and survives preemption.
+
+Linear regression by mini-batch SGD on a fixed synthetic problem. Each step does a little
+real numpy work, then waits `--step-s` to stand in for a GPU step. It resumes from the
+broker's checkpoint (continuing its step counter), saves every `--ckpt-every` steps, and on
+SIGTERM saves at once and exits for requeue. On success it appends one line to
+`--done-file` (if given), so tests can count completions.
+
+    python examples/train_numpy.py --steps 40 --step-s 0.25 --ckpt-every 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from broker import runtime
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--step-s", type=float, default=0.25)
+    ap.add_argument("--ckpt-every", type=int, default=4)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--done-file", default=None)
+    args = ap.parse_args()
+    runtime.install()
+
+    rng = np.random.default_rng(0)
+    true_w = rng.normal(size=args.dim)
+    ck = runtime.restore()
+    if ck is not None:
+        w, step = ck.arrays["w"], ck.step + 1
+        print(f"resumed from step {ck.step} (attempt {runtime.context().attempt})", flush=True)
+    else:
+        w, step = np.zeros(args.dim), 0
+        print("fresh start", flush=True)
+
+    while step < args.steps:
+        batch = np.random.default_rng(step).normal(size=(256, args.dim))
+        grad = batch.T @ (batch @ w - batch @ true_w) / len(batch)
+        w = w - 0.05 * grad
+        time.sleep(args.step_s)
+        if runtime.preempted() or (step + 1) % args.ckpt_every == 0:
+            runtime.save(step, arrays={"w": w})
+        if runtime.preempted():
+            print(f"preempted: saved step {step}, exiting for requeue", flush=True)
+            runtime.exit_preempted()
+        step += 1
+
+    loss = float(np.mean((w - true_w) ** 2))
+    print(f"done: {args.steps} steps, loss {loss:.3g}", flush=True)
+    if args.done_file:
+        with open(args.done_file, "a") as f:
+            f.write(json.dumps({"job": os.environ.get("ONEPOOL_JOB_ID"), "loss": loss}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The supervisor of one local rank: `python -m providers.local_runner RUN_DIR -- ARGV...`.
+
+It is the leader of the rank's process group (the broker signals the whole group). It
+records `handle.json` (pid, create time) as soon as it starts and `exit.json` (the child's
+exit code) when the child ends, both by atomic rename, so a restarted broker can tell a
+finished rank (exit.json) from a running one (live pid) from a lost one (neither). It
+survives the broker: it runs in its own session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write JSON atomically (temp file, fsync, rename)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: python -m providers.local_runner RUN_DIR -- ARGV...", file=sys.stderr)
+        return 2
+    run_dir, cmd = Path(argv[0]), argv[2:]
+    me = psutil.Process()
+    write_json(run_dir / "handle.json", {"pid": me.pid, "create_time": me.create_time()})
+    # The group gets SIGTERM; the child handles it. This supervisor only waits (a Python
+    # handler, unlike SIG_IGN, is reset to the default in the child at exec).
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        child = subprocess.Popen(cmd)
+        code = child.wait()
+    except FileNotFoundError:
+        print(f"onepool: command not found: {cmd[0]}", file=sys.stderr)
+        code = 127
+    except PermissionError:
+        print(f"onepool: permission denied: {cmd[0]}", file=sys.stderr)
+        code = 126
+    if code < 0:  # killed by a signal: report it the way a shell does
+        code = 128 - code
+    write_json(run_dir / "exit.json", {"code": code})
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
