@@ -190,7 +190,7 @@ class _Planner:
                     no_victims.add(vkey)
             if reservations_left > 0:
                 reservations_left -= 1
-                self._reserve_head(j, cands)
+                self._reserve_head(j, cands, inc or {})
             else:
                 self.waiting.append((j.job_id, "no free GPUs of an acceptable type"))
             if not self.cfg.backfill:
@@ -244,10 +244,10 @@ class _Planner:
         self.waiting.append((j.job_id, f"preempting {len(victims)} job(s)"))
         return True
 
-    def _reserve_head(self, j: PendingView, cands: list[PoolView]) -> None:
+    def _reserve_head(self, j: PendingView, cands: list[PoolView], inc: dict[str, int]) -> None:
         best: tuple[int, str, list[str]] | None = None
         for p in cands:
-            nodes = self.cap.fullest(p.name, j.nodes, {})
+            nodes = self.cap.fullest(p.name, j.nodes, inc)
             have = sum(min(self.cap.free[nd], j.gpus_per_node) for nd in nodes)
             if best is None or have > best[0]:
                 best = (have, p.name, nodes)

@@ -11,9 +11,9 @@ Who can be a victim: a running attempt, not already stopping, of a strictly lowe
 class than the job it makes room for, and not protected by the minimum run time (a job that
 was preempted before cannot be preempted again until it has run ``min_run_s`` since restarting).
 
-Fewest victims: for every candidate node, victims are taken in victim order until the node
-would fit the job, then any that turned out unnecessary are dropped (so a single large victim
-beats several small ones). The job's nodes are the ones needing the fewest victims (ties: the
+Fewest victims: for every candidate node, the smallest number of victims that makes it fit,
+and among sets of that size the earliest in victim order (so a single large victim beats
+several small ones, on one node or across nodes). The job's nodes are the ones needing the fewest victims (ties: the
 cheapest victims by the order above); the pool is the one needing the fewest in all.
 """
 
@@ -49,30 +49,35 @@ def node_victims(
     on_node: Sequence[tuple[VictimKey, RunningView, int]],
     eligible: Callable[[RunningView, VictimKey], bool],
 ) -> list[tuple[VictimKey, RunningView]] | None:
-    """The fewest victims (in victim order) that bring one node from base_free to `need`.
+    """The fewest victims that bring one node from base_free to `need` GPUs; among sets of
+    that size, the earliest in victim order.
 
     `on_node` lists (key, attempt, GPUs it holds on this node), sorted by key. Returns [] when
     the node already fits, None when even every eligible victim would not be enough.
     """
-    if base_free >= need:
+    short = need - base_free
+    if short <= 0:
         return []
-    chosen: list[tuple[VictimKey, RunningView, int]] = []
-    got = base_free
-    for key, r, g in on_node:
-        if not eligible(r, key):
-            continue
-        chosen.append((key, r, g))
-        got += g
-        if got >= need:
-            break
-    else:
+    cands = [(k, r, g) for k, r, g in on_node if eligible(r, k)]
+    sizes = sorted((g for _, _, g in cands), reverse=True)
+    k, acc = 0, 0
+    while acc < short and k < len(sizes):
+        acc += sizes[k]
+        k += 1
+    if acc < short:
         return None
-    # Drop victims that are not needed, earliest first (keeps the set minimal).
-    for item in list(chosen):
-        if got - item[2] >= need:
-            chosen.remove(item)
-            got -= item[2]
-    return [(k, r) for k, r, _ in chosen]
+    # Greedy in victim order: take a candidate if the set can still be completed within k.
+    chosen: list[tuple[VictimKey, RunningView]] = []
+    got = 0
+    for i, (key, r, g) in enumerate(cands):
+        left = k - len(chosen) - 1
+        best_rest = sum(sorted((x[2] for x in cands[i + 1:]), reverse=True)[:left])
+        if got + g + best_rest >= short:
+            chosen.append((key, r))
+            got += g
+            if got >= short:
+                return chosen
+    raise AssertionError("unreachable: k victims were shown to suffice")
 
 
 def pick_nodes(

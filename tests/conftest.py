@@ -1,0 +1,71 @@
+"""Shared builders: a broker home with a config, the example training command, and a driver
+that cycles an engine until a condition holds (woken by process exits, bounded in time)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.clock import FakeClock
+from broker.engine import Engine
+from broker.sdk import Client
+from broker.spec import parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = ROOT / "examples" / "train_numpy.py"
+
+
+def config(pools: list[dict[str, Any]] | None = None, teams: list[dict[str, Any]] | None = None,
+           **broker: Any) -> dict[str, Any]:
+    """A valid config dict: by default one local pool of 1 node x 2 'A100' and two teams."""
+    return {
+        "pools": pools or [{"name": "a100", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 1}],
+        "teams": teams or [{"name": "research"}, {"name": "prod", "priority_allowance_gpus": 8}],
+        "broker": {"cycle_s": 0.2, "grace_s": 30, "min_run_s": 0, **broker},
+    }
+
+
+def train(steps: int = 20, step_s: float = 0.05, ckpt_every: int = 2,
+          done_file: Path | None = None) -> list[str]:
+    cmd = [sys.executable, str(TRAIN), "--steps", str(steps), "--step-s", str(step_s),
+           "--ckpt-every", str(ckpt_every)]
+    return cmd + (["--done-file", str(done_file)] if done_file else [])
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path, clock: FakeClock) -> Callable[..., tuple[Client, Engine]]:
+    """make_cluster(**config kwargs) -> (client, engine) on a fresh home with a fake clock."""
+
+    def make(**kw: Any) -> tuple[Client, Engine]:
+        c = Client(tmp_path / "home", clock=clock)
+        c.apply(parse_config(config(**kw)))
+        return c, Engine(c.store, clock)
+
+    return make
+
+
+def drive(engine: Engine, until: Callable[[], bool], timeout: float = 30.0,
+          advance: float = 0.0) -> None:
+    """Cycle the engine until `until()` holds. Between cycles it waits for a job process to
+    exit (at most 50 ms: checkpoints appearing on disk have no event to wait on). Optionally
+    advances a FakeClock by `advance` per cycle. Fails the test on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        engine.cycle()
+        if until():
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not reached in {timeout}s")
+        if advance:
+            engine.clock.advance(advance)  # type: ignore[attr-defined]
+        engine.executor.wait_for_change(0.05)  # type: ignore[attr-defined]

@@ -1,0 +1,104 @@
+"""Step 4e: blocked jobs hold GPUs (reservations) so backfill cannot starve them."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.policy import plan
+
+from .builders import held, job, placed, pool, preempted_for, running, snap, waiting
+
+# a-0: 4 free, a-1: 2 free (normal attempts, which no normal job may preempt).
+# Queue: 1 (8 GPUs, blocked), 2 (4 GPUs: fits only a-0), 3 (2 GPUs: fits a-1).
+BUSY = [running(1, 11, prio="normal", alloc={"a-0": 4}),
+        running(2, 12, prio="normal", alloc={"a-1": 6})]
+QUEUE = [job(1, gpus=8, submit=0), job(2, gpus=4, submit=1), job(3, gpus=2, submit=2)]
+
+BACKFILL_CASES = [
+    pytest.param(
+        {}, {3: ("a", {"a-1": 2})}, {1: {"a-0": 4}}, id="head-holds-a-0:small-job-uses-a-1",
+    ),
+    pytest.param(
+        {"reservations": 0}, {2: ("a", {"a-0": 4}), 3: ("a", {"a-1": 2})}, {},
+        id="reservations=0:small-job-takes-the-hole",
+    ),
+    pytest.param(
+        {"reservations": 2}, {}, {1: {"a-0": 4}, 2: {"a-1": 2}},
+        id="reservations=2:second-blocked-job-holds-a-1",
+    ),
+    pytest.param({"backfill": False}, {}, {1: {"a-0": 4}}, id="backfill-off:queue-stops"),
+    pytest.param({"backfill": False, "reservations": 0}, {}, {},
+                 id="backfill-off-no-reservation:queue-stops"),
+]
+
+
+@pytest.mark.parametrize(("config", "expect", "holds"), BACKFILL_CASES)
+def test_backfill_without_starvation(config, expect, holds):
+    p = plan(snap([pool("a")], running=BUSY, pending=QUEUE, **config))
+    assert placed(p) == expect
+    assert held(p) == holds
+    assert p.preemptions == ()
+    assert set(waiting(p)) == {1, 2, 3} - set(expect)
+    if config.get("backfill") is False:
+        assert waiting(p)[2] == waiting(p)[3] == "behind a blocked job (backfill is off)"
+
+
+def test_head_reason_names_what_it_holds():
+    p = plan(snap([pool("a")], running=BUSY, pending=QUEUE))
+    assert waiting(p)[1] == "head of the queue: holding 4 GPUs in a"
+    assert waiting(p)[2] == "no free GPUs of an acceptable type"
+
+
+def test_head_holds_in_the_pool_where_it_is_closest_to_fitting():
+    run = [running(1, 11, prio="normal", alloc={"a-0": 4}),
+           running(2, 12, prio="normal", alloc={"b-0": 2})]
+    pending = [job(1, gpus=8), job(2, gpus=4, submit=1), job(3, gpus=2, submit=2)]
+    pools = [pool("a", nodes=1), pool("b", nodes=1, price=1.0)]
+    p = plan(snap(pools, running=run, pending=pending))
+    assert held(p) == {1: {"b-0": 6}}
+    # the 4-GPU job backfills a-0 (outside the reservation); the 2-GPU job has nowhere left
+    assert placed(p) == {2: ("a", {"a-0": 4})}
+    assert 3 in waiting(p)
+
+
+def test_gang_head_holds_its_fullest_nodes():
+    run = [running(1, 11, prio="normal", alloc={"a-0": 2}),
+           running(2, 12, prio="normal", alloc={"a-1": 6}),
+           running(3, 13, prio="normal", alloc={"a-2": 4})]
+    pending = [job(1, gpus=8, nodes=2), job(2, gpus=2, submit=1), job(3, gpus=6, submit=2)]
+    p = plan(snap([pool("a", nodes=3)], running=run, pending=pending))
+    assert held(p) == {1: {"a-0": 6, "a-2": 4}}
+    assert placed(p) == {2: ("a", {"a-1": 2})}
+    assert 3 in waiting(p)
+
+
+def test_only_the_first_blocked_job_reserves_by_default():
+    run = [running(1, 11, prio="normal", alloc={"a-0": 4}),
+           running(2, 12, prio="normal", alloc={"b-0": 4})]
+    pending = [job(1, gpus=8, types=("A100",)), job(2, gpus=8, types=("H100",), submit=1),
+               job(3, gpus=4, submit=2)]
+    pools = [pool("a", "A100", nodes=1), pool("b", "H100", nodes=1)]
+    p = plan(snap(pools, running=run, pending=pending))
+    assert held(p) == {1: {"a-0": 4}}
+    assert placed(p) == {3: ("b", {"b-0": 4})}  # job 2 holds nothing: 3 backfills b-0
+
+
+def test_a_later_job_that_fits_elsewhere_is_not_delayed():
+    # the head waits on pool a; pool b (another type) is free for anyone
+    run = [running(1, 11, prio="normal", alloc={"a-0": 8})]
+    pending = [job(1, gpus=8, types=("A100",)), job(2, gpus=8, submit=1)]
+    pools = [pool("a", "A100", nodes=1), pool("b", "H100", nodes=1)]
+    p = plan(snap(pools, running=run, pending=pending))
+    assert placed(p) == {2: ("b", {"b-0": 8})}
+
+
+def test_backfill_off_does_not_stop_at_a_job_that_preempts():
+    # step 4e only: a job that found victims (4d) is not "still blocked"
+    run = [running(1, 11, prio="low", alloc={"a-0": 8})]
+    pending = [job(1, prio="high", gpus=8, nodes=2, types=("A100",)),
+               job(2, gpus=8, submit=1)]
+    pools = [pool("a", "A100"), pool("b", "H100", nodes=1)]
+    p = plan(snap(pools, running=run, pending=pending, backfill=False))
+    assert preempted_for(p) == [(1, 1)]
+    assert held(p) == {1: {"a-1": 8}}
+    assert placed(p) == {2: ("b", {"b-0": 8})}

@@ -1,0 +1,113 @@
+"""Step 3: queue order is class, then fair share (usage / weight), then submit time, then id.
+
+Every job fits, so plan.placements lists the jobs in queue order; the contention cases check
+that the order decides who gets the last free GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.policy import plan
+from broker.spec import Priority
+
+from .builders import job, placed, placed_order, pool, running, snap, team, waiting
+
+ORDER_CASES = [
+    pytest.param(
+        [job(1, prio="low"), job(2, prio="normal"), job(3, prio="high"), job(4, prio="urgent")],
+        [], {}, [4, 3, 2, 1], id="class:urgent>high>normal>low",
+    ),
+    pytest.param(
+        [job(1, prio="normal", submit=0), job(2, prio="high", submit=50)],
+        [], {}, [2, 1], id="class-beats-submit-time",
+    ),
+    pytest.param(
+        [job(1, team="a", prio="normal"), job(2, team="b", prio="high")],
+        [team("a", usage=0), team("b", usage=1e9)], {}, [2, 1], id="class-beats-fair-share",
+    ),
+    pytest.param(
+        [job(1, team="a", submit=0), job(2, team="b", submit=10)],
+        [team("a", usage=500), team("b", usage=100)], {}, [2, 1], id="lighter-team-first",
+    ),
+    pytest.param(
+        # a: 300 / 1 = 300, b: 400 / 2 = 200 -> b is lighter despite more raw usage
+        [job(1, team="a", submit=0), job(2, team="b", submit=10)],
+        [team("a", usage=300), team("b", usage=400, weight=2)], {}, [2, 1],
+        id="weight-divides-usage",
+    ),
+    pytest.param(
+        # a: 300 / 3 = 100, b: 200 / 1 = 200 -> a is lighter
+        [job(1, team="b", submit=0), job(2, team="a", submit=10)],
+        [team("a", usage=300, weight=3), team("b", usage=200)], {}, [2, 1],
+        id="weight-favours-heavier-weighted-team",
+    ),
+    pytest.param(
+        [job(1, team="a", submit=0), job(2, team="b", submit=10)],
+        [team("a", usage=500), team("b", usage=100)], {"fair_share": False}, [1, 2],
+        id="fair_share-off:submit-time",
+    ),
+    pytest.param(
+        [job(1, team="a", submit=20), job(2, team="a", submit=10), job(3, team="a", submit=30)],
+        [], {}, [2, 1, 3], id="same-team:older-first",
+    ),
+    pytest.param(
+        [job(7, submit=5), job(3, submit=5), job(5, submit=5)],
+        [], {}, [3, 5, 7], id="full-tie:job-id",
+    ),
+    pytest.param(
+        [job(1, team="a", submit=0), job(2, team="zzz", submit=10)],
+        [team("a", usage=10)], {}, [2, 1], id="unknown-team-has-no-usage",
+    ),
+    pytest.param(
+        [job(1, prio="low", submit=0), job(2, prio="urgent", submit=10), job(3, submit=5)],
+        [], {"classes": False}, [1, 3, 2], id="classes-off:plain-fifo",
+    ),
+    pytest.param(
+        [job(2, team="a", prio="high", submit=9), job(1, team="b", prio="low", submit=0),
+         job(4, team="b", prio="high", submit=1), job(3, team="a", prio="low", submit=3)],
+        [team("a", usage=10), team("b", usage=20)], {}, [2, 4, 3, 1],
+        id="class-then-share-mixed",
+    ),
+]
+
+
+@pytest.mark.parametrize(("pending", "teams", "config", "order"), ORDER_CASES)
+def test_queue_order(pending, teams, config, order):
+    s = snap([pool("a", nodes=1, gpus=8)], pending=pending, teams=teams, **config)
+    p = plan(s)
+    assert placed_order(p) == order
+    assert p.preemptions == ()
+    assert p.waiting == ()
+
+
+CONTENTION_CASES = [
+    pytest.param([job(1, prio="normal"), job(2, prio="high", submit=9)], [], 2, id="class"),
+    pytest.param(
+        [job(1, team="a"), job(2, team="b", submit=9)],
+        [team("a", usage=50), team("b", usage=10)], 2, id="fair-share",
+    ),
+    pytest.param(
+        [job(1, team="a"), job(2, team="b", submit=9)],
+        [team("a", usage=50), team("b", usage=10, weight=0.1)], 1, id="low-weight-is-heavier",
+    ),
+    pytest.param([job(1, submit=9), job(2, submit=3)], [], 2, id="submit-time"),
+    pytest.param([job(9, submit=3), job(4, submit=3)], [], 4, id="job-id"),
+]
+
+
+@pytest.mark.parametrize(("pending", "teams", "winner"), CONTENTION_CASES)
+def test_queue_order_decides_the_last_free_gpu(pending, teams, winner):
+    # a-0 has one free GPU; the other 7 are held by an urgent job nobody can preempt.
+    busy = running(100, 100, prio="urgent", alloc={"a-0": 7})
+    p = plan(snap([pool("a", nodes=1)], running=[busy], pending=pending, teams=teams))
+    assert placed(p) == {winner: ("a", {"a-0": 1})}
+    loser = ({j.job_id for j in pending} - {winner}).pop()
+    assert loser in waiting(p)
+    assert p.preemptions == ()
+
+
+def test_placement_carries_the_class():
+    p = plan(snap(pending=[job(1, prio="urgent"), job(2, prio="low")]))
+    assert [(pl.job_id, pl.priority) for pl in p.placements] == [
+        (1, Priority.URGENT), (2, Priority.LOW)]
