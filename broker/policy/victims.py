@@ -13,8 +13,9 @@ was preempted before cannot be preempted again until it has run ``min_run_s`` si
 
 Fewest victims: for every candidate node, the smallest number of victims that makes it fit,
 and among sets of that size the earliest in victim order (so a single large victim beats
-several small ones, on one node or across nodes). The job's nodes are the ones needing the fewest victims (ties: the
-cheapest victims by the order above); the pool is the one needing the fewest in all.
+several small ones, on one node or across nodes). The job's nodes are the ones needing the
+fewest victims (ties: the cheapest victims by the order above); the pool is the one needing
+the fewest in all.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """first schema
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-12-02
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 import sqlalchemy as sa
 import sqlmodel
 from alembic import op
-
 
 revision = '0001'
 down_revision = None

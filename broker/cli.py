@@ -1,0 +1,247 @@
+"""`onepool ...`: the command line. Every command that prints takes --json.
+
+Errors the user can fix (bad input, unknown job, nothing configured) print one clear
+message and exit with status 2; anything else is a bug and shows its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from broker.errors import OnepoolError, SpecError
+from broker.views import JobInfo
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="onepool: one priority queue over every GPU you can reach.")
+out = Console()
+err = Console(stderr=True)
+_state: dict[str, Any] = {}
+
+HomeOpt = Annotated[Path | None, typer.Option("--home", envvar="ONEPOOL_HOME",
+                                              help="broker home (default ./.onepool)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+
+@app.callback()
+def _root(home: HomeOpt = None) -> None:
+    _state["home"] = home
+
+
+def _client():  # type: ignore[no-untyped-def]
+    from broker.sdk import Client
+
+    return Client(_state.get("home"))
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _ts(t: float | None) -> str:
+    return "" if t is None else datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S")
+
+
+@app.command()
+def apply(config: Annotated[Path, typer.Option("-c", "--config", help="onepool.yaml")]
+          = Path("onepool.yaml"), as_json: JsonOpt = False) -> None:
+    """Apply an onepool.yaml: pools, teams, broker settings."""
+    cfg = _client().apply(config)
+    if as_json:
+        _print_json(cfg.model_dump(mode="json"))
+    else:
+        out.print(f"applied {config}: {len(cfg.pools)} pools, {len(cfg.teams)} teams")
+
+
+@app.command()
+def submit(
+    command: Annotated[list[str] | None, typer.Argument(help="the command, after --")] = None,
+    file: Annotated[Path | None, typer.Option("-f", "--file", help="job spec YAML")] = None,
+    name: Annotated[str | None, typer.Option()] = None,
+    team: Annotated[str | None, typer.Option()] = None,
+    experiment: Annotated[str | None, typer.Option()] = None,
+    priority: Annotated[str | None, typer.Option(help="urgent|high|normal|low")] = None,
+    budget_usd: Annotated[float | None, typer.Option("--budget-usd")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs per node")] = None,
+    nodes: Annotated[int | None, typer.Option()] = None,
+    gpu_type: Annotated[list[str] | None, typer.Option("--gpu-type", help="acceptable type")] = None,
+    spot: Annotated[str | None, typer.Option(help="never|allowed|only")] = None,
+    checkpoint_interval_s: Annotated[float | None, typer.Option("--checkpoint-interval-s")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Queue a job: `onepool submit --name x --team t --gpus 2 -- python train.py`."""
+    data: dict[str, Any] = {}
+    if file is not None:
+        try:
+            loaded = yaml.safe_load(file.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise SpecError(str(file), [f"cannot read job spec: {e}"]) from None
+        if not isinstance(loaded, dict):
+            raise SpecError(str(file), ["(root): must be a mapping of job fields"])
+        data.update(loaded)
+    flags = {"name": name, "team": team, "experiment": experiment, "priority": priority,
+             "budget_usd": budget_usd, "gpus_per_node": gpus, "nodes": nodes, "gpu_types": gpu_type,
+             "spot": spot, "checkpoint_interval_s": checkpoint_interval_s,
+             "command": command or None}
+    data.update({k: v for k, v in flags.items() if v is not None})
+    if env:
+        bad = [e for e in env if "=" not in e]
+        if bad:
+            raise SpecError("job", [f"env: expected KEY=VALUE (got {bad[0]!r})"])
+        data["env"] = {**data.get("env", {}), **dict(e.split("=", 1) for e in env)}
+    missing = [k for k in ("name", "team", "command") if not data.get(k)]
+    if missing:
+        raise SpecError("job", [f"{k}: required (give --{k} or put it in -f FILE)"
+                                if k != "command" else "command: required (after --)"
+                                for k in missing])
+    info = _client().submit(data)
+    if as_json:
+        _print_json(info.model_dump())
+    else:
+        out.print(f"submitted job {info.id} ({info.name}, {info.priority})")
+
+
+def jobs_table(jobs: list[JobInfo], title: str = "jobs") -> Table:
+    t = Table(title=title)
+    for col in ("id", "name", "team", "class", "status", "GPUs", "attempts", "preempted",
+                "wait s", "GPU-s", "lost GPU-s", "resumed from", "why waiting"):
+        t.add_column(col, justify="right" if col not in ("name", "team", "class", "status",
+                                                         "why waiting") else "left")
+    for j in jobs:
+        t.add_row(str(j.id), j.name, j.team, j.priority, j.status,
+                  f"{j.nodes}x{j.gpus_per_node}", str(j.attempts), str(j.preemptions),
+                  f"{j.wait_s:.1f}", f"{j.gpu_s:.0f}", f"{j.lost_gpu_s:.1f}",
+                  "" if j.resumed_from_step is None else str(j.resumed_from_step),
+                  j.waiting_reason or "")
+    return t
+
+
+@app.command()
+def status(job: Annotated[int | None, typer.Argument()] = None,
+           state: Annotated[list[str] | None, typer.Option("--state", help="filter")] = None,
+           team: Annotated[str | None, typer.Option()] = None, as_json: JsonOpt = False) -> None:
+    """Show jobs (or one job with its attempts)."""
+    c = _client()
+    if job is not None:
+        info = c.get(job)
+        if as_json:
+            _print_json(info.model_dump())
+            return
+        out.print(jobs_table([info], f"job {job}"))
+        t = Table(title="attempts")
+        for col in ("#", "pool", "GPUs", "state", "started", "ended", "reason", "from step",
+                    "to step", "lost GPU-s"):
+            t.add_column(col)
+        for a in info.attempt_list:
+            where = " ".join(f"{n}[{','.join(map(str, s))}]" for n, s in a.alloc)
+            t.add_row(str(a.number), a.pool, where, a.state, _ts(a.started_at), _ts(a.ended_at),
+                      a.end_reason or "", str(a.restored_step or ""), str(a.reached_step or ""),
+                      f"{a.lost_gpu_s:.1f}")
+        out.print(t)
+        return
+    jobs = c.list(status=state, team=team)
+    if as_json:
+        _print_json([j.model_dump() for j in jobs])
+    else:
+        out.print(jobs_table(jobs))
+
+
+@app.command()
+def cancel(job: int, as_json: JsonOpt = False) -> None:
+    """Cancel a job: pending ones at once, running ones get SIGTERM and the grace period."""
+    info = _client().cancel(job)
+    if as_json:
+        _print_json(info.model_dump())
+    else:
+        out.print(f"cancel requested for job {job} ({info.status})")
+
+
+@app.command()
+def events(job: Annotated[int | None, typer.Argument()] = None, as_json: JsonOpt = False) -> None:
+    """The event log (of one job, or all)."""
+    evs = _client().events(job)
+    if as_json:
+        _print_json([e.model_dump() for e in evs])
+        return
+    t = Table(title="events")
+    for col in ("time", "job", "kind", "message"):
+        t.add_column(col)
+    for e in evs:
+        t.add_row(_ts(e.time), str(e.job_id or ""), e.kind, e.message)
+    out.print(t)
+
+
+@app.command()
+def logs(job: int, attempt: Annotated[int | None, typer.Option()] = None,
+         rank: Annotated[int, typer.Option()] = 0) -> None:
+    """Print a job's output (its last attempt unless --attempt N)."""
+    c = _client()
+    info = c.get(job)
+    if not info.attempt_list:
+        raise OnepoolError(f"job {job} has not started yet")
+    a = info.attempt_list[-1] if attempt is None else next(
+        (x for x in info.attempt_list if x.number == attempt), None)
+    if a is None:
+        raise OnepoolError(f"job {job} has no attempt {attempt} "
+                           f"(it has {len(info.attempt_list)})")
+    path = c.store.home / "runs" / f"attempt-{a.id}" / f"rank-{rank}" / "output.log"
+    if not path.exists():
+        raise OnepoolError(f"no output for job {job} attempt {a.number} rank {rank}")
+    sys.stdout.write(path.read_text())
+
+
+@app.command()
+def broker(config: Annotated[Path | None, typer.Option("-c", "--config",
+                                                        help="apply this onepool.yaml first")] = None,
+           cycle_s: Annotated[float | None, typer.Option("--cycle-s")] = None,
+           once: Annotated[bool, typer.Option("--once", help="run one cycle and exit")] = False
+           ) -> None:
+    """Run the broker loop (reconcile, then schedule every cycle)."""
+    from broker import service
+    from broker.clock import SystemClock
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    c = _client()
+    if config is not None:
+        c.apply(config)
+    service.run(c.store, SystemClock(), cycle_s=cycle_s, max_cycles=1 if once else None)
+
+
+@app.command()
+def demo(as_json: JsonOpt = False,
+         timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 180
+         ) -> None:
+    """Run the demo: low-priority jobs fill two pools, an urgent gang job preempts, all finish."""
+    from broker.demo import render, run_demo
+
+    result = run_demo(_state.get("home"), timeout=timeout, progress=not as_json)
+    if as_json:
+        _print_json(result)
+    else:
+        render(result, out)
+
+
+def main() -> None:
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    try:
+        app()
+    except OnepoolError as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False)
+        sys.exit(2)
+    except TimeoutError as e:
+        err.print(f"[red]timeout:[/red] {e}", highlight=False)
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()

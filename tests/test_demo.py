@@ -1,0 +1,35 @@
+"""`onepool demo --json` end to end: the README's first command, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+
+def test_demo_json(tmp_path: Path) -> None:
+    env = {**os.environ, "ONEPOOL_HOME": str(tmp_path / "home")}
+    out = subprocess.run([sys.executable, "-m", "broker.cli", "demo", "--json"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stderr
+    jobs = {j["name"]: j for j in json.loads(out.stdout)["jobs"]}
+    assert set(jobs) == {"sweep-0", "sweep-1", "sweep-2", "sweep-3", "hotfix-eval"}
+    fields = {"name", "priority", "status", "attempts", "preemptions", "wait_s", "lost_gpu_s",
+              "resumed_from_step"}
+    assert all(fields <= set(j) for j in jobs.values())
+    assert all(j["status"] == "SUCCEEDED" for j in jobs.values())
+    victims = [j for j in jobs.values() if j["preemptions"]]
+    assert len(victims) == 2 and all(j["priority"] == "low" for j in victims)
+    assert all(j["attempts"] == 2 and j["resumed_from_step"] is not None for j in victims)
+    assert jobs["hotfix-eval"]["attempts"] == 1 and jobs["hotfix-eval"]["preemptions"] == 0
+    # The demo refuses to wipe a home that holds other work.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "onepool.db").write_bytes(b"")
+    bad = subprocess.run([sys.executable, "-m", "broker.cli", "--home", str(other), "demo"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "not the demo's" in bad.stderr
