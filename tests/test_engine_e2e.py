@@ -58,29 +58,34 @@ def test_victim_resumes_from_last_checkpoint_and_ignores_a_torn_one(make_cluster
 
 
 STUBBORN = """
-import signal, time
+import os, signal, sys, time
 from broker import runtime
-runtime.save(0, files={"x": b"x"})
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ready", flush=True)
+while not os.path.exists(sys.argv[1]):  # the test says when to checkpoint
+    time.sleep(0.01)
+runtime.save(0, files={"x": b"x"})
 print("saved; ignoring SIGTERM", flush=True)
 while True:
     time.sleep(0.05)
 """
 
 
-def test_lost_work_and_grace_kill_match_hand_computation(make_cluster, clock):
+def test_lost_work_and_grace_kill_match_hand_computation(make_cluster, clock, tmp_path):
     """Start t0; checkpoint first seen t0+10; preempt at t0+60; SIGTERM ignored; killed at
     t0+90 (grace 30): lost = (90 - 10) s x 2 GPUs = 160 GPU-s."""
     c, eng = make_cluster(grace_s=30)
     t0 = clock.now()
-    j = c.submit(name="stubborn", team="research", command=[sys.executable, "-c", STUBBORN],
+    go = tmp_path / "go"
+    j = c.submit(name="stubborn", team="research",
+                 command=[sys.executable, "-c", STUBBORN, str(go)],
                  gpus_per_node=2, priority="low").id
     eng.cycle()
     aid = c.get(j).attempt_list[0].id
-    drive(eng, lambda: "ignoring" in out_log(c, aid))
+    drive(eng, lambda: "ready" in out_log(c, aid))
     clock.advance(10)
-    eng.cycle()
-    assert c.get(j).last_step == 0
+    go.touch()
+    drive(eng, lambda: c.get(j).last_step == 0)
     clock.advance(50)
     u = c.submit(name="u", team="prod", command=train(2), gpus_per_node=2, priority="urgent").id
     rep = eng.cycle()
