@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from broker.errors import OnepoolError, SpecError
@@ -23,8 +24,16 @@ from broker.views import JobInfo
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="onepool: one priority queue over every GPU you can reach.")
-out = Console()
-err = Console(stderr=True)
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console; when not a terminal (piped, CI), wide enough that tables do not fold."""
+    c = Console(stderr=stderr)
+    return c if c.is_terminal else Console(stderr=stderr, width=220)
+
+
+out = _console()
+err = _console(stderr=True)
 _state: dict[str, Any] = {}
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", envvar="ONEPOOL_HOME",
@@ -59,7 +68,7 @@ def apply(config: Annotated[Path, typer.Option("-c", "--config", help="onepool.y
     if as_json:
         _print_json(cfg.model_dump(mode="json"))
     else:
-        out.print(f"applied {config}: {len(cfg.pools)} pools, {len(cfg.teams)} teams")
+        out.print(f"applied {config}: {len(cfg.pools)} pools, {len(cfg.teams)} teams", markup=False)
 
 
 @app.command()
@@ -108,7 +117,7 @@ def submit(
     if as_json:
         _print_json(info.model_dump())
     else:
-        out.print(f"submitted job {info.id} ({info.name}, {info.priority})")
+        out.print(f"submitted job {info.id} ({info.name}, {info.priority})", markup=False)
 
 
 def jobs_table(jobs: list[JobInfo], title: str = "jobs") -> Table:
@@ -118,11 +127,11 @@ def jobs_table(jobs: list[JobInfo], title: str = "jobs") -> Table:
         t.add_column(col, justify="right" if col not in ("name", "team", "class", "status",
                                                          "why waiting") else "left")
     for j in jobs:
-        t.add_row(str(j.id), j.name, j.team, j.priority, j.status,
+        t.add_row(str(j.id), escape(j.name), escape(j.team), j.priority, j.status,
                   f"{j.nodes}x{j.gpus_per_node}", str(j.attempts), str(j.preemptions),
                   f"{j.wait_s:.1f}", f"{j.gpu_s:.0f}", f"{j.lost_gpu_s:.1f}",
                   "" if j.resumed_from_step is None else str(j.resumed_from_step),
-                  j.waiting_reason or "")
+                  escape(j.waiting_reason or ""))
     return t
 
 
@@ -177,7 +186,7 @@ def events(job: Annotated[int | None, typer.Argument()] = None, as_json: JsonOpt
     for col in ("time", "job", "kind", "message"):
         t.add_column(col)
     for e in evs:
-        t.add_row(_ts(e.time), str(e.job_id or ""), e.kind, e.message)
+        t.add_row(_ts(e.time), str(e.job_id or ""), e.kind, escape(e.message))
     out.print(t)
 
 
@@ -236,10 +245,10 @@ def main() -> None:
     try:
         app()
     except OnepoolError as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except TimeoutError as e:
-        err.print(f"[red]timeout:[/red] {e}", highlight=False)
+        err.print(f"[red]timeout:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(3)
 
 

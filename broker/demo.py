@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from broker.errors import OnepoolError
@@ -132,7 +133,7 @@ def _echo(c: Client, seen: int, say: Any) -> int:
     evs = c.events()
     for e in evs[seen:]:
         if e.kind in ("started", "preempting", "preempted", "succeeded", "killed", "failed"):
-            say(f"  job {e.job_id}: {e.kind:<10} {e.message}")
+            say(f"  job {e.job_id}: {e.kind:<10} {escape(e.message)}")
     return len(evs)
 
 
@@ -143,7 +144,7 @@ def render(result: dict[str, Any], console: Console) -> None:
         t.add_column(col, justify="left" if col in ("job", "class", "status", "last pool")
                      else "right")
     for j in result["jobs"]:
-        t.add_row(j["name"], j["priority"], j["status"], str(j["attempts"]), str(j["preemptions"]),
+        t.add_row(escape(j["name"]), j["priority"], j["status"], str(j["attempts"]), str(j["preemptions"]),
                   f"{j['wait_s']:.1f}", f"{j['gpu_s']:.0f}", f"{j['lost_gpu_s']:.1f}",
                   "-" if j["resumed_from_step"] is None else str(j["resumed_from_step"]),
                   j["pool"] or "-")

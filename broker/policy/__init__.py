@@ -4,6 +4,7 @@ from broker.policy.fairshare import decayed_gpu_seconds
 from broker.policy.plan import plan
 from broker.policy.snapshot import (
     Alloc,
+    Launch,
     NodeView,
     PendingView,
     Placement,
@@ -17,6 +18,6 @@ from broker.policy.snapshot import (
 )
 
 __all__ = [
-    "Alloc", "NodeView", "PendingView", "Placement", "Plan", "PolicyConfig", "PoolView",
+    "Alloc", "Launch", "NodeView", "PendingView", "Placement", "Plan", "PolicyConfig", "PoolView",
     "Preemption", "RunningView", "Snapshot", "TeamView", "decayed_gpu_seconds", "plan",
 ]

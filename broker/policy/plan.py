@@ -20,9 +20,13 @@ The cycle, step by step:
       nodes and waits for them; no new victims unless those are no longer enough.
    d. it is blocked and preemption is on: the fewest victims of strictly lower class
       (see broker.policy.victims for the order) are chosen, and it holds their nodes.
-   e. still blocked: the first `reservations` such jobs hold the free GPUs of the nodes that
+   e. renting (broker.policy.cloud): a job that nodes are already launching for waits for
+      them; otherwise the rules there decide between preempting and renting for high/urgent
+      work, and when other work that waited long enough rents instead of waiting.
+   f. still blocked: the first `reservations` such jobs hold the free GPUs of the nodes that
       would fit them soonest, so backfill cannot starve them; with backfill off, the queue
       stops here.
+5. Rented nodes idle past their pool's timeout, with nothing placed or held, are released.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from __future__ import annotations
 from collections import defaultdict
 
 from broker.policy.capacity import Capacity
+from broker.policy.cloud import launching_spare, offers, should_buy
 from broker.policy.snapshot import (
     Alloc,
+    Launch,
     PendingView,
     Placement,
     Plan,
@@ -75,6 +81,13 @@ class _Planner:
         self.waiting: list[tuple[int, str]] = []
         self.demoted: list[int] = []
         self._cands: dict[tuple, list[PoolView]] = {}
+        self.launches: list[Launch] = []
+        self.terminations: list[str] = []
+        self.rented = [p for p in snap.pools if p.max_nodes is not None]
+        self.launched: dict[str, int] = {}
+        self.launching_for = {jid for p in self.rented for jid, _ in p.launching}
+        shapes = {j.job_id: (j.gpus_per_node, j.nodes) for j in snap.pending} if self.rented else {}
+        self.spare = {p.name: launching_spare(p, shapes) for p in self.rented if p.launching}
 
     # -- step 2: effective classes -------------------------------------------------------
     def _effective_running(self) -> dict[int, int]:
@@ -131,7 +144,8 @@ class _Planner:
                    if (not j.gpu_types or p.gpu_type in j.gpu_types)
                    and market_ok(j.spot, p.market)
                    and (p.teams is None or j.team in p.teams)
-                   and p.gpus_per_node >= j.gpus_per_node and len(p.nodes) >= j.nodes]
+                   and p.gpus_per_node >= j.gpus_per_node
+                   and max(len(p.nodes), p.max_nodes or 0) >= j.nodes]
             got.sort(key=lambda p: (p.market != "onprem", p.price_per_gpu_hour,
                                     p.gpus_per_node, p.name))
             self._cands[key] = got
@@ -181,13 +195,21 @@ class _Planner:
             inc = incoming.get(j.job_id)
             if inc and self._wait_for_incoming(j, cands, inc):
                 continue
+            if j.job_id in self.launching_for:
+                self.waiting.append((j.job_id, "waiting for rented nodes to come up"))
+                continue
             vkey = (fkey, g, n, rank)
+            victims = None
             # The no-victims cache only holds for jobs without GPUs already coming to them.
             if lowest is not None and rank > lowest and (inc or vkey not in no_victims):
-                if self._preempt_for(j, rank, cands, inc or {}):
-                    continue
-                if not inc:
+                victims = self._find_victims(j, rank, cands, inc or {})
+                if victims is None and not inc:
                     no_victims.add(vkey)
+            if self.rented and self.cfg.cloud and self._rent(j, rank, victims):
+                continue
+            if victims is not None:
+                self._commit_victims(j, victims)
+                continue
             if reservations_left > 0:
                 reservations_left -= 1
                 self._reserve_head(j, cands, inc or {})
@@ -195,8 +217,10 @@ class _Planner:
                 self.waiting.append((j.job_id, "no free GPUs of an acceptable type"))
             if not self.cfg.backfill:
                 stopped = True
-        return Plan(tuple(self.placements), tuple(self.preemptions), tuple(self.reservations),
-                    tuple(self.waiting), tuple(self.demoted))
+        self._scale_down()
+        return Plan(tuple(self.placements), tuple(self.preemptions), tuple(self.launches),
+                    tuple(self.terminations), tuple(self.reservations), tuple(self.waiting),
+                    tuple(self.demoted))
 
     def _try_place(self, j: PendingView, rank: int, cands: list[PoolView]) -> bool:
         for p in cands:
@@ -219,8 +243,8 @@ class _Planner:
                 return True
         return False
 
-    def _preempt_for(self, j: PendingView, rank: int, cands: list[PoolView],
-                     inc: dict[str, int]) -> bool:
+    def _find_victims(self, j: PendingView, rank: int, cands: list[PoolView],
+                      inc: dict[str, int]) -> tuple[list[str], dict[int, RunningView]] | None:
         chosen = self.chosen
 
         def eligible(r: RunningView, key: VictimKey) -> bool:
@@ -232,17 +256,60 @@ class _Planner:
             got = pick_nodes(_pool_nodes(p), j.nodes, j.gpus_per_node, base, self.by_node, eligible)
             if got is not None and (best is None or got[0] < best[0]):
                 best = got
-        if best is None:
-            return False
-        _, nodes, victims = best
+        return None if best is None else (best[1], best[2])
+
+    def _commit_victims(self, j: PendingView,
+                        choice: tuple[list[str], dict[int, RunningView]]) -> None:
+        nodes, victims = choice
         for aid in sorted(victims):
             r = victims[aid]
-            chosen.add(aid)
+            self.chosen.add(aid)
             self.preemptions.append(Preemption(aid, r.job_id, j.job_id, lost_gpu_s(r, self.now)))
         held = self.cap.hold(nodes, j.gpus_per_node)
         self.reservations.append((j.job_id, held))
         self.waiting.append((j.job_id, f"preempting {len(victims)} job(s)"))
+
+    # -- renting (rules in broker.policy.cloud) --------------------------------------------
+    def _rent(self, j: PendingView, rank: int,
+              victims: tuple[list[str], dict[int, RunningView]] | None) -> bool:
+        """Claim spare launching capacity or launch nodes for j, if the rules say so."""
+        urgentish = rank in PRIORITY_RANKS
+        if victims is not None and not urgentish:
+            return False
+        if victims is None and not urgentish and self.now - j.submit_time < self.cfg.cloud_after_wait_s:
+            return False
+        if j.nodes == 1:
+            for p in self.rented:
+                spare = self.spare.get(p.name)
+                if not spare or p.name not in {c.name for c in self._candidates(j)}:
+                    continue
+                for i, free in enumerate(spare):
+                    if free >= j.gpus_per_node:
+                        spare[i] -= j.gpus_per_node
+                        self.waiting.append((j.job_id, f"waiting for a rented node in {p.name}"))
+                        return True
+        offs = offers(j, self.rented, self.cfg, self.launched)
+        if not offs:
+            return False
+        if victims is not None and not should_buy(victims[1].values(), offs[0], j, self.now, self.cfg):
+            return False
+        price, p = offs[0]
+        self.launched[p.name] = self.launched.get(p.name, 0) + j.nodes
+        self.launches.append(Launch(p.name, j.nodes, j.job_id, p.price_per_gpu_hour * p.gpus_per_node
+                                    * j.nodes))
+        spare = p.gpus_per_node - j.gpus_per_node
+        if spare:
+            self.spare.setdefault(p.name, []).extend([spare] * j.nodes)
+        self.waiting.append((j.job_id, f"renting {j.nodes} node(s) in {p.name} "
+                                       f"(${price:.2f}/GPU-h effective)"))
         return True
+
+    def _scale_down(self) -> None:
+        for p in self.rented:
+            for node in p.nodes:
+                if (node.idle_since is not None and self.cap.free[node.id] >= p.gpus_per_node
+                        and self.now - node.idle_since >= p.idle_timeout_s):
+                    self.terminations.append(node.id)
 
     def _reserve_head(self, j: PendingView, cands: list[PoolView], inc: dict[str, int]) -> None:
         best: tuple[int, str, list[str]] | None = None

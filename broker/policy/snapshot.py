@@ -18,11 +18,18 @@ Alloc = tuple[tuple[str, int], ...]
 class NodeView:
     id: str
     gpus: int
+    idle_since: float | None = None  # when it last became empty (None: in use, or unknown)
 
 
 @dataclass(frozen=True, slots=True)
 class PoolView:
-    """A pool of identical nodes. `teams`, when set, restricts who may use it (a partition)."""
+    """A pool of identical nodes. `teams`, when set, restricts who may use it (a partition).
+
+    Rented pools can grow: `max_nodes` (None: fixed at `nodes`) bounds ready plus launching
+    nodes; `launching` lists nodes on their way, as (for_job_id, count); a node is ready
+    `launch_latency_s` after its launch. `interruption_rate_per_h` is the expected number of
+    reclaims per node-hour (spot). Idle rented nodes are terminated after `idle_timeout_s`.
+    """
 
     name: str
     gpu_type: str
@@ -31,6 +38,18 @@ class PoolView:
     market: Market = Market.ONPREM
     price_per_gpu_hour: float = 0.0
     teams: frozenset[str] | None = None
+    max_nodes: int | None = None
+    launching: tuple[tuple[int, int], ...] = ()
+    launch_latency_s: float = 0.0
+    interruption_rate_per_h: float = 0.0
+    idle_timeout_s: float = 600.0
+
+    @property
+    def launchable(self) -> int:
+        """How many more nodes may be launched now."""
+        if self.max_nodes is None:
+            return 0
+        return max(0, self.max_nodes - len(self.nodes) - sum(n for _, n in self.launching))
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +67,17 @@ class RunningView:
     times_preempted: int = 0
     stopping: bool = False
     stopping_for: int | None = None
+    checkpoint_period_s: float | None = None  # periodic checkpoints every period after origin
+    checkpoint_origin: float = 0.0
+
+    def last_checkpoint(self, now: float) -> float | None:
+        """The latest checkpoint time known: the recorded one, or the periodic schedule's."""
+        t = self.last_checkpoint_at
+        if self.checkpoint_period_s and now >= self.checkpoint_origin + self.checkpoint_period_s:
+            k = (now - self.checkpoint_origin) // self.checkpoint_period_s
+            periodic = self.checkpoint_origin + k * self.checkpoint_period_s
+            t = periodic if t is None else max(t, periodic)
+        return t
 
     @property
     def gpus(self) -> int:
@@ -64,6 +94,9 @@ class PendingView:
     nodes: int = 1
     gpu_types: tuple[str, ...] = ()  # empty: any type
     spot: SpotPolicy = SpotPolicy.ALLOWED
+    budget_usd: float | None = None  # what is left of it
+    expected_duration_s: float | None = None
+    checkpoint_interval_s: float = 1800.0
 
     @property
     def gpus(self) -> int:
@@ -90,6 +123,15 @@ class PolicyConfig:
     - min_run_s: a job preempted before is safe from preemption for this long after it restarts
     - backfill: later jobs may use capacity the blocked ones cannot
     - reservations: how many blocked jobs (in queue order) hold the capacity they wait for
+    - cloud: launch rented nodes for blocked jobs (see broker.policy.cloud for the rules)
+    - cloud_after_wait_s: a job must have waited this long before nodes are rented for it
+      (high/urgent jobs: at once)
+    - checkpoint_on_signal: victims checkpoint when signalled (the runtime does), so a
+      preemption loses only the restart overhead, not the work since the last checkpoint
+    - restart_overhead_s: time a resumed attempt spends before making progress
+    - gpu_hour_value_usd: what a GPU-hour of lost work is worth (preempt-or-buy)
+    - wait_value_usd_per_gpu_hour: what an hour of waiting costs a high/urgent job, per GPU
+    - rent_horizon_s: how long a rental is assumed to last when a job has no expected duration
     """
 
     classes: bool = True
@@ -100,6 +142,14 @@ class PolicyConfig:
     min_run_s: float = 300.0
     backfill: bool = True
     reservations: int = 1
+    cloud: bool = True
+    cloud_after_wait_s: float = 600.0
+    checkpoint_on_signal: bool = True
+    restart_overhead_s: float = 180.0
+    gpu_hour_value_usd: float = 2.0
+    wait_value_usd_per_gpu_hour: float = 20.0
+    rent_horizon_s: float = 3600.0
+    grace_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +179,21 @@ class Preemption:
 
 
 @dataclass(frozen=True, slots=True)
+class Launch:
+    """Rent `count` nodes in `pool` for the job (whose queue place they are held for)."""
+
+    pool: str
+    count: int
+    for_job_id: int
+    usd_per_hour: float
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     placements: tuple[Placement, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
+    launches: tuple[Launch, ...] = ()
+    terminations: tuple[str, ...] = ()  # idle rented node ids to give back
     reservations: tuple[tuple[int, Alloc], ...] = ()  # (job_id, GPUs held for it per node)
     waiting: tuple[tuple[int, str], ...] = ()  # (job_id, why it is not placed)
     demoted: tuple[int, ...] = ()  # job ids scheduled as normal by anti-capture

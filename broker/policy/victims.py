@@ -30,7 +30,8 @@ VictimKey = tuple[float, ...]
 
 def lost_gpu_s(r: RunningView, now: float) -> float:
     """GPU-seconds of work since the attempt's last checkpoint (or its start)."""
-    since = r.started_at if r.last_checkpoint_at is None else max(r.started_at, r.last_checkpoint_at)
+    ck = r.last_checkpoint(now)
+    since = r.started_at if ck is None else max(r.started_at, ck)
     return max(0.0, now - since) * r.gpus
 
 

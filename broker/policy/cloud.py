@@ -1,0 +1,112 @@
+"""Renting: which offer a blocked job gets, the preempt-or-buy rule, and scale-down. Pure.
+
+Offers. A rented pool can take a job if its GPU type is acceptable, its market is allowed by
+the job's spot policy, its partition admits the team, its nodes are big enough, its quota
+has room for the job's nodes, and the job's remaining budget covers the rental. Offers are
+ranked by effective price (pricing.cost.effective_price: price x (1 + expected rework from
+spot interruptions, the job's checkpoint interval and the restart overhead)), then name.
+
+When. A blocked job that could not be placed and has no victims stopping for it rents:
+- high/urgent jobs: at once, when the preempt-or-buy rule says buy, or when there is
+  nothing to preempt;
+- other classes: after waiting `cloud_after_wait_s` since submission (so a minute of queue
+  does not buy a node), and only when nothing can be preempted for them.
+
+Preempt-or-buy, for a high/urgent job that has both a victim set and an offer:
+
+    preempt_usd = lost_gpu_h(victims) * gpu_hour_value_usd
+                  + grace_s/3600 * job GPUs * wait_value_usd_per_gpu_hour
+    buy_usd     = effective_price * job GPUs * horizon_h
+                  + launch_latency_s/3600 * job GPUs * wait_value_usd_per_gpu_hour
+
+where lost_gpu_h counts each victim's restart overhead, plus its work since its last
+checkpoint unless victims checkpoint on the signal, and horizon_h is the job's expected
+duration (or rent_horizon_s). Buy iff buy_usd < preempt_usd.
+
+Packing. Nodes already launching for a job with spare GPUs (a 1-GPU job on an 8-GPU node)
+take single-node jobs waiting for capacity of that pool, before anything new is launched.
+
+Scale-down. A rented node with nothing running or held on it, idle for its pool's
+`idle_timeout_s`, is given back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from broker.policy.snapshot import PendingView, PolicyConfig, PoolView, RunningView
+from broker.policy.victims import lost_gpu_s
+from broker.spec import market_ok
+from pricing.cost import effective_price
+
+
+def offer_price(p: PoolView, j: PendingView, cfg: PolicyConfig) -> float:
+    """Effective USD per GPU-hour of useful work for job j on pool p."""
+    return effective_price(p.price_per_gpu_hour, p.interruption_rate_per_h,
+                           j.checkpoint_interval_s, cfg.restart_overhead_s,
+                           cfg.checkpoint_on_signal)
+
+
+def horizon_h(j: PendingView, cfg: PolicyConfig) -> float:
+    return (j.expected_duration_s or cfg.rent_horizon_s) / 3600.0
+
+
+def offers(j: PendingView, pools: Iterable[PoolView], cfg: PolicyConfig,
+           launched: dict[str, int]) -> list[tuple[float, PoolView]]:
+    """Rented pools that can take job j now, cheapest effective price first.
+
+    `launched` counts nodes this plan already launches per pool (they use up quota).
+    """
+    out = []
+    for p in pools:
+        if p.max_nodes is None or p.launchable - launched.get(p.name, 0) < j.nodes:
+            continue
+        if (j.gpu_types and p.gpu_type not in j.gpu_types) or not market_ok(j.spot, p.market):
+            continue
+        if (p.teams is not None and j.team not in p.teams) or p.gpus_per_node < j.gpus_per_node:
+            continue
+        price = offer_price(p, j, cfg)
+        if j.budget_usd is not None and p.price_per_gpu_hour * j.gpus * horizon_h(j, cfg) > j.budget_usd:
+            continue
+        out.append((price, p))
+    out.sort(key=lambda o: (o[0], o[1].name))
+    return out
+
+
+def victims_loss_gpu_h(victims: Iterable[RunningView], now: float, cfg: PolicyConfig) -> float:
+    """GPU-hours a preemption destroys: restart overhead, plus un-checkpointed work unless
+    victims checkpoint on the signal."""
+    total = 0.0
+    for r in victims:
+        total += cfg.restart_overhead_s * r.gpus
+        if not cfg.checkpoint_on_signal:
+            total += lost_gpu_s(r, now)
+    return total / 3600.0
+
+
+def preempt_usd(victims: Iterable[RunningView], j: PendingView, now: float,
+                cfg: PolicyConfig) -> float:
+    return (victims_loss_gpu_h(victims, now, cfg) * cfg.gpu_hour_value_usd
+            + cfg.grace_s / 3600.0 * j.gpus * cfg.wait_value_usd_per_gpu_hour)
+
+
+def buy_usd(price: float, p: PoolView, j: PendingView, cfg: PolicyConfig) -> float:
+    return (price * j.gpus * horizon_h(j, cfg)
+            + p.launch_latency_s / 3600.0 * j.gpus * cfg.wait_value_usd_per_gpu_hour)
+
+
+def should_buy(victims: Iterable[RunningView], offer: tuple[float, PoolView], j: PendingView,
+               now: float, cfg: PolicyConfig) -> bool:
+    """The preempt-or-buy rule (see the module docstring)."""
+    price, p = offer
+    return buy_usd(price, p, j, cfg) < preempt_usd(victims, j, now, cfg)
+
+
+def launching_spare(p: PoolView, pending_gpus: dict[int, tuple[int, int]]) -> list[int]:
+    """Spare GPUs per node already launching in pool p, after the jobs they are for."""
+    spare: list[int] = []
+    for job_id, count in p.launching:
+        g, n = pending_gpus.get(job_id, (0, 0))
+        for i in range(count):
+            spare.append(p.gpus_per_node - (g if i < n else 0))
+    return spare

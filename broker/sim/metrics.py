@@ -1,0 +1,150 @@
+"""What a replay measures, per policy. Definitions (all GPU-hours are GPU x hours):
+
+- jobs_completed; jobs_rejected (no pool could ever hold them); jobs_unfinished (at the
+  horizon: last submission + drain_limit_s).
+- gpu_hours_delivered: the trace work of completed jobs (duration x GPUs).
+- onprem_occupancy: allocated on-prem GPU time / on-prem GPU time, over the submission window.
+- idle_while_waiting_gpu_hours: free on-prem GPUs in pools where some waiting job's shape
+  would fit (type, partition, node size and count), integrated between scheduling cycles.
+- wait_s: time spent queued, summed over a job's attempts (jobs still queued at the end
+  count their wait so far); jct_s: completion minus submission, completed jobs.
+  Per class and `all`; wait_s_multinode: jobs with more than 8 GPUs.
+- lost_gpu_hours_{preemption,interruption}: GPU time of ended attempts not kept as progress
+  (drain, work since the last checkpoint, restart overhead), by cause.
+- cloud_cost_usd: rented node-hours (launch to release) x price; cloud_cost_on_demand_usd:
+  the same node-hours at the on-demand price of the same instance.
+- cost_per_gpu_hour: (cloud cost + on-prem GPUs x window hours x the amortized on-prem rate)
+  / gpu_hours_delivered.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from broker.policy import PendingView
+from broker.sim.scenario import Scenario
+from broker.spec import Priority
+
+CLASSES = [p.value for p in (Priority.URGENT, Priority.HIGH, Priority.NORMAL, Priority.LOW)]
+
+
+class Recorder:
+    def __init__(self, sc: Scenario, policy: str, window: tuple[float, float]) -> None:
+        self.sc, self.policy = sc, policy
+        self.w0, self.w1 = window
+        self.completed = self.rejected = self.preemptions = self.interruptions = 0
+        self.delivered_gpu_s = 0.0
+        self.onprem_used = 0
+        self.onprem_used_gpu_s = 0.0
+        self.idle_fit = 0
+        self.idle_fit_gpu_s = 0.0
+        self.lost_gpu_s: dict[str, float] = {"preemption": 0.0, "interruption": 0.0}
+        self.cloud_usd = self.cloud_od_usd = 0.0
+        self.cloud_gpu_s = 0.0
+        self.shapes: Counter[tuple] = Counter()
+
+    # -- hooks called by the simulator ---------------------------------------------------------
+    def integrate(self, t0: float, t1: float) -> None:
+        a, b = max(t0, self.w0), min(t1, self.w1)
+        if b > a:
+            self.onprem_used_gpu_s += self.onprem_used * (b - a)
+        self.idle_fit_gpu_s += self.idle_fit * (t1 - t0)
+
+    def gpus_changed(self, pool: Any, delta: int) -> None:
+        if not pool.rented:
+            self.onprem_used += delta
+
+    def queued(self, v: PendingView, sign: int) -> None:
+        key = (v.gpus_per_node, v.nodes, v.gpu_types, v.team)
+        self.shapes[key] += sign
+        if not self.shapes[key]:
+            del self.shapes[key]
+
+    def after_cycle(self, pools: dict[str, Any]) -> None:
+        idle = 0
+        for p in pools.values():
+            if p.rented:
+                continue
+            free = [n.gpus - n.used for n in p.nodes.values()]
+            total = sum(free)
+            if not total:
+                continue
+            for g, n, types, team in self.shapes:
+                if (types and p.gpu_type not in types) or (p.teams is not None and team not in p.teams):
+                    continue
+                if g <= p.gpus_per_node and sum(f >= g for f in free) >= n:
+                    idle += total
+                    break
+        self.idle_fit = idle
+
+    def lost(self, cause: str, gpu_s: float) -> None:
+        self.lost_gpu_s[cause] = self.lost_gpu_s.get(cause, 0.0) + max(0.0, gpu_s)
+
+    def finished(self, job: Any, gpu_s: float, pool: Any) -> None:
+        self.completed += 1
+        self.delivered_gpu_s += job.trace.duration_s * job.trace.gpus
+        self.attempt_gpu_s(pool, gpu_s)
+
+    def attempt_gpu_s(self, pool: Any, gpu_s: float) -> None:
+        if pool.rented:
+            self.cloud_gpu_s += gpu_s
+
+    def bill(self, usd: float, od_usd: float) -> None:
+        self.cloud_usd += usd
+        self.cloud_od_usd += od_usd
+
+    # -- the result ----------------------------------------------------------------------------
+    def result(self, jobs: list[Any], pending: dict[int, Any], running: dict[int, Any]) -> dict:
+        end = max([self.w1] + [j.done_at for j in jobs if j.done_at is not None])
+        waits: dict[str, list[float]] = {c: [] for c in CLASSES}
+        jcts: dict[str, list[float]] = {c: [] for c in CLASSES}
+        multi: list[float] = []
+        for j in jobs:
+            if j.jid in pending:
+                w = j.wait + (end - j.queued_at)
+            elif j.first_start is None:
+                continue  # rejected
+            else:
+                w = j.wait
+            waits[j.cls.value].append(w)
+            if j.trace.gpus > 8:
+                multi.append(w)
+            if j.done_at is not None:
+                jcts[j.cls.value].append(j.done_at - j.trace.submit_s)
+        waits["all"] = [x for c in CLASSES for x in waits[c]]
+        jcts["all"] = [x for c in CLASSES for x in jcts[c]]
+        delivered_h = self.delivered_gpu_s / 3600.0
+        window_h = (self.w1 - self.w0) / 3600.0
+        onprem = self.sc.onprem_gpus
+        total_usd = self.cloud_usd + onprem * window_h * self.sc.onprem_usd_per_gpu_hour
+        return {
+            "jobs_total": len(jobs),
+            "jobs_completed": self.completed,
+            "jobs_rejected": self.rejected,
+            "jobs_unfinished": len(pending) + len(running),
+            "gpu_hours_delivered": round(delivered_h, 1),
+            "onprem_occupancy": round(self.onprem_used_gpu_s / (onprem * 3600 * window_h), 4)
+            if window_h else 0.0,
+            "idle_while_waiting_gpu_hours": round(self.idle_fit_gpu_s / 3600.0, 1),
+            "wait_s": {c: _pct(v, (50, 95, 99)) for c, v in waits.items()},
+            "jct_s": {c: _pct(v, (50, 95)) for c, v in jcts.items()},
+            "wait_s_multinode": _pct(multi, (95, 99)),
+            "preemptions": self.preemptions,
+            "interruptions": self.interruptions,
+            "lost_gpu_hours_preemption": round(self.lost_gpu_s.get("preemption", 0.0) / 3600, 2),
+            "lost_gpu_hours_interruption": round(self.lost_gpu_s.get("interruption", 0.0) / 3600, 2),
+            "cloud_gpu_hours": round(self.cloud_gpu_s / 3600.0, 1),
+            "cloud_cost_usd": round(self.cloud_usd, 2),
+            "cloud_cost_on_demand_usd": round(self.cloud_od_usd, 2),
+            "cost_per_gpu_hour": round(total_usd / delivered_h, 4) if delivered_h else None,
+        }
+
+
+def _pct(values: list[float], ps: tuple[int, ...]) -> dict[str, float | None]:
+    if not values:
+        return {f"p{p}": None for p in ps}
+    arr = np.asarray(values)
+    return {f"p{p}": round(float(np.percentile(arr, p)), 1) for p in ps}

@@ -1,0 +1,152 @@
+"""A simulation scenario: the cluster, and what the trace lacks, assigned deterministically.
+
+Assignment rules (all by a stable hash, so the same trace and seed give the same run):
+- team: by the job's `queue` through `teams[].queues`; unmatched queues go to `default_team`.
+  A team's weight, if not given, is its share of the trace's GPU-hours (documented in the
+  output), and its high/urgent allowance, if not given, is `priority_allowance_fraction` of
+  its weighted share of the on-prem GPUs.
+- priority class: u = hash(seed, "class", job_id) in [0, 1); classes are taken in the order
+  urgent, high, normal, low with the `classes` fractions as cumulative bands.
+- acceptable GPU types: the same with salt "types" over `gpu_types` bands ("any" = every type).
+- spot policy and budget: by class (`spot`, `budget_usd`).
+- expected duration: the trace's duration when `known_durations` is true, else unknown.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from broker.errors import SpecError
+from broker.spec import _format  # the one formatter of validation errors
+from broker.spec import Market, Priority, SpotPolicy
+
+
+class _S(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OnpremPool(_S):
+    name: str
+    gpu_type: str
+    gpus_per_node: int = Field(ge=1, le=64)
+    nodes: int = Field(ge=1)
+
+
+class CloudPool(_S):
+    name: str
+    provider: str = "aws"
+    gpu_type: str
+    gpus_per_node: int = Field(ge=1, le=64)
+    market: Market
+    price_per_node_hour: float = Field(gt=0)
+    on_demand_price_per_node_hour: float | None = Field(default=None, gt=0)
+    max_nodes: int = Field(ge=1)
+    launch_latency_s: float = Field(default=180.0, ge=0)
+    interruption_rate_per_h: float = Field(default=0.0, ge=0)
+    idle_timeout_s: float = Field(default=600.0, ge=0)
+    source: str = ""  # where the price came from
+
+    @model_validator(mode="after")
+    def _on_demand_reference(self) -> CloudPool:
+        if self.market is Market.ONPREM:
+            raise ValueError("market: a cloud pool is on_demand or spot")
+        if self.market is Market.SPOT and self.on_demand_price_per_node_hour is None:
+            raise ValueError("on_demand_price_per_node_hour: required for spot pools "
+                             "(the cost comparison needs it)")
+        return self
+
+    @property
+    def on_demand_price(self) -> float:
+        return self.on_demand_price_per_node_hour or self.price_per_node_hour
+
+
+class TeamRule(_S):
+    name: str
+    queues: list[str] = Field(default_factory=list)
+    weight: float | None = Field(default=None, gt=0)
+    priority_allowance_gpus: int | None = Field(default=None, ge=0)
+
+
+class Scenario(_S):
+    name: str
+    description: str = ""
+    seed: int = 0
+    onprem: list[OnpremPool] = Field(min_length=1)
+    cloud: list[CloudPool] = Field(default_factory=list)
+    teams: list[TeamRule] = Field(min_length=1)
+    default_team: str
+    priority_allowance_fraction: float = Field(default=0.3, ge=0)
+    classes: dict[Priority, float]
+    gpu_types: dict[str, float] = Field(default_factory=lambda: {"any": 1.0})
+    spot: dict[Priority, SpotPolicy] = Field(default_factory=dict)
+    budget_usd: dict[Priority, float] = Field(default_factory=dict)
+    known_durations: bool = False
+    checkpoint_interval_s: float = Field(default=1800.0, gt=0)
+    restart_overhead_s: float = Field(default=180.0, ge=0)
+    grace_s: float = Field(default=60.0, ge=0)
+    checkpoint_save_s: float = Field(default=30.0, ge=0)
+    interruption_notice_s: float = Field(default=120.0, ge=0)
+    cycle_s: float = Field(default=30.0, gt=0)
+    tick_s: float = Field(default=300.0, gt=0)
+    onprem_usd_per_gpu_hour: float = Field(default=1.0, ge=0)
+    fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0)
+    drain_limit_s: float = Field(default=60 * 86400.0, gt=0)
+    policy: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> Scenario:
+        for what, fr in (("classes", self.classes), ("gpu_types", self.gpu_types)):
+            if abs(sum(fr.values()) - 1.0) > 1e-6:
+                raise ValueError(f"{what}: fractions must sum to 1 (got {sum(fr.values()):g})")
+        names = [t.name for t in self.teams]
+        if self.default_team not in names:
+            raise ValueError(f"default_team: must be one of {', '.join(names)}")
+        if self.checkpoint_save_s > self.grace_s:
+            raise ValueError("checkpoint_save_s: must be <= grace_s (a save must fit the grace)")
+        pools = [p.name for p in self.onprem] + [p.name for p in self.cloud]
+        if len(set(pools)) != len(pools):
+            raise ValueError("pool names must be unique across onprem and cloud")
+        return self
+
+    @property
+    def onprem_gpus(self) -> int:
+        return sum(p.gpus_per_node * p.nodes for p in self.onprem)
+
+    def gpu_type_names(self) -> list[str]:
+        return sorted({p.gpu_type for p in self.onprem} | {p.gpu_type for p in self.cloud})
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario YAML. Raises SpecError naming the bad fields."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise SpecError(str(p), [f"cannot read the scenario: {e.strerror}"]) from None
+    except yaml.YAMLError as e:
+        raise SpecError(str(p), [f"not valid YAML: {e}"]) from None
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(str(p), _format(e)) from None
+
+
+def unit_hash(seed: int, salt: str, key: str) -> float:
+    """A stable number in [0, 1) for (seed, salt, key)."""
+    h = hashlib.blake2b(f"{seed}:{salt}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2**64
+
+
+def pick_band(u: float, bands: list[tuple[Any, float]]) -> Any:
+    """The band whose cumulative fraction covers u (the last band absorbs rounding)."""
+    acc = 0.0
+    for value, frac in bands:
+        acc += frac
+        if u < acc:
+            return value
+    return bands[-1][0]

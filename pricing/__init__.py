@@ -1,0 +1,1 @@
+"""Prices as data and pure cost functions."""

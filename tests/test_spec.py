@@ -1,0 +1,395 @@
+"""Table-driven tests of the validated user input: onepool.yaml and job specs.
+
+Every bad field must yield a SpecError whose problem line names the field path and what is
+allowed (the values, the bound, or the rule), so the user can fix it without reading code.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from broker.errors import SpecError
+from broker.spec import (
+    ClusterConfig,
+    JobSpec,
+    Market,
+    Priority,
+    SpotPolicy,
+    check_job_fits,
+    load_config,
+    market_ok,
+    parse_config,
+    parse_job,
+)
+
+NAME_RULE = "lowercase letters, digits"
+
+
+# -- builders ---------------------------------------------------------------------------------
+def _pool(**over: Any) -> dict[str, Any]:
+    return {"name": "a100", "gpu_type": "A100", "gpus_per_node": 8, "nodes": 2, **over}
+
+
+def cfg(*, pool: dict[str, Any] | None = None, team: dict[str, Any] | None = None,
+        pools: list[dict[str, Any]] | None = None, **over: Any) -> dict[str, Any]:
+    """A valid config dict. `pool=`/`team=` override fields of the first pool/team,
+    `pools=` replaces the pool list, other keywords replace top-level keys."""
+    data: dict[str, Any] = {
+        "pools": pools if pools is not None else [_pool(**(pool or {}))],
+        "teams": [{"name": "research", **(team or {})}, {"name": "prod"}],
+        "broker": {"cycle_s": 1.0},
+    }
+    data.update(over)
+    return data
+
+
+def jobd(**over: Any) -> dict[str, Any]:
+    """A valid job dict with overrides."""
+    return {"name": "bert", "team": "research", "command": ["python", "train.py"], **over}
+
+
+def problems_of(exc: pytest.ExceptionInfo[SpecError]) -> str:
+    return "\n".join(exc.value.problems)
+
+
+def without(d: dict[str, Any], *path: str | int) -> dict[str, Any]:
+    """A deep copy of `d` with the key at `path` removed."""
+    out = copy.deepcopy(d)
+    node: Any = out
+    for k in path[:-1]:
+        node = node[k]
+    del node[path[-1]]
+    return out
+
+
+# -- bad config fields ------------------------------------------------------------------------
+BAD_CONFIGS = [
+    pytest.param(cfg(pool={"market": "cloud"}), "pools.0.market",
+                 ["onprem", "on_demand", "spot", "'cloud'"], id="market-unknown"),
+    pytest.param(cfg(pool={"provider": "aws"}), "pools.0.provider", ["local", "'aws'"],
+                 id="provider-unknown"),
+    pytest.param(cfg(pool={"gpus_per_node": 0}), "pools.0.gpus_per_node",
+                 ["greater than or equal to 1"], id="gpus_per_node-zero"),
+    pytest.param(cfg(pool={"gpus_per_node": -1}), "pools.0.gpus_per_node",
+                 ["greater than or equal to 1"], id="gpus_per_node-negative"),
+    pytest.param(cfg(pool={"gpus_per_node": 65}), "pools.0.gpus_per_node",
+                 ["less than or equal to 64"], id="gpus_per_node-too-big"),
+    pytest.param(cfg(pool={"nodes": -1}), "pools.0.nodes", ["greater than or equal to 0"],
+                 id="nodes-negative"),
+    pytest.param(cfg(pool={"price_per_node_hour": -0.5}), "pools.0.price_per_node_hour",
+                 ["greater than or equal to 0"], id="price-negative"),
+    pytest.param(cfg(pool={"name": "A100"}), "pools.0.name", [NAME_RULE, "'A100'"],
+                 id="pool-name-uppercase"),
+    pytest.param(cfg(pool={"name": "my pool"}), "pools.0.name", [NAME_RULE, "'my pool'"],
+                 id="pool-name-space"),
+    pytest.param(cfg(pool={"name": "-x"}), "pools.0.name", [NAME_RULE],
+                 id="pool-name-leading-dash"),
+    pytest.param(cfg(pool={"gpu_typ": "A100"}), "pools.0.gpu_typ", ["unknown field"],
+                 id="pool-typo-field"),
+    pytest.param(cfg(team={"name": "Team A"}), "teams.0.name", [NAME_RULE], id="team-name-bad"),
+    pytest.param(cfg(team={"weight": 0}), "teams.0.weight", ["greater than 0"],
+                 id="team-weight-zero"),
+    pytest.param(cfg(team={"priority_allowance_gpus": -1}), "teams.0.priority_allowance_gpus",
+                 ["greater than or equal to 0"], id="team-allowance-negative"),
+    pytest.param(cfg(broker={"cycle_s": 0}), "broker.cycle_s", ["greater than 0"],
+                 id="broker-cycle-zero"),
+    pytest.param(cfg(broker={"grace_s": 7200}), "broker.grace_s", ["less than or equal to 3600"],
+                 id="broker-grace-too-big"),
+    pytest.param(cfg(broker={"cycle": 1}), "broker.cycle", ["unknown field"],
+                 id="broker-typo-field"),
+    pytest.param(cfg(pool_list=[]), "pool_list", ["unknown field"], id="top-level-typo"),
+    pytest.param(cfg(pools=[]), "pools", ["at least 1"], id="no-pools"),
+    pytest.param(without(cfg(), "pools", 0, "gpu_type"), "pools.0.gpu_type", ["required"],
+                 id="pool-missing-gpu_type"),
+    pytest.param(without(cfg(), "teams"), "teams", ["required"], id="missing-teams"),
+    pytest.param(cfg(pools=[_pool(), _pool(gpu_type="H100")]), "pools",
+                 ["duplicate name", "'a100'"], id="duplicate-pool-names"),
+    pytest.param(cfg(teams=[{"name": "x"}, {"name": "x"}]), "teams",
+                 ["duplicate name", "'x'"], id="duplicate-team-names"),
+]
+
+
+@pytest.mark.parametrize(("data", "field", "mentions"), BAD_CONFIGS)
+def test_bad_config_field_names_field_and_allowed(data: dict[str, Any], field: str,
+                                                  mentions: list[str]) -> None:
+    with pytest.raises(SpecError) as exc:
+        parse_config(data)
+    line = next((p for p in exc.value.problems if field in p), None)
+    assert line is not None, f"no problem names {field!r}: {exc.value.problems}"
+    for m in mentions:
+        assert m in line, f"{m!r} missing from {line!r}"
+    assert exc.value.source == "onepool.yaml"
+    assert field in str(exc.value)
+
+
+@pytest.mark.parametrize("data", [None, [], "pools: []", 3],
+                         ids=["none", "list", "string", "int"])
+def test_config_not_a_mapping(data: Any) -> None:
+    with pytest.raises(SpecError) as exc:
+        parse_config(data)
+    assert exc.value.problems == ["(root): must be a mapping with 'pools' and 'teams'"]
+
+
+def test_config_several_bad_fields_reported_together() -> None:
+    data = cfg(pool={"market": "cloud", "gpus_per_node": 0, "gpu_typ": "x"},
+               team={"name": "Bad Name"})
+    with pytest.raises(SpecError) as exc:
+        parse_config(data)
+    text = problems_of(exc)
+    assert len(exc.value.problems) >= 4
+    for field in ("pools.0.market", "pools.0.gpus_per_node", "pools.0.gpu_typ", "teams.0.name"):
+        assert field in text
+
+
+# -- bad job fields ---------------------------------------------------------------------------
+BAD_JOBS = [
+    pytest.param(jobd(priority="vip"), "priority",
+                 ["urgent", "high", "normal", "low", "'vip'"], id="priority-vip"),
+    pytest.param(jobd(priority="URGENT"), "priority", ["urgent"], id="priority-wrong-case"),
+    pytest.param(jobd(spot="maybe"), "spot", ["never", "allowed", "only", "'maybe'"],
+                 id="spot-maybe"),
+    pytest.param(jobd(gpus_per_node=0), "gpus_per_node", ["greater than or equal to 1"],
+                 id="gpus_per_node-zero"),
+    pytest.param(jobd(gpus_per_node=-1), "gpus_per_node", ["greater than or equal to 1"],
+                 id="gpus_per_node-negative"),
+    pytest.param(jobd(nodes=0), "nodes", ["greater than or equal to 1"], id="nodes-zero"),
+    pytest.param(jobd(nodes=2000), "nodes", ["less than or equal to 1024"], id="nodes-too-many"),
+    pytest.param(jobd(budget_usd=-1), "budget_usd", ["greater than or equal to 0"],
+                 id="budget-negative"),
+    pytest.param(jobd(checkpoint_interval_s=0), "checkpoint_interval_s", ["greater than 0"],
+                 id="checkpoint-interval-zero"),
+    pytest.param(jobd(name="My Job"), "name", [NAME_RULE, "'My Job'"], id="name-space-upper"),
+    pytest.param(jobd(team="NLP"), "team", [NAME_RULE], id="team-uppercase"),
+    pytest.param(jobd(experiment="exp 1"), "experiment", [NAME_RULE], id="experiment-space"),
+    pytest.param(jobd(gpu_typ=["A100"]), "gpu_typ", ["unknown field"], id="typo-gpu_typ"),
+    pytest.param(jobd(env={"ONEPOOL_JOB_ID": "7"}), "env",
+                 ["ONEPOOL_JOB_ID", "set by the broker"], id="env-onepool-prefix"),
+    pytest.param(jobd(env={"CUDA_VISIBLE_DEVICES": "0"}), "env",
+                 ["CUDA_VISIBLE_DEVICES", "set by the broker"], id="env-cuda-visible"),
+    pytest.param(jobd(env={"1BAD": "x"}), "env", ["'1BAD'", "not a valid environment name"],
+                 id="env-bad-name"),
+    pytest.param(jobd(command=[]), "command", ["at least 1"], id="command-empty-list"),
+    pytest.param(jobd(command="   "), "command", ["at least 1"], id="command-blank-string"),
+    pytest.param(without(jobd(), "team"), "team", ["required"], id="missing-team"),
+    pytest.param(without(jobd(), "name"), "name", ["required"], id="missing-name"),
+    pytest.param(without(jobd(), "command"), "command", ["required"], id="missing-command"),
+]
+
+
+@pytest.mark.parametrize(("data", "field", "mentions"), BAD_JOBS)
+def test_bad_job_field_names_field_and_allowed(data: dict[str, Any], field: str,
+                                               mentions: list[str]) -> None:
+    with pytest.raises(SpecError) as exc:
+        parse_job(data)
+    line = next((p for p in exc.value.problems if p.startswith(f"{field}:")
+                 or p.startswith(f"{field}.")), None)
+    assert line is not None, f"no problem names {field!r}: {exc.value.problems}"
+    for m in mentions:
+        assert m in line, f"{m!r} missing from {line!r}"
+
+
+@pytest.mark.parametrize("data", [None, ["python"], "python train.py"],
+                         ids=["none", "list", "string"])
+def test_job_not_a_mapping(data: Any) -> None:
+    with pytest.raises(SpecError) as exc:
+        parse_job(data)
+    assert exc.value.problems == ["(root): must be a mapping of job fields"]
+
+
+def test_job_several_bad_fields_reported_together() -> None:
+    with pytest.raises(SpecError) as exc:
+        parse_job(jobd(priority="vip", spot="maybe", nodes=0))
+    text = problems_of(exc)
+    assert len(exc.value.problems) >= 2
+    assert "priority" in text and "spot" in text and "nodes" in text
+
+
+def test_job_missing_fields_reported_together() -> None:
+    with pytest.raises(SpecError) as exc:
+        parse_job({"name": "x"})
+    assert sorted(p.split(":")[0] for p in exc.value.problems) == ["command", "team"]
+    assert all("required" in p for p in exc.value.problems)
+
+
+@pytest.mark.parametrize(("command", "argv"), [
+    ("python train.py --lr 0.1", ["python", "train.py", "--lr", "0.1"]),
+    ("python 'my script.py' --x=1", ["python", "my script.py", "--x=1"]),
+    ('bash -c "echo a; echo b"', ["bash", "-c", "echo a; echo b"]),
+    (["python", "a b.py"], ["python", "a b.py"]),
+], ids=["plain", "single-quoted", "double-quoted", "list-kept"])
+def test_command_string_is_shlex_split(command: str | list[str], argv: list[str]) -> None:
+    assert parse_job(jobd(command=command)).command == argv
+
+
+def test_job_defaults() -> None:
+    js = parse_job(jobd())
+    assert js.priority is Priority.NORMAL
+    assert js.spot is SpotPolicy.ALLOWED
+    assert (js.nodes, js.gpus_per_node, js.gpus) == (1, 1, 1)
+    assert js.experiment == "default"
+    assert js.env == {} and js.gpu_types == []
+
+
+def test_job_allowed_env_kept() -> None:
+    js = parse_job(jobd(env={"BATCH": "32", "_X": ""}, gpus_per_node=4, nodes=2))
+    assert js.env == {"BATCH": "32", "_X": ""}
+    assert js.gpus == 8
+
+
+# -- check_job_fits ---------------------------------------------------------------------------
+@pytest.fixture
+def two_pools() -> ClusterConfig:
+    """a100: 2 nodes x 8 A100 on-prem; h100: 1 node x 4 H100 spot."""
+    return parse_config(cfg(pools=[
+        _pool(),
+        _pool(name="h100", gpu_type="H100", gpus_per_node=4, nodes=1, market="spot"),
+    ]))
+
+
+FIT_ERRORS = [
+    pytest.param(jobd(team="nlp"), ["team: must be one of research, prod", "'nlp'"],
+                 id="unknown-team-lists-teams"),
+    pytest.param(jobd(gpu_types=["V100"]), ["gpu_types:", "'V100'", "allowed: A100, H100"],
+                 id="unknown-gpu-type-lists-types"),
+    pytest.param(jobd(gpu_types=["A100"], nodes=3),
+                 ["gpus_per_node/nodes", "3 node(s)", "a100: 2x8 A100"], id="too-many-nodes"),
+    pytest.param(jobd(nodes=3), ["a100: 2x8 A100", "h100: 1x4 H100"],
+                 id="too-many-nodes-lists-every-pool"),
+    pytest.param(jobd(gpus_per_node=16), ["16 GPUs", "a100: 2x8 A100"],
+                 id="too-many-gpus-per-node"),
+    pytest.param(jobd(gpu_types=["H100"], spot="never"), ["spot", "spot=never"],
+                 id="never-on-spot-only-type"),
+]
+
+
+@pytest.mark.parametrize(("data", "mentions"), FIT_ERRORS)
+def test_check_job_fits_errors(two_pools: ClusterConfig, data: dict[str, Any],
+                               mentions: list[str]) -> None:
+    with pytest.raises(SpecError) as exc:
+        parse_job(data, two_pools)
+    text = problems_of(exc)
+    for m in mentions:
+        assert m in text, f"{m!r} missing from {text!r}"
+
+
+def test_check_job_fits_team_and_type_reported_together(two_pools: ClusterConfig) -> None:
+    with pytest.raises(SpecError) as exc:
+        check_job_fits(parse_job(jobd(team="nlp", gpu_types=["X"])), two_pools)
+    assert len(exc.value.problems) == 2
+
+
+def test_three_node_job_on_two_node_pool() -> None:
+    config = parse_config(cfg(pool={"nodes": 2, "gpus_per_node": 8}))
+    with pytest.raises(SpecError) as exc:
+        check_job_fits(parse_job(jobd(nodes=3)), config)
+    (line,) = exc.value.problems
+    assert line.startswith("gpus_per_node/nodes:")
+    assert "3 node(s)" in line and "a100: 2x8 A100" in line
+
+
+@pytest.mark.parametrize("data", [
+    jobd(),
+    jobd(nodes=2, gpus_per_node=8),
+    jobd(gpu_types=["H100"], gpus_per_node=4),
+    jobd(gpu_types=["A100", "H100"], spot="never"),
+    jobd(team="prod", priority="urgent"),
+], ids=["default", "full-a100", "full-h100", "never-falls-to-onprem", "other-team"])
+def test_check_job_fits_ok(two_pools: ClusterConfig, data: dict[str, Any]) -> None:
+    check_job_fits(parse_job(data), two_pools)
+
+
+@pytest.mark.parametrize("spot", list(SpotPolicy), ids=[s.value for s in SpotPolicy])
+def test_any_spot_policy_fits_onprem_only_cluster(spot: SpotPolicy) -> None:
+    config = parse_config(cfg())  # one on-prem pool
+    check_job_fits(parse_job(jobd(spot=spot.value)), config)
+
+
+MARKET_OK = {
+    (SpotPolicy.NEVER, Market.ONPREM): True,
+    (SpotPolicy.NEVER, Market.ON_DEMAND): True,
+    (SpotPolicy.NEVER, Market.SPOT): False,
+    (SpotPolicy.ALLOWED, Market.ONPREM): True,
+    (SpotPolicy.ALLOWED, Market.ON_DEMAND): True,
+    (SpotPolicy.ALLOWED, Market.SPOT): True,
+    (SpotPolicy.ONLY, Market.ONPREM): True,
+    (SpotPolicy.ONLY, Market.ON_DEMAND): False,
+    (SpotPolicy.ONLY, Market.SPOT): True,
+}
+
+
+def test_market_table_is_complete() -> None:
+    assert set(MARKET_OK) == set(itertools.product(SpotPolicy, Market))
+
+
+@pytest.mark.parametrize(("spot", "market", "ok"), [(s, m, ok) for (s, m), ok in MARKET_OK.items()],
+                         ids=[f"{s.value}-{m.value}" for s, m in MARKET_OK])
+def test_market_ok(spot: SpotPolicy, market: Market, ok: bool) -> None:
+    assert market_ok(spot, market) is ok
+
+
+# -- load_config ------------------------------------------------------------------------------
+def test_load_config_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(SpecError) as exc:
+        load_config(path)
+    assert exc.value.source == str(path)
+    assert str(path) in str(exc.value)
+    (line,) = exc.value.problems
+    assert "cannot read the file" in line and "No such file" in line
+
+
+@pytest.mark.parametrize("text", ["pools: [\n", "pools:\n  - name: a\n bad: : :\n", "a: 'x\n"],
+                         ids=["unclosed-list", "bad-indent", "unclosed-quote"])
+def test_load_config_invalid_yaml(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "onepool.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as exc:
+        load_config(path)
+    (line,) = exc.value.problems
+    assert line.startswith("not valid YAML")
+
+
+def test_load_config_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "onepool.yaml"
+    path.write_text("")
+    with pytest.raises(SpecError) as exc:
+        load_config(path)
+    assert "must be a mapping" in problems_of(exc)
+
+
+def test_load_config_bad_field_names_file(tmp_path: Path) -> None:
+    path = tmp_path / "onepool.yaml"
+    path.write_text(yaml.safe_dump(cfg(pool={"market": "cloud"})))
+    with pytest.raises(SpecError) as exc:
+        load_config(path)
+    assert exc.value.source == str(path)
+    assert "pools.0.market" in problems_of(exc)
+
+
+# -- round trips ------------------------------------------------------------------------------
+def test_valid_config_round_trips(tmp_path: Path) -> None:
+    data = cfg(pools=[_pool(), _pool(name="h100", gpu_type="H100", market="spot",
+                                     price_per_node_hour=12.5, region="us-east-1")])
+    config = parse_config(data)
+    dumped = config.model_dump(mode="json")
+    assert parse_config(dumped) == config
+    path = tmp_path / "onepool.yaml"
+    path.write_text(yaml.safe_dump(dumped))
+    assert load_config(path) == config
+    assert config.gpu_types() == ["A100", "H100"]
+    assert config.pool("h100").market is Market.SPOT
+    assert config.broker.cycle_s == 1.0
+
+
+def test_valid_job_round_trips() -> None:
+    js = parse_job(jobd(command="python train.py --x 1", priority="high", spot="only",
+                        env={"A": "b"}, gpu_types=["A100"], budget_usd=40))
+    again = parse_job(js.model_dump(mode="json"))
+    assert again == js
+    assert isinstance(again, JobSpec) and again.priority is Priority.HIGH
