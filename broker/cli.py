@@ -240,6 +240,43 @@ def demo(as_json: JsonOpt = False,
         render(result, out)
 
 
+@app.command()
+def simulate(
+    trace: Annotated[Path, typer.Option("--trace", help="trace CSV")],
+    scenario: Annotated[Path, typer.Option("--scenario", help="scenario YAML")],
+    policies: Annotated[str | None, typer.Option(help="comma list; default: all")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="write result.json, table.md")] = None,
+    limit: Annotated[int | None, typer.Option(help="only the first N jobs")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay a job trace through the same policy under several configurations."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from broker.sim.report import markdown, rich_table
+    from broker.sim.run import simulate as run_sim
+
+    names = [p.strip() for p in policies.split(",")] if policies else None
+    with Progress(TextColumn("{task.description:<16}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), console=err, transient=as_json) as bar:
+        tasks: dict[str, Any] = {}
+
+        def show(fractions: dict[str, float]) -> None:
+            for name, f in fractions.items():
+                if name not in tasks:
+                    tasks[name] = bar.add_task(name, total=1.0)
+                bar.update(tasks[name], completed=f)
+
+        result = run_sim(trace, scenario, names, limit=limit, on_progress=show)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        (out_dir / "table.md").write_text(markdown(result))
+    if as_json:
+        _print_json(result)
+    else:
+        out.print(rich_table(result))
+
+
 def main() -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     try:

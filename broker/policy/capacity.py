@@ -12,21 +12,38 @@ class Capacity:
     thousands of nodes. Iteration order is deterministic (insertion-ordered dicts).
     """
 
-    def __init__(self, pools: tuple[PoolView, ...], used: dict[str, int]) -> None:
+    def __init__(self, pools: tuple[PoolView, ...], used: dict[str, int] | None) -> None:
+        """`used`: GPUs held per node id; None means every NodeView carries its own `used`."""
         self.free: dict[str, int] = {}
         self.pool_of: dict[str, str] = {}
         self.size: dict[str, int] = {}
         self.buckets: dict[str, list[dict[str, None]]] = {}
+        free, pool_of = self.free, self.pool_of
         for p in pools:
-            b: list[dict[str, None]] = [{} for _ in range(p.gpus_per_node + 1)]
-            self.buckets[p.name] = b
-            self.size[p.name] = p.gpus_per_node
+            gpn, name = p.gpus_per_node, p.name
+            b: list[dict[str, None]] = [{} for _ in range(gpn + 1)]
+            self.buckets[name] = b
+            self.size[name] = gpn
             for node in p.nodes:
-                f = max(0, min(node.gpus, p.gpus_per_node) - used.get(node.id, 0))
-                self.free[node.id] = f
-                self.pool_of[node.id] = p.name
+                nid = node.id
+                held = node.used if used is None else used.get(nid, 0)
+                f = min(node.gpus, gpn) - (held or 0)
+                if f < 0:
+                    f = 0
+                free[nid] = f
+                pool_of[nid] = name
                 if f:
-                    b[f][node.id] = None
+                    b[f][nid] = None
+
+    def max_free(self) -> int:
+        """The most free GPUs on any one node, over all pools."""
+        best = 0
+        for b in self.buckets.values():
+            for f in range(len(b) - 1, best, -1):
+                if b[f]:
+                    best = f
+                    break
+        return best
 
     def set_free(self, node: str, value: int) -> None:
         b = self.buckets[self.pool_of[node]]

@@ -32,6 +32,7 @@ The cycle, step by step:
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import accumulate
 
 from broker.policy.capacity import Capacity
 from broker.policy.cloud import launching_spare, offers, should_buy
@@ -47,10 +48,11 @@ from broker.policy.snapshot import (
     RunningView,
     Snapshot,
 )
-from broker.policy.victims import VictimKey, lost_gpu_s, pick_nodes, preemptable, victim_key
+from broker.policy.victims import VictimKey, lost_gpu_s, pick_nodes, victim_key
 from broker.spec import Priority, market_ok
 
 NORMAL_RANK = Priority.NORMAL.rank
+NO_ROOM = "no free GPUs of an acceptable type"
 PRIORITY_RANKS = (Priority.HIGH.rank, Priority.URGENT.rank)
 
 
@@ -68,10 +70,12 @@ class _Planner:
         self.s = snap
         self.now = now
         self.cfg: PolicyConfig = snap.config
-        used: dict[str, int] = defaultdict(int)
-        for r in snap.running:
-            for node, g in r.alloc:
-                used[node] += g
+        used: dict[str, int] | None = None
+        if not all(nd.used is not None for p in snap.pools for nd in p.nodes):
+            used = defaultdict(int)
+            for r in snap.running:
+                for node, g in r.alloc:
+                    used[node] += g
         self.cap = Capacity(snap.pools, used)
         self.pools = {p.name: p for p in snap.pools}
         self.teams = {t.name: t for t in snap.teams}
@@ -80,7 +84,7 @@ class _Planner:
         self.reservations: list[tuple[int, Alloc]] = []
         self.waiting: list[tuple[int, str]] = []
         self.demoted: list[int] = []
-        self._cands: dict[tuple, list[PoolView]] = {}
+        self._cands: dict[tuple, tuple[list[PoolView], tuple[str, ...]]] = {}
         self.launches: list[Launch] = []
         self.terminations: list[str] = []
         self.rented = [p for p in snap.pools if p.max_nodes is not None]
@@ -90,11 +94,15 @@ class _Planner:
         self.spare = {p.name: launching_spare(p, shapes) for p in self.rented if p.launching}
 
     # -- step 2: effective classes -------------------------------------------------------
-    def _effective_running(self) -> dict[int, int]:
-        rank = {r.attempt_id: r.priority.rank for r in self.s.running}
+    def _effective_running(self) -> set[int]:
+        """Attempt ids of running high/urgent work beyond its team's allowance (as normal)."""
+        demoted: set[int] = set()
         self.priority_used: dict[str, int] = defaultdict(int)
-        if not self.cfg.anti_capture:
-            return rank
+        # Demotions only change decisions for pending high/urgent work (the only work that
+        # could preempt a demoted job, or be demoted itself): skip the scan otherwise.
+        if not self.cfg.anti_capture or not any(j.priority.rank in PRIORITY_RANKS
+                                                for j in self.s.pending):
+            return demoted
         prio = sorted((r for r in self.s.running if r.priority.rank in PRIORITY_RANKS),
                       key=lambda r: (r.started_at, r.attempt_id))
         for r in prio:
@@ -102,8 +110,33 @@ class _Planner:
             if self.priority_used[r.team] + r.gpus <= allowance:
                 self.priority_used[r.team] += r.gpus
             else:
-                rank[r.attempt_id] = NORMAL_RANK
-        return rank
+                demoted.add(r.attempt_id)
+        return demoted
+
+    def _rank(self, r: RunningView) -> int:
+        return NORMAL_RANK if r.attempt_id in self.demoted_running else r.priority.rank
+
+    def _victim_index(self) -> int | None:
+        """Build the per-node victim lists (sorted by the documented key) on first need;
+        return the lowest effective class among preemptable attempts (None: none)."""
+        if self._lowest is not False:
+            return self._lowest  # type: ignore[return-value]
+        mode, min_run, now = self.cfg.victim_order, self.cfg.min_run_s, self.now
+        lowest = None
+        demoted, by_node = self.demoted_running, self.by_node
+        for r in self.s.running:
+            if r.stopping or (r.times_preempted and now - r.started_at < min_run):
+                continue  # not preemptable (see victims.preemptable)
+            rank = NORMAL_RANK if r.attempt_id in demoted else r.priority.rank
+            k = victim_key(r, rank, now, mode)
+            for node, g in r.alloc:
+                by_node[node].append((k, r, g))
+            if lowest is None or rank < lowest:
+                lowest = rank
+        for lst in self.by_node.values():
+            lst.sort(key=lambda e: e[0])
+        self._lowest = lowest
+        return lowest
 
     def _allowance(self, team: str) -> int:
         t = self.teams.get(team)
@@ -117,14 +150,21 @@ class _Planner:
 
     def _queue(self) -> list[tuple[int, PendingView]]:
         pend = self.s.pending
+        # Decorate-sort: tuples compare in C; job ids are unique, so views are never compared.
         if not self.cfg.classes:
-            return [(j.priority.rank, j) for j in sorted(pend, key=lambda j: (j.submit_time, j.job_id))]
+            fifo = [(j.submit_time, j.job_id, j) for j in pend]
+            fifo.sort()
+            return [(e[2].priority.rank, e[2]) for e in fifo]
         share = {t: self._share(t) for t in {j.team for j in pend}}
-        raw = sorted(pend, key=lambda j: (-j.priority.rank, share[j.team], j.submit_time, j.job_id))
+        keyed = [(-j.priority.rank, share[j.team], j.submit_time, j.job_id, j) for j in pend]
+        keyed.sort()
+        if not self.cfg.anti_capture:
+            return [(-e[0], e[4]) for e in keyed]
         out: list[tuple[int, PendingView]] = []
-        for j in raw:
-            r = j.priority.rank
-            if self.cfg.anti_capture and r in PRIORITY_RANKS:
+        for e in keyed:
+            j = e[4]
+            r = -e[0]
+            if r in PRIORITY_RANKS:
                 if self.priority_used[j.team] + j.gpus <= self._allowance(j.team):
                     self.priority_used[j.team] += j.gpus
                 else:
@@ -137,61 +177,62 @@ class _Planner:
 
     # -- step 4a: candidate pools --------------------------------------------------------
     def _candidates(self, j: PendingView) -> list[PoolView]:
+        return self._cands_and_key(j)[0]
+
+    def _cands_and_key(self, j: PendingView) -> tuple[list[PoolView], tuple[str, ...]]:
+        """Candidate pools for the job (cached per shape), and their names as a cache key."""
         key = (j.gpu_types, j.spot, j.team, j.gpus_per_node, j.nodes)
-        got = self._cands.get(key)
-        if got is None:
-            got = [p for p in self.s.pools
-                   if (not j.gpu_types or p.gpu_type in j.gpu_types)
-                   and market_ok(j.spot, p.market)
-                   and (p.teams is None or j.team in p.teams)
-                   and p.gpus_per_node >= j.gpus_per_node
-                   and max(len(p.nodes), p.max_nodes or 0) >= j.nodes]
-            got.sort(key=lambda p: (p.market != "onprem", p.price_per_gpu_hour,
-                                    p.gpus_per_node, p.name))
-            self._cands[key] = got
-        return got
+        hit = self._cands.get(key)
+        if hit is not None:
+            return hit
+        got = [p for p in self.s.pools
+               if (not j.gpu_types or p.gpu_type in j.gpu_types)
+               and market_ok(j.spot, p.market)
+               and (p.teams is None or j.team in p.teams)
+               and p.gpus_per_node >= j.gpus_per_node
+               and max(len(p.nodes), p.max_nodes or 0) >= j.nodes]
+        got.sort(key=lambda p: (p.market != "onprem", p.price_per_gpu_hour, p.gpus_per_node, p.name))
+        hit = (got, tuple(p.name for p in got))
+        self._cands[key] = hit
+        return hit
 
     # -- step 4 ---------------------------------------------------------------------------
     def run(self) -> Plan:
-        eff = self._effective_running()
+        self.demoted_running = self._effective_running()
         incoming: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for r in self.s.running:
             if r.stopping and r.stopping_for is not None:
                 for node, g in r.alloc:
                     incoming[r.stopping_for][node] += g
-        # Victim candidates per node, sorted by the documented key (computed once).
+        # Victim candidates per node, sorted by the documented key (built on first need).
         self.by_node: dict[str, list[tuple[VictimKey, RunningView, int]]] = defaultdict(list)
         self.chosen: set[int] = set()
-        self.eff = eff
-        mode, min_run = self.cfg.victim_order, self.cfg.min_run_s
-        lowest = None
-        if self.cfg.preemption:
-            for r in self.s.running:
-                if preemptable(r, self.now, min_run):
-                    k = victim_key(r, eff[r.attempt_id], self.now, mode)
-                    for node, g in r.alloc:
-                        self.by_node[node].append((k, r, g))
-                    lowest = eff[r.attempt_id] if lowest is None else min(lowest, eff[r.attempt_id])
-            for lst in self.by_node.values():
-                lst.sort(key=lambda e: e[0])
-        failed: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+        self._lowest: int | bool | None = False
+        failed: set[tuple] = set()
         no_victims: set[tuple] = set()
         reservations_left = self.cfg.reservations
         stopped = False
-        for rank, j in self._queue():
-            cands = self._candidates(j)
+        queue = self._queue()
+        # Smallest node share any job from position i on asks for (for the early stop).
+        need_from = list(accumulate(reversed([j.gpus_per_node for _, j in queue]), min))[::-1]
+        renting = bool(self.rented) and self.cfg.cloud
+        for i, (rank, j) in enumerate(queue):
+            if not renting and not reservations_left and self._nothing_left(i, rank, need_from):
+                self.waiting.extend((jj.job_id, NO_ROOM) for _, jj in queue[i:])
+                break
+            cands, fkey = self._cands_and_key(j)
             if not cands:
                 self.waiting.append((j.job_id, "no pool matches its GPU types, spot policy and shape"))
                 continue
             if stopped:
                 self.waiting.append((j.job_id, "behind a blocked job (backfill is off)"))
                 continue
-            fkey = (tuple(p.name for p in cands),)
             g, n = j.gpus_per_node, j.nodes
-            if not any(g0 <= g and n0 <= n for g0, n0 in failed[fkey]):
+            # Free GPUs only shrink during a plan: a shape that did not fit still does not.
+            if (fkey, g, n) not in failed:
                 if self._try_place(j, rank, cands):
                     continue
-                failed[fkey].append((g, n))
+                failed.add((fkey, g, n))
             inc = incoming.get(j.job_id)
             if inc and self._wait_for_incoming(j, cands, inc):
                 continue
@@ -201,6 +242,8 @@ class _Planner:
             vkey = (fkey, g, n, rank)
             victims = None
             # The no-victims cache only holds for jobs without GPUs already coming to them.
+            lowest = (self._lowest if self._lowest is not False else self._victim_index()) \
+                if self.cfg.preemption and rank > 0 else None
             if lowest is not None and rank > lowest and (inc or vkey not in no_victims):
                 victims = self._find_victims(j, rank, cands, inc or {})
                 if victims is None and not inc:
@@ -214,13 +257,28 @@ class _Planner:
                 reservations_left -= 1
                 self._reserve_head(j, cands, inc or {})
             else:
-                self.waiting.append((j.job_id, "no free GPUs of an acceptable type"))
+                self.waiting.append((j.job_id, NO_ROOM))
             if not self.cfg.backfill:
                 stopped = True
         self._scale_down()
         return Plan(tuple(self.placements), tuple(self.preemptions), tuple(self.launches),
                     tuple(self.terminations), tuple(self.reservations), tuple(self.waiting),
                     tuple(self.demoted))
+
+    def _nothing_left(self, i: int, rank: int, need_from: list[int]) -> bool:
+        """True when no job from queue position i on can be placed (no node has enough free
+        GPUs for the smallest of them) nor preempt (the queue is sorted by class, and none
+        outranks the lowest preemptable attempt), so the plan is complete: the rest wait."""
+        if i % 16 and i != 0:
+            return False  # checked every 16 jobs: the check is cheap, the walk is cheaper
+        if self.cap.max_free() >= need_from[i]:
+            return False
+        if not self.cfg.preemption or rank == 0:
+            return True
+        if not self.cfg.classes:
+            return False
+        lowest = self._victim_index()
+        return lowest is None or rank <= lowest
 
     def _try_place(self, j: PendingView, rank: int, cands: list[PoolView]) -> bool:
         for p in cands:

@@ -19,6 +19,8 @@ class NodeView:
     id: str
     gpus: int
     idle_since: float | None = None  # when it last became empty (None: in use, or unknown)
+    used: int | None = None  # GPUs running attempts hold; None: plan() sums `running` itself.
+    # When every node carries it, it must equal the sum of the running allocations on it.
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,10 @@ class RunningView:
     stopping_for: int | None = None
     checkpoint_period_s: float | None = None  # periodic checkpoints every period after origin
     checkpoint_origin: float = 0.0
+    gpus: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpus", sum(g for _, g in self.alloc))
 
     def last_checkpoint(self, now: float) -> float | None:
         """The latest checkpoint time known: the recorded one, or the periodic schedule's."""
@@ -78,10 +84,6 @@ class RunningView:
             periodic = self.checkpoint_origin + k * self.checkpoint_period_s
             t = periodic if t is None else max(t, periodic)
         return t
-
-    @property
-    def gpus(self) -> int:
-        return sum(g for _, g in self.alloc)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@
 - gpu_hours_delivered: the trace work of completed jobs (duration x GPUs).
 - onprem_occupancy: allocated on-prem GPU time / on-prem GPU time, over the submission window.
 - idle_while_waiting_gpu_hours: free on-prem GPUs in pools where some waiting job's shape
-  would fit (type, partition, node size and count), integrated between scheduling cycles.
+  would physically fit (GPU type, node size and count; partition walls are ignored: they are
+  the waste this measures), integrated between scheduling cycles.
 - wait_s: time spent queued, summed over a job's attempts (jobs still queued at the end
   count their wait so far); jct_s: completion minus submission, completed jobs.
   Per class and `all`; wait_s_multinode: jobs with more than 8 GPUs.
@@ -66,17 +67,11 @@ class Recorder:
     def after_cycle(self, pools: dict[str, Any]) -> None:
         idle = 0
         for p in pools.values():
-            if p.rented:
+            if p.rented or not p.free_total:
                 continue
-            free = [n.gpus - n.used for n in p.nodes.values()]
-            total = sum(free)
-            if not total:
-                continue
-            for g, n, types, team in self.shapes:
-                if (types and p.gpu_type not in types) or (p.teams is not None and team not in p.teams):
-                    continue
-                if g <= p.gpus_per_node and sum(f >= g for f in free) >= n:
-                    idle += total
+            for g, n, types, _team in self.shapes:
+                if (not types or p.gpu_type in types) and p.fits(g, n):
+                    idle += p.free_total
                     break
         self.idle_fit = idle
 

@@ -22,8 +22,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from broker.errors import SpecError
-from broker.spec import _format  # the one formatter of validation errors
-from broker.spec import Market, Priority, SpotPolicy
+from broker.spec import (
+    Market,
+    Priority,
+    SpotPolicy,
+    _format,  # the one formatter of validation errors
+)
 
 
 class _S(BaseModel):

@@ -21,8 +21,10 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
 from broker.policy import (
     NodeView,
@@ -41,6 +43,7 @@ from broker.sim.trace import TraceJob
 from broker.spec import Market, Priority, SpotPolicy
 
 ARRIVE, FINISH, EXIT, READY, INTERRUPT, REMOVE, CYCLE = range(7)
+_VIEW = attrgetter("view")
 
 
 @dataclass
@@ -81,6 +84,10 @@ class SimNode:
     used: int = 0
     idle_since: float | None = None
     launched_at: float = 0.0
+    view: NodeView | None = None
+
+    def refresh(self) -> None:
+        self.view = NodeView(self.id, self.gpus, self.idle_since, self.used)
 
 
 @dataclass
@@ -100,6 +107,40 @@ class SimPool:
     nodes: dict[str, SimNode] = field(default_factory=dict)
     launching: list[tuple[int, int]] = field(default_factory=list)
     view: PoolView | None = None  # cached while nothing changes
+    hist: list[int] = field(default_factory=list)  # nodes by free GPU count
+    free_total: int = 0
+
+    def __post_init__(self) -> None:
+        self.hist = [0] * (self.gpus_per_node + 1)
+
+    def add_node(self, node: SimNode) -> None:
+        node.refresh()
+        self.nodes[node.id] = node
+        self.hist[node.gpus - node.used] += 1
+        self.free_total += node.gpus - node.used
+        self.view = None
+
+    def drop_node(self, node_id: str) -> SimNode | None:
+        node = self.nodes.pop(node_id, None)
+        if node is not None:
+            self.hist[node.gpus - node.used] -= 1
+            self.free_total -= node.gpus - node.used
+            self.view = None
+        return node
+
+    def use(self, node: SimNode, delta: int, now: float) -> None:
+        """Change a node's used GPUs; keeps the histogram, totals and views current."""
+        self.hist[node.gpus - node.used] -= 1
+        node.used += delta
+        self.hist[node.gpus - node.used] += 1
+        self.free_total -= delta
+        node.idle_since = now if (node.used == 0 and self.rented) else None
+        node.refresh()
+        self.view = None
+
+    def fits(self, g: int, n: int) -> bool:
+        """At least n nodes with g or more free GPUs."""
+        return g <= self.gpus_per_node and sum(self.hist[g:]) >= n
 
 
 class Simulator:
@@ -115,6 +156,8 @@ class Simulator:
         self.seq = 0
         self.pending: dict[int, PendingView] = {}
         self.running: dict[int, SimAttempt] = {}
+        self.run_ranks: Counter[int] = Counter()
+        self.pend_ranks: Counter[int] = Counter()
         self.next_aid = 1
         self.node_counter = 0
         self.cycle_at: float | None = None
@@ -159,7 +202,7 @@ class Simulator:
                 sp = SimPool(name, p.gpu_type, p.gpus_per_node, Market.ONPREM, False,
                              teams=None if team is None else frozenset({team}))
                 for i in range(n):
-                    sp.nodes[f"{name}-{i}"] = SimNode(f"{name}-{i}", p.gpus_per_node)
+                    sp.add_node(SimNode(f"{name}-{i}", p.gpus_per_node))
                 pools[name] = sp
         if self.cfg.cloud:
             for c in self.sc.cloud:
@@ -257,10 +300,9 @@ class Simulator:
         elif kind == REMOVE:
             pool, node_id = data  # type: ignore[misc]
             p = self.pools[pool]
-            node = p.nodes.pop(node_id, None)
+            node = p.drop_node(node_id)
             if node is not None:
                 self._bill(p, node)
-                p.view = None
 
     def _could_ever_run(self, j: SimJob) -> bool:
         g = j.trace.gpus
@@ -285,7 +327,8 @@ class Simulator:
     # -- a scheduling cycle --------------------------------------------------------------------
     def _cycle(self) -> None:
         self.last_cycle = self.now
-        if not self.pending and not any(p.rented and p.nodes for p in self.pools.values()):
+        if not self._worth_planning():
+            self.rec.after_cycle(self.pools)
             return
         self._decay_usage()
         snap = Snapshot(
@@ -293,7 +336,8 @@ class Simulator:
             pools=tuple(self._pool_view(p) for p in self.pools.values()),
             running=tuple(a.view for a in self.running.values()),
             pending=tuple(self.pending.values()),
-            teams=tuple(replace(t, usage=self.usage[t.name]) for t in self.teams),
+            teams=tuple(TeamView(t.name, t.weight, t.priority_allowance_gpus, self.usage[t.name])
+                        for t in self.teams),
             config=self.cfg,
         )
         p = plan(snap)
@@ -301,8 +345,9 @@ class Simulator:
             self._preempt(self.running[pre.attempt_id], pre.for_job_id)
         for node_id in p.terminations:
             pool = self.pools[node_id.rsplit("-", 1)[0]]
-            self._bill(pool, pool.nodes.pop(node_id))
-            pool.view = None
+            node = pool.drop_node(node_id)
+            if node is not None:
+                self._bill(pool, node)
         for la in p.launches:
             pool = self.pools[la.pool]
             pool.launching.append((la.for_job_id, la.count))
@@ -317,9 +362,24 @@ class Simulator:
             self.cycle_at = self.now + self.sc.tick_s
             self.push(self.cycle_at, CYCLE, self.cycle_at)
 
+    def _worth_planning(self) -> bool:
+        """False only when plan() provably has nothing to do: no waiting job fits any node's
+        free GPUs, none outranks every running job (no preemption), and no rented pool exists.
+        Skipping such calls changes no outcome; it only saves time."""
+        if any(p.rented for p in self.pools.values()):
+            return bool(self.pending) or any(p.nodes for p in self.pools.values() if p.rented)
+        if not self.pending:
+            return False
+        smallest = min(g for g, _, _, _ in self.rec.shapes)
+        if any(p.fits(smallest, 1) for p in self.pools.values()):
+            return True
+        if not self.cfg.preemption or not self.running:
+            return False
+        return max(self.pend_ranks) > min(self.run_ranks)
+
     def _pool_view(self, p: SimPool) -> PoolView:
-        if p.view is None or p.rented:
-            nodes = tuple(NodeView(n.id, n.gpus, n.idle_since) for n in p.nodes.values())
+        if p.view is None:
+            nodes = tuple(map(_VIEW, p.nodes.values()))
             p.view = PoolView(p.name, p.gpu_type, p.gpus_per_node, nodes, p.market,
                               p.price_per_node_hour / p.gpus_per_node, p.teams, p.max_nodes,
                               tuple(p.launching), p.launch_latency_s, p.interruption_rate_per_h,
@@ -337,13 +397,24 @@ class Simulator:
             self.usage[t] = self.usage[t] * f + self.team_gpus[t] * (1 - f) / k
         self.usage_at = self.now
 
+    def _rank_floor(self, cls: Priority) -> int:
+        """The lowest effective class a running job of this class can have (anti-capture may
+        schedule high/urgent work as normal)."""
+        if self.cfg.anti_capture and cls.rank > Priority.NORMAL.rank:
+            return Priority.NORMAL.rank
+        return cls.rank
+
     def _enqueue(self, j: SimJob) -> None:
         view = self._pending_view(j)
         self.pending[j.jid] = view
+        self.pend_ranks[j.cls.rank] += 1
         self.rec.queued(view, +1)
 
     def _start(self, pl: Placement) -> None:
         view = self.pending.pop(pl.job_id)
+        self.pend_ranks[view.priority.rank] -= 1
+        if not self.pend_ranks[view.priority.rank]:
+            del self.pend_ranks[view.priority.rank]
         self.rec.queued(view, -1)
         j = self.jobs[pl.job_id - 1]
         j.wait += self.now - j.queued_at
@@ -360,12 +431,9 @@ class Simulator:
         self.running[aid] = a
         pool = self.pools[pl.pool]
         for node_id, g in pl.alloc:
-            node = pool.nodes[node_id]
-            node.used += g
-            node.idle_since = None
-        if pool.rented:
-            pool.view = None
+            pool.use(pool.nodes[node_id], g, self.now)
         self.team_gpus[j.team] += rv.gpus
+        self.run_ranks[self._rank_floor(j.cls)] += 1
         self.rec.gpus_changed(pool, rv.gpus)
         self.push(a.finish_at, FINISH, (aid, a.finish_at))
 
@@ -394,13 +462,11 @@ class Simulator:
         j, pool, gpus = a.job, self.pools[a.pool], a.view.gpus
         for node_id, g in a.view.alloc:
             node = pool.nodes.get(node_id)
-            if node is None:
-                continue
-            node.used -= g
-            if node.used == 0 and pool.rented:
-                node.idle_since = self.now
-        if pool.rented:
-            pool.view = None
+            if node is not None:
+                pool.use(node, -g, self.now)
+        self.run_ranks[self._rank_floor(j.cls)] -= 1
+        if not self.run_ranks[self._rank_floor(j.cls)]:
+            del self.run_ranks[self._rank_floor(j.cls)]
         self.team_gpus[j.team] -= gpus
         self.rec.gpus_changed(pool, -gpus)
         gpu_s = (self.now - a.view.started_at) * gpus
@@ -432,8 +498,8 @@ class Simulator:
         for _ in range(count):
             self.node_counter += 1
             nid = f"{p.name}-{self.node_counter}"
-            p.nodes[nid] = SimNode(nid, p.gpus_per_node, 0, self.now,
-                                   launched_at=self.now - p.launch_latency_s)
+            p.add_node(SimNode(nid, p.gpus_per_node, 0, self.now,
+                               launched_at=self.now - p.launch_latency_s))
             if p.interruption_rate_per_h > 0:
                 gap = self.rng.expovariate(p.interruption_rate_per_h / 3600.0)
                 self.push(self.now + gap, INTERRUPT, (p.name, nid))

@@ -38,7 +38,7 @@ def read_trace(path: str | Path, limit: int | None = None) -> list[TraceJob]:
     out: list[TraceJob] = []
     with f:
         reader = csv.DictReader(f)
-        missing = [c for c in COLUMNS[:4] + ("queue",) if c not in (reader.fieldnames or [])]
+        missing = [c for c in (*COLUMNS[:4], "queue") if c not in (reader.fieldnames or [])]
         if missing:
             raise SpecError(str(p), [f"line 1: missing column(s) {', '.join(missing)}; "
                                      f"expected {', '.join(COLUMNS)}"])

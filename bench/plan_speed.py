@@ -1,0 +1,99 @@
+"""Time broker.policy.plan() on synthetic snapshots: 1k and 10k pending jobs over 100 and
+1,000 8-GPU nodes (two GPU types), the nodes ~95% busy with a mix of classes, so every
+cycle has placements, blocked jobs, reservations and preemption searches.
+
+    .venv/bin/python bench/plan_speed.py [--repeat 30]   -> bench/results/plan_speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from broker.policy import (  # noqa: E402
+    NodeView,
+    PendingView,
+    PoolView,
+    RunningView,
+    Snapshot,
+    TeamView,
+    plan,
+)
+from broker.spec import Priority  # noqa: E402
+
+CLASSES = [Priority.URGENT, Priority.HIGH, Priority.NORMAL, Priority.LOW]
+WEIGHTS = [0.02, 0.08, 0.45, 0.45]
+SHAPES = [(1, 1)] * 8 + [(2, 1), (4, 1), (8, 1), (8, 1), (8, 2), (8, 4)]
+
+
+def snapshot(n_pending: int, n_nodes: int, seed: int = 1) -> Snapshot:
+    rng = random.Random(seed)
+    half = n_nodes // 2
+    pools = (
+        PoolView("a100", "A100", 8, tuple(NodeView(f"a100-{i}", 8) for i in range(half))),
+        PoolView("v100", "V100", 8, tuple(NodeView(f"v100-{i}", 8) for i in range(n_nodes - half))),
+    )
+    teams = tuple(TeamView(f"t{i}", 1.0 + i % 3, 64, rng.uniform(0, 1e6)) for i in range(10))
+    running = []
+    aid = 1
+    for p in pools:
+        for node in p.nodes:
+            free = 8
+            while free > 0 and rng.random() < 0.95:
+                g = min(free, rng.choice([1, 1, 2, 4, 8]))
+                running.append(RunningView(
+                    aid, 100_000 + aid, f"t{rng.randrange(10)}", rng.choices(CLASSES, WEIGHTS)[0],
+                    ((node.id, g),), started_at=rng.uniform(0, 5000), submit_time=0,
+                    last_checkpoint_at=rng.uniform(0, 5000)))
+                aid += 1
+                free -= g
+    pending = []
+    for j in range(n_pending):
+        g, n = rng.choice(SHAPES)
+        pending.append(PendingView(j + 1, f"t{rng.randrange(10)}", rng.choices(CLASSES, WEIGHTS)[0],
+                                   g, rng.uniform(0, 6000), n,
+                                   ("A100",) if rng.random() < 0.2 else ()))
+    return Snapshot(now=6000.0, pools=pools, running=tuple(running), pending=tuple(pending),
+                    teams=teams)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "plan_speed.json"))
+    args = ap.parse_args()
+    rows = []
+    for pending in (1_000, 10_000):
+        for nodes in (100, 1_000):
+            snap = snapshot(pending, nodes)
+            plan(snap)  # warm-up
+            times = []
+            for _ in range(args.repeat):
+                t0 = time.perf_counter()
+                p = plan(snap)
+                times.append((time.perf_counter() - t0) * 1000)
+            times.sort()
+            row = {"pending": pending, "nodes": nodes, "running": len(snap.running),
+                   "median_ms": round(statistics.median(times), 2),
+                   "p99_ms": round(times[min(len(times) - 1, int(0.99 * len(times)))], 2),
+                   "placements": len(p.placements), "preemptions": len(p.preemptions),
+                   "repeat": args.repeat}
+            rows.append(row)
+            print(f"pending {pending:>6,} nodes {nodes:>5,} running {row['running']:>5,}: "
+                  f"median {row['median_ms']:8.2f} ms  p99 {row['p99_ms']:8.2f} ms  "
+                  f"({row['placements']} placed, {row['preemptions']} preempted)")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"python": sys.version.split()[0], "results": rows},
+                                         indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
