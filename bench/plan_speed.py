@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from broker.policy import (  # noqa: E402
+from broker.policy import (
     NodeView,
     PendingView,
     PoolView,
@@ -26,7 +26,7 @@ from broker.policy import (  # noqa: E402
     TeamView,
     plan,
 )
-from broker.spec import Priority  # noqa: E402
+from broker.spec import Priority
 
 CLASSES = [Priority.URGENT, Priority.HIGH, Priority.NORMAL, Priority.LOW]
 WEIGHTS = [0.02, 0.08, 0.45, 0.45]

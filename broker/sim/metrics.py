@@ -46,6 +46,7 @@ class Recorder:
         self.cloud_usd = self.cloud_od_usd = 0.0
         self.cloud_gpu_s = 0.0
         self.shapes: Counter[tuple] = Counter()
+        self.hourly: list[float] = []  # on-prem GPU-seconds used per hour since the first submit
 
     # -- hooks called by the simulator ---------------------------------------------------------
     def integrate(self, t0: float, t1: float) -> None:
@@ -53,6 +54,15 @@ class Recorder:
         if b > a:
             self.onprem_used_gpu_s += self.onprem_used * (b - a)
         self.idle_fit_gpu_s += self.idle_fit * (t1 - t0)
+        if self.onprem_used:
+            t = max(t0, self.w0)
+            while t < t1:
+                h = int((t - self.w0) // 3600)
+                edge = min(t1, self.w0 + (h + 1) * 3600)
+                if h >= len(self.hourly):
+                    self.hourly.extend([0.0] * (h + 1 - len(self.hourly)))
+                self.hourly[h] += self.onprem_used * (edge - t)
+                t = edge
 
     def gpus_changed(self, pool: Any, delta: int) -> None:
         if not pool.rented:
@@ -92,7 +102,10 @@ class Recorder:
         self.cloud_od_usd += od_usd
 
     # -- the result ----------------------------------------------------------------------------
-    def result(self, jobs: list[Any], pending: dict[int, Any], running: dict[int, Any]) -> dict:
+    def result(self, jobs: list[Any], pending: dict[int, Any], running: dict[int, Any],
+               detail: bool = False) -> dict:
+        """The metrics (see the module docstring). With detail: `wait_cdf` (per class, the
+        wait at every percentile 0..100) and `occupancy_hourly` (on-prem, per hour)."""
         end = max([self.w1] + [j.done_at for j in jobs if j.done_at is not None])
         waits: dict[str, list[float]] = {c: [] for c in CLASSES}
         jcts: dict[str, list[float]] = {c: [] for c in CLASSES}
@@ -115,7 +128,7 @@ class Recorder:
         window_h = (self.w1 - self.w0) / 3600.0
         onprem = self.sc.onprem_gpus
         total_usd = self.cloud_usd + onprem * window_h * self.sc.onprem_usd_per_gpu_hour
-        return {
+        out = {
             "jobs_total": len(jobs),
             "jobs_completed": self.completed,
             "jobs_rejected": self.rejected,
@@ -136,6 +149,12 @@ class Recorder:
             "cloud_cost_on_demand_usd": round(self.cloud_od_usd, 2),
             "cost_per_gpu_hour": round(total_usd / delivered_h, 4) if delivered_h else None,
         }
+        if detail:
+            qs = list(range(101))
+            out["wait_cdf"] = {c: ([round(float(x), 1) for x in np.percentile(v, qs)] if v else [])
+                               for c, v in waits.items()}
+            out["occupancy_hourly"] = [round(x / (onprem * 3600), 4) for x in self.hourly]
+        return out
 
 
 def _pct(values: list[float], ps: tuple[int, ...]) -> dict[str, float | None]:

@@ -40,18 +40,29 @@ NAMES = list(BASE)
 
 
 def resolve(names: list[str], grace_s: float, restart_overhead_s: float,
-            overrides: dict[str, dict[str, Any]]) -> list[SimPolicy]:
+            overrides: dict[str, dict[str, Any]],
+            variants: dict[str, dict[str, Any]] | None = None) -> list[SimPolicy]:
     """The named policies, with the scenario's grace, restart overhead and overrides.
 
+    `variants` defines extra names: {"name": {"base": one of NAMES, **PolicyConfig fields}}.
     Raises SpecError for an unknown name or an unknown/invalid override field.
     """
     fields = {f.name for f in dataclasses.fields(PolicyConfig)}
+    variants = variants or {}
     out = []
     for n in names:
-        if n not in BASE:
+        if n in variants:
+            v = dict(variants[n])
+            base = v.pop("base", None)
+            if base not in BASE:
+                raise SpecError("variants", [f"{n}.base: must be one of {', '.join(NAMES)}"])
+            kw, partitioned = BASE[base]
+            extra = {**overrides.get(base, {}), **v}
+        elif n not in BASE:
             raise SpecError("--policies", [f"{n!r} is not a policy; allowed: {', '.join(NAMES)}"])
-        kw, partitioned = BASE[n]
-        extra = overrides.get(n, {})
+        else:
+            kw, partitioned = BASE[n]
+            extra = overrides.get(n, {})
         bad = sorted(set(extra) - fields)
         if bad:
             raise SpecError("scenario", [f"policy.{n}.{b}: unknown PolicyConfig field; allowed: "

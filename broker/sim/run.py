@@ -31,29 +31,35 @@ def scenario_summary(sc: Scenario, trace: list[TraceJob], path: str) -> dict[str
     }
 
 
-def _one(trace: list[TraceJob], sc: Scenario, pol: SimPolicy, progress: Any) -> dict[str, Any]:
+def _one(trace: list[TraceJob], sc: Scenario, pol: SimPolicy, progress: Any,
+         detail: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     report = (lambda f: progress.__setitem__(pol.name, f)) if progress is not None else None
-    out = Simulator(trace, sc, pol, report).run()
+    out = Simulator(trace, sc, pol, report, detail).run()
     out["wall_s"] = round(time.perf_counter() - t0, 2)
     return out
 
 
 def simulate(trace_path: str | Path, scenario_path: str | Path,
              policies: list[str] | None = None, *, limit: int | None = None,
-             workers: int | None = None,
+             workers: int | None = None, detail: bool = False,
+             overrides: dict[str, dict[str, Any]] | None = None,
              on_progress: Callable[[dict[str, float]], None] | None = None) -> dict[str, Any]:
-    """Replay the trace under each policy. Raises SpecError for a bad trace/scenario/policy."""
+    """Replay the trace under each policy. Raises SpecError for a bad trace/scenario/policy.
+
+    `overrides` adds named variants: {"name": {"base": POLICY, **PolicyConfig fields}}.
+    """
     sc = load_scenario(scenario_path)
     trace = read_trace(trace_path, limit)
-    pols = resolve(policies or NAMES, sc.grace_s, sc.restart_overhead_s, sc.policy)
+    pols = resolve(policies or NAMES, sc.grace_s, sc.restart_overhead_s, sc.policy,
+                   variants=overrides)
     n = workers or min(len(pols), os.cpu_count() or 1)
     t0 = time.perf_counter()
     results: dict[str, Any] = {}
     if n <= 1:
         shared: dict[str, float] = {}
         for p in pols:
-            results[p.name] = _one(trace, sc, p, shared)
+            results[p.name] = _one(trace, sc, p, shared, detail)
             if on_progress:
                 on_progress(dict(shared))
     else:
@@ -61,7 +67,7 @@ def simulate(trace_path: str | Path, scenario_path: str | Path,
         with ctx.Manager() as mgr:
             shared = mgr.dict({p.name: 0.0 for p in pols})
             with ProcessPoolExecutor(n, mp_context=ctx) as ex:
-                futs = {p.name: ex.submit(_one, trace, sc, p, shared) for p in pols}
+                futs = {p.name: ex.submit(_one, trace, sc, p, shared, detail) for p in pols}
                 while not all(f.done() for f in futs.values()):
                     if on_progress:
                         on_progress(dict(shared))

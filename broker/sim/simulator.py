@@ -147,8 +147,9 @@ class Simulator:
     """One policy over one trace. `run()` returns the metrics dict (see metrics.Recorder)."""
 
     def __init__(self, trace: list[TraceJob], sc: Scenario, pol: SimPolicy,
-                 progress: Callable[[float], None] | None = None) -> None:
+                 progress: Callable[[float], None] | None = None, detail: bool = False) -> None:
         self.sc, self.pol, self.cfg = sc, pol, pol.config
+        self.detail = detail
         self.progress = progress
         self.rng = random.Random(sc.seed)
         self.now = 0.0
@@ -158,12 +159,22 @@ class Simulator:
         self.running: dict[int, SimAttempt] = {}
         self.run_ranks: Counter[int] = Counter()
         self.pend_ranks: Counter[int] = Counter()
+        # Partitioned runs plan each team's partition on its own (see _cycle).
+        self.dirty: set[str] = set()
+        self.team_running: dict[str, dict[int, SimAttempt]] = {}
+        self.team_pending: dict[str, dict[int, PendingView]] = {}
         self.next_aid = 1
         self.node_counter = 0
         self.cycle_at: float | None = None
         self.last_cycle = -math.inf
         self.teams = self._teams(trace)
         self.pools = self._pools()
+        self.team_pools: dict[str, list[SimPool]] = {}
+        for sp in self.pools.values():
+            for t in sp.teams or ():
+                self.team_pools.setdefault(t, []).append(sp)
+        for tv in self.teams:
+            self.team_running[tv.name], self.team_pending[tv.name] = {}, {}
         self.jobs = [self._job(i + 1, t) for i, t in enumerate(trace)]
         self.usage = {t.name: 0.0 for t in self.teams}
         self.team_gpus = {t.name: 0 for t in self.teams}
@@ -263,7 +274,7 @@ class Simulator:
                 self._bill(p, node)
         if self.progress:
             self.progress(1.0)
-        return self.rec.result(self.jobs, self.pending, self.running)
+        return self.rec.result(self.jobs, self.pending, self.running, self.detail)
 
     def _advance(self, t: float) -> None:
         if t > self.now:
@@ -327,15 +338,32 @@ class Simulator:
     # -- a scheduling cycle --------------------------------------------------------------------
     def _cycle(self) -> None:
         self.last_cycle = self.now
-        if not self._worth_planning():
-            self.rec.after_cycle(self.pools)
-            return
         self._decay_usage()
+        if self.pol.partitioned:
+            # Partitions share nothing: each is its own cluster, planned only when it changed.
+            for team in sorted(self.dirty):
+                pools = self.team_pools.get(team, [])
+                self._plan_scope(pools, self.team_running[team], self.team_pending[team], team)
+            self.dirty.clear()
+        else:
+            self._plan_scope(list(self.pools.values()), self.running, self.pending, None)
+        self.rec.after_cycle(self.pools)
+        if self.cycle_at is None and (self.pending or any(pp.rented and pp.nodes
+                                                          for pp in self.pools.values())):
+            # Time-based rules (min run, waiting before renting, idle timeouts) need a heartbeat.
+            self.cycle_at = self.now + self.sc.tick_s
+            self.push(self.cycle_at, CYCLE, self.cycle_at)
+
+    def _plan_scope(self, pools: list[SimPool], running: dict[int, SimAttempt],
+                    pending: dict[int, PendingView], team: str | None) -> None:
+        """One plan() over these pools, running attempts and waiting jobs; apply it."""
+        if not self._worth_planning(pools, running, pending, team):
+            return
         snap = Snapshot(
             now=self.now,
-            pools=tuple(self._pool_view(p) for p in self.pools.values()),
-            running=tuple(a.view for a in self.running.values()),
-            pending=tuple(self.pending.values()),
+            pools=tuple(self._pool_view(p) for p in pools),
+            running=tuple(a.view for a in running.values()),
+            pending=tuple(pending.values()),
             teams=tuple(TeamView(t.name, t.weight, t.priority_allowance_gpus, self.usage[t.name])
                         for t in self.teams),
             config=self.cfg,
@@ -355,25 +383,20 @@ class Simulator:
             self.push(self.now + pool.launch_latency_s, READY, (pool.name, la.for_job_id, la.count))
         for pl in p.placements:
             self._start(pl)
-        self.rec.after_cycle(self.pools)
-        if self.cycle_at is None and (self.pending or any(pp.rented and pp.nodes
-                                                          for pp in self.pools.values())):
-            # Time-based rules (min run, waiting before renting, idle timeouts) need a heartbeat.
-            self.cycle_at = self.now + self.sc.tick_s
-            self.push(self.cycle_at, CYCLE, self.cycle_at)
 
-    def _worth_planning(self) -> bool:
+    def _worth_planning(self, pools: list[SimPool], running: dict[int, SimAttempt],
+                        pending: dict[int, PendingView], team: str | None) -> bool:
         """False only when plan() provably has nothing to do: no waiting job fits any node's
         free GPUs, none outranks every running job (no preemption), and no rented pool exists.
         Skipping such calls changes no outcome; it only saves time."""
-        if any(p.rented for p in self.pools.values()):
-            return bool(self.pending) or any(p.nodes for p in self.pools.values() if p.rented)
-        if not self.pending:
+        if any(p.rented for p in pools):
+            return bool(pending) or any(p.nodes for p in pools if p.rented)
+        if not pending:
             return False
-        smallest = min(g for g, _, _, _ in self.rec.shapes)
-        if any(p.fits(smallest, 1) for p in self.pools.values()):
+        smallest = min(g for g, _, _, t in self.rec.shapes if team is None or t == team)
+        if any(p.fits(smallest, 1) for p in pools):
             return True
-        if not self.cfg.preemption or not self.running:
+        if not self.cfg.preemption or not running:
             return False
         return max(self.pend_ranks) > min(self.run_ranks)
 
@@ -407,11 +430,14 @@ class Simulator:
     def _enqueue(self, j: SimJob) -> None:
         view = self._pending_view(j)
         self.pending[j.jid] = view
+        self.team_pending[j.team][j.jid] = view
+        self.dirty.add(j.team)
         self.pend_ranks[j.cls.rank] += 1
         self.rec.queued(view, +1)
 
     def _start(self, pl: Placement) -> None:
         view = self.pending.pop(pl.job_id)
+        del self.team_pending[view.team][pl.job_id]
         self.pend_ranks[view.priority.rank] -= 1
         if not self.pend_ranks[view.priority.rank]:
             del self.pend_ranks[view.priority.rank]
@@ -429,6 +455,7 @@ class Simulator:
                          checkpoint_origin=ps)
         a = SimAttempt(j, rv, pl.pool, ps, ps + j.remaining)
         self.running[aid] = a
+        self.team_running[j.team][aid] = a
         pool = self.pools[pl.pool]
         for node_id, g in pl.alloc:
             pool.use(pool.nodes[node_id], g, self.now)
@@ -460,6 +487,8 @@ class Simulator:
     def _end(self, a: SimAttempt, completed: bool) -> None:
         del self.running[a.view.attempt_id]
         j, pool, gpus = a.job, self.pools[a.pool], a.view.gpus
+        del self.team_running[j.team][a.view.attempt_id]
+        self.dirty.add(j.team)
         for node_id, g in a.view.alloc:
             node = pool.nodes.get(node_id)
             if node is not None:
