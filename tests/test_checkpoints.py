@@ -84,10 +84,11 @@ SAVER = """
 import sys
 from broker import runtime
 import numpy as np
-runtime.save(1, arrays={"w": np.arange(3)})
+runtime.save(1, arrays={"w": np.arange(3)}, block=True)
 print("saved 1", flush=True)
 runtime.save(2, files={"a.bin": sys.argv[1], "b.fifo": sys.argv[2]})
-print("saved 2", flush=True)
+print("saving 2 in the background", flush=True)
+runtime.wait()
 """
 
 
@@ -130,7 +131,10 @@ def test_runtime_arrays_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(runtime, "_ctx", [runtime.Context.from_env({
         "ONEPOOL_CHECKPOINT_URI": f"file://{tmp_path}/ck", "ONEPOOL_JOB_ID": "3"})])
     assert runtime.restore() is None
-    runtime.save(4, arrays={"w": np.ones(5), "b": np.array([2.0])}, files={"note.txt": b"hi"})
+    pending = runtime.save(4, arrays={"w": np.ones(5), "b": np.array([2.0])},
+                           files={"note.txt": b"hi"})
+    runtime.wait()
+    assert pending.done() and pending.result() is not None
     r = runtime.restore()
     assert r is not None and r.step == 4
     assert np.array_equal(r.arrays["w"], np.ones(5)) and r.read("note.txt") == b"hi"
