@@ -89,8 +89,10 @@ def _retrying(tries: int):  # type: ignore[no-untyped-def]
 
 def _server_copy(src: CheckpointStore, dst: CheckpointStore, step: int, name: str,
                  entry: FileEntry) -> None:
+    target = dst.step_path(step, name)
+    dst.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
     try:
-        dst.fs.copy(src.step_path(step, name), dst.step_path(step, name))
+        dst.fs.copy(src.step_path(step, name), target)
     except FileNotFoundError:
         raise SourceDamaged(f"step {step}: {name} is missing at {src.uri}") from None
 

@@ -202,5 +202,6 @@ def test_vanished_process_is_requeued_and_resumes(make_cluster):
     drive(eng, lambda: c.get(j).status == "SUCCEEDED")
     info = c.get(j)
     assert [x.end_reason for x in info.attempt_list] == ["LOST", "COMPLETED"]
+    assert [x.cause for x in info.attempt_list] == ["node_failure", None]
     assert info.attempt_list[1].restored_step == info.attempt_list[0].reached_step
     assert info.preemptions == 0
