@@ -337,8 +337,7 @@ class CheckpointStore:
     def _create_only(self, pending: str, final: str, data: bytes) -> None:
         try:
             if self.local:
-                os.link(pending, final)  # atomic, and fails if `final` exists
-                _fsync_dir(Path(final).parent)
+                _link_or_create(pending, final, data)
             else:
                 self.fs.pipe_file(final, data, mode="create")
         except FileExistsError:
@@ -415,6 +414,23 @@ def _chunks(src: Source) -> Iterable[bytes]:
     with open(src, "rb") as f:
         while chunk := f.read(CHUNK):
             yield chunk
+
+
+def _link_or_create(pending: str, final: str, data: bytes) -> None:
+    """Create `final` with `data`, failing with FileExistsError if it exists: a hard link of
+    the fsynced pending file (atomic), or, on filesystems without hard links, an exclusive
+    create (a reader may then catch it half-written: it fails to parse and counts as not
+    committed until complete)."""
+    try:
+        os.link(pending, final)
+    except FileExistsError:
+        raise
+    except OSError:
+        with open(final, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    _fsync_dir(Path(final).parent)
 
 
 def _fsync_dir(d: Path) -> None:

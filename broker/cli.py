@@ -177,10 +177,11 @@ def lost(by: Annotated[str, typer.Option(help="team|job (who preempted) or cause
         _print_json([r.model_dump() for r in rows])
         return
     t = Table(title=f"lost work by {by}" + (" (who preempted)" if by != "cause" else ""))
-    for col in (by, "lost GPU-h", "attempts", "victim jobs"):
+    for col in (by, "lost GPU-s", "lost GPU-h", "attempts", "victim jobs"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r.key, f"{r.lost_gpu_hours:.3f}", str(r.attempts), ", ".join(map(str, r.victims)))
+        t.add_row(r.key, f"{r.lost_gpu_s:.1f}", f"{r.lost_gpu_hours:.3f}", str(r.attempts),
+                  ", ".join(map(str, r.victims)))
     out.print(t)
 
 
