@@ -191,8 +191,8 @@ class Engine:
                    restart_overhead_s=a.restart_overhead_s)
             if reason == EndReason.PREEMPTED and a.preempted_by is not None:
                 by = s.get(Job, a.preempted_by)
-                record(s, now, "caused_loss", f"preempting job {job.id} cost it {a.lost_gpu_s:.0f} "
-                       f"GPU-s of work (charged to this job and team {by.team if by else '?'})",
+                record(s, now, "caused_loss", f"preempting job {job.id} lost it {a.lost_gpu_s:.0f} "
+                       f"GPU-s of work, charged to this job and team {by.team if by else '?'}",
                        job_id=a.preempted_by, victim=job.id, victim_attempt_id=a.id,
                        lost_gpu_s=a.lost_gpu_s, team=by.team if by else None)
         else:

@@ -23,22 +23,23 @@ def roots(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
         if kind not in made:
             made[kind] = {"file": lambda: f"file://{tmp_path}/a", "file2": lambda: f"file://{tmp_path}/b",
                           "s3": lambda: request.getfixturevalue("s3_bucket"),
-                          "s3b": lambda: _second_bucket(request),
-                          "gcs": lambda: request.getfixturevalue("gcs_bucket")}[kind]()
+                          "s3b": lambda: _another_bucket(request, "s3"),
+                          "gcs": lambda: request.getfixturevalue("gcs_bucket"),
+                          "gcsb": lambda: _another_bucket(request, "gs")}[kind]()
         return made[kind]
 
     return get
 
 
-def _second_bucket(request: pytest.FixtureRequest) -> str:
+def _another_bucket(request: pytest.FixtureRequest, scheme: str) -> str:
     import uuid
 
     import fsspec
 
-    request.getfixturevalue("s3_server")
+    request.getfixturevalue("s3_server" if scheme == "s3" else "gcs_server")
     name = f"ck-{uuid.uuid4().hex[:12]}"
-    fsspec.core.url_to_fs(f"s3://{name}")[0].mkdir(name)
-    return f"s3://{name}"
+    fsspec.core.url_to_fs(f"{scheme}://{name}")[0].mkdir(name)
+    return f"{scheme}://{name}"
 
 
 def job_store(root: str) -> CheckpointStore:
@@ -47,7 +48,7 @@ def job_store(root: str) -> CheckpointStore:
 
 @pytest.mark.parametrize(("src", "dst", "server_side"), [
     ("file", "s3", False), ("s3", "gcs", False), ("gcs", "file", False),
-    ("s3", "s3b", True), ("file", "file2", True),
+    ("s3", "s3b", True), ("gcs", "gcsb", True), ("file", "file2", True),
 ])
 def test_copy_verifies_and_is_idempotent(roots: Any, src: str, dst: str, server_side: bool) -> None:
     a, b = job_store(roots(src)), job_store(roots(dst))
