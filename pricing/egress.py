@@ -1,7 +1,9 @@
 """What moving checkpoint bytes between object stores costs: list prices as data, pure math.
 
 The rates live in `pricing/data/egress.csv` (provider, scope, USD per GiB, the page each
-number comes from, and the date it was read). Egress is charged by the *source* store's
+number comes from, and the date it was recorded). They are the providers' published
+first-tier list prices, recorded offline (this machine has no network): check them against
+the named pages before relying on them for billing. Egress is charged by the *source* store's
 provider, and it depends on where the bytes go:
 
 - `same_region`: same provider, same region (a server-side copy inside one region): free
