@@ -1,15 +1,58 @@
-"""The normalized checkpoint layout in object storage, through fsspec.
+"""The normalized checkpoint layout in object storage, through fsspec (file://, s3://, gs://).
 
 Layout, per job::
 
-    {store}/{team}/{experiment}/{job_id}/step-{step:012d}/
-        <the checkpoint's files>
-        manifest.json            written last: the commit
+    {store}/{team}/{experiment}/{job_id}/
+        step-{step:012d}/
+            <the checkpoint's files>          one writer (world size 1)
+            rank-{r:05d}/<files>              multi-node: rank r's shard ...
+            rank-{r:05d}.json                 ... and its marker (the shard's files, sizes, sha256)
+            .manifest-{writer}.json           a commit in progress (ignored by readers)
+            manifest.json                     THE COMMIT: written last
+        _attempts/attempt-{n:05d}.json        attempt n's first new step (restart overhead)
 
-manifest.json holds the format version, step, time, attempt, where it was written
-(provider, region), and for every file its size and sha256. A step folder without a
-manifest is not a checkpoint (an upload cut off mid-write); one whose files do not match
-their manifest is damaged, and readers fall back to the previous committed step.
+manifest.json holds the format version, step, time, job, attempt, where it was written
+(provider, region, pool), the world size, the writer's unique token, and for every file
+its size and sha256. A step folder without a manifest is not a checkpoint (an upload cut
+off mid-write); one whose files do not match their manifest is damaged, and readers fall
+back to the previous committed step.
+
+Commit protocol (correct with or without conditional writes):
+
+1. Refuse if the step already has a manifest (committed steps are immutable).
+2. Upload the files. For multi-node jobs every rank uploads its shard under `rank-{r}/`
+   and then its marker; rank 0 commits only once every rank's marker is present, and the
+   manifest lists every shard's files, so a checkpoint is consistent across nodes or absent.
+3. Write the manifest under a name unique to this writer (`.manifest-{writer}.json`; on a
+   local disk fsynced): a durable record of the intent that no other writer can touch.
+4. Check again that no manifest appeared meanwhile (a concurrent writer finished first).
+5. Promote: create `manifest.json` *create-only*: a hard link of the pending file on a
+   local disk (atomic, fails if it exists), `If-None-Match: *` on S3, `ifGenerationMatch=0`
+   on GCS. Object PUTs are atomic, so a reader sees the whole manifest or none.
+6. Read `manifest.json` back and succeed only if it carries this writer's token; remove
+   the pending file.
+
+What each guarantee rests on:
+
+- *Never resume from a partial or mixed checkpoint*: rests on nothing but the manifest
+  being written after the files (1-5) and on checksums: a reader verifies every file's
+  size and sha256 before use, so files overwritten by another writer, truncated uploads
+  and bit rot are all caught, and the reader falls back to the previous committed step.
+  This holds on any store, conditional writes or not.
+- *At most one winner per step*: exact on stores that enforce create-only writes (the
+  loser's promote fails). A store that ignores preconditions (some emulators, some
+  S3-compatible stores) turns step 5 into last-writer-wins; step 4 then catches every
+  writer that starts its commit after another one finished, step 6 catches a writer
+  overwritten before its read-back, and two writers that promote in the same instant may
+  both be told success while the step holds the last one's manifest: if their files mixed,
+  the checksums mark the step damaged and readers skip it. Without a compare-and-swap no
+  store protocol can do better; the broker keeps such races rare (one attempt of a job
+  runs at a time, only rank 0 commits).
+- *A crash anywhere is harmless*: before step 5 it leaves a folder without a manifest
+  (ignored; deleted by retention after a safety delay); after it, a committed checkpoint.
+
+Filesystem objects are cached by fsspec; listings here always bypass the cache, so a
+checkpoint written by another process is seen at once.
 """
 
 from __future__ import annotations
@@ -18,6 +61,7 @@ import hashlib
 import json
 import os
 import posixpath
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,8 +74,13 @@ from broker.errors import CheckpointError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+PENDING_PREFIX = ".manifest-"
 STEP_PREFIX = "step-"
+ATTEMPTS_DIR = "_attempts"
 CHUNK = 1 << 20
+
+Source = bytes | str | Path
+"""A file to write: its bytes, or the local path to read them from."""
 
 
 def job_prefix(store: str, team: str, experiment: str, job_id: int) -> str:
@@ -39,10 +88,24 @@ def job_prefix(store: str, team: str, experiment: str, job_id: int) -> str:
     return f"{store.rstrip('/')}/{team}/{experiment}/{job_id}"
 
 
+def store_root_of(prefix: str) -> str:
+    """Inverse of job_prefix: the store root URI of a job prefix URI."""
+    return prefix.rstrip("/").rsplit("/", 3)[0]
+
+
 def step_name(step: int) -> str:
     if step < 0:
         raise CheckpointError(f"step must be >= 0 (got {step})")
     return f"{STEP_PREFIX}{step:012d}"
+
+
+def shard_dir(rank: int) -> str:
+    return f"rank-{rank:05d}"
+
+
+def new_writer_token(*parts: object) -> str:
+    """A token unique to one writer of one step."""
+    return "-".join([*(str(p) for p in parts if p is not None), uuid.uuid4().hex[:12]])
 
 
 @dataclass(frozen=True)
@@ -60,6 +123,9 @@ class Manifest:
     written_by: dict[str, str]
     files: dict[str, FileEntry]
     format: int = FORMAT_VERSION
+    world_size: int = 1
+    writer: str = ""
+    copied_from: str | None = None
     uri: str = field(default="", compare=False)  # the step folder (not stored)
 
     @property
@@ -76,14 +142,22 @@ class Manifest:
         d = json.loads(text)
         if d.get("format") != FORMAT_VERSION:
             raise CheckpointError(f"{uri}: unknown manifest format {d.get('format')!r}")
-        files = {k: FileEntry(int(v["size"]), str(v["sha256"])) for k, v in d["files"].items()}
         return cls(step=int(d["step"]), time=float(d["time"]), job_id=d.get("job_id"),
                    attempt=d.get("attempt"), written_by=dict(d.get("written_by", {})),
-                   files=files, uri=uri)
+                   files=_entries(d["files"]), world_size=int(d.get("world_size", 1)),
+                   writer=str(d.get("writer", "")), copied_from=d.get("copied_from"), uri=uri)
+
+
+def _entries(d: Mapping[str, Any]) -> dict[str, FileEntry]:
+    return {k: FileEntry(int(v["size"]), str(v["sha256"])) for k, v in d.items()}
 
 
 class CheckpointStore:
-    """The checkpoints of one job, at one prefix URI (file://, s3://, gs://, memory://...)."""
+    """The checkpoints of one job, at one prefix URI (file://, s3://, gs://, memory://...).
+
+    Credentials come from the provider's usual chain (environment, config files, instance
+    roles); `storage_options` are for tests and special endpoints only.
+    """
 
     def __init__(self, prefix_uri: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.uri = prefix_uri.rstrip("/")
@@ -93,11 +167,20 @@ class CheckpointStore:
     def _path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
 
+    def step_path(self, step: int, *parts: str) -> str:
+        return self._path(step_name(step), *parts)
+
     def step_uri(self, step: int) -> str:
         return f"{self.uri}/{step_name(step)}"
 
+    def _exists(self, path: str) -> bool:
+        self.fs.invalidate_cache(path)
+        return bool(self.fs.exists(path))
+
+    # -- reading ----------------------------------------------------------------------------
     def steps(self) -> list[int]:
         """Every step folder present (committed or not), ascending."""
+        self.fs.invalidate_cache(self.root)
         try:
             names = self.fs.ls(self.root, detail=False)
         except FileNotFoundError:
@@ -111,9 +194,8 @@ class CheckpointStore:
 
     def manifest(self, step: int) -> Manifest | None:
         """The step's manifest, or None if it has none (not committed) or it is unreadable."""
-        path = self._path(step_name(step), MANIFEST)
         try:
-            text = self.fs.cat_file(path).decode()
+            text = self.fs.cat_file(self.step_path(step, MANIFEST)).decode()
             return Manifest.from_json(text, self.step_uri(step))
         except (FileNotFoundError, ValueError, KeyError, TypeError, CheckpointError):
             return None
@@ -129,24 +211,28 @@ class CheckpointStore:
                 out.append(m)
         return out
 
+    def hash_file(self, path: str) -> FileEntry:
+        """Size and sha256 of one stored file. Raises FileNotFoundError."""
+        h = hashlib.sha256()
+        size = 0
+        with self.fs.open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+        return FileEntry(size, h.hexdigest())
+
     def verify(self, m: Manifest) -> list[str]:
         """Problems with a committed checkpoint's files (empty list: intact)."""
         problems = []
         for name, entry in sorted(m.files.items()):
-            path = self._path(step_name(m.step), name)
             try:
-                h = hashlib.sha256()
-                size = 0
-                with self.fs.open(path, "rb") as f:
-                    while chunk := f.read(CHUNK):
-                        h.update(chunk)
-                        size += len(chunk)
+                got = self.hash_file(self.step_path(m.step, name))
             except FileNotFoundError:
                 problems.append(f"{name}: missing")
                 continue
-            if size != entry.size:
-                problems.append(f"{name}: size {size} != {entry.size}")
-            elif h.hexdigest() != entry.sha256:
+            if got.size != entry.size:
+                problems.append(f"{name}: size {got.size} != {entry.size}")
+            elif got.sha256 != entry.sha256:
                 problems.append(f"{name}: sha256 mismatch")
         return problems
 
@@ -163,37 +249,37 @@ class CheckpointStore:
             skipped.append(f"step {m.step} damaged ({'; '.join(problems)}), falling back")
         return None, skipped
 
-    def write(
-        self,
-        step: int,
-        files: Mapping[str, bytes | str | Path],
-        *,
-        job_id: int | None = None,
-        attempt: int | None = None,
-        written_by: Mapping[str, str] | None = None,
-        now: float,
-    ) -> Manifest:
+    def read(self, step: int, name: str) -> bytes:
+        _check_name(name)
+        return self.fs.cat_file(self.step_path(step, name))
+
+    # -- writing ----------------------------------------------------------------------------
+    def write(self, step: int, files: Mapping[str, Source], *, job_id: int | None = None,
+              attempt: int | None = None, written_by: Mapping[str, str] | None = None,
+              now: float) -> Manifest:
         """Write the files (bytes, or a local path to copy), then commit the manifest last.
 
-        A crash before the manifest leaves an uncommitted folder that readers ignore.
-        Raises CheckpointError if the step is already committed (steps are immutable).
+        A crash before the commit leaves an uncommitted folder that readers ignore.
+        Raises CheckpointError if the step is already committed (steps are immutable) or
+        another writer committed it first.
         """
         if not files:
             raise CheckpointError("a checkpoint needs at least one file")
-        if self.manifest(step) is not None:
-            raise CheckpointError(f"step {step} is already committed at {self.step_uri(step)}")
-        d = self._path(step_name(step))
-        self.fs.makedirs(d, exist_ok=True)
+        self._refuse_committed(step)
+        entries = self.put_files(step, files)
+        return self.commit(step, entries, job_id=job_id, attempt=attempt,
+                           written_by=written_by, now=now)
+
+    def put_files(self, step: int, files: Mapping[str, Source], under: str = "") -> dict[str, FileEntry]:
+        """Upload files into the step folder (optionally under a sub-folder); their entries."""
         entries: dict[str, FileEntry] = {}
         for name in sorted(files):
             _check_name(name)
-            entries[name] = self._put(files[name], posixpath.join(d, name))
-        m = Manifest(step=step, time=now, job_id=job_id, attempt=attempt,
-                     written_by=dict(written_by or {}), files=entries, uri=self.step_uri(step))
-        self._commit(posixpath.join(d, MANIFEST), m.to_json().encode())
-        return m
+            rel = posixpath.join(under, name) if under else name
+            entries[rel] = self._put(files[name], self.step_path(step, rel))
+        return entries
 
-    def _put(self, src: bytes | str | Path, dest: str) -> FileEntry:
+    def _put(self, src: Source, dest: str) -> FileEntry:
         h = hashlib.sha256()
         size = 0
         self.fs.makedirs(posixpath.dirname(dest), exist_ok=True)
@@ -204,39 +290,152 @@ class CheckpointStore:
                 out.write(chunk)
         return FileEntry(size, h.hexdigest())
 
-    def _commit(self, path: str, data: bytes) -> None:
+    def _refuse_committed(self, step: int) -> None:
+        if self._exists(self.step_path(step, MANIFEST)):
+            raise CheckpointError(f"step {step} is already committed at {self.step_uri(step)}; "
+                                  "committed steps are immutable: save a later step")
+
+    def commit(self, step: int, entries: Mapping[str, FileEntry], *, now: float,
+               job_id: int | None = None, attempt: int | None = None,
+               written_by: Mapping[str, str] | None = None, world_size: int = 1,
+               copied_from: str | None = None) -> Manifest:
+        """Commit already-uploaded files as step `step` (see the module docstring, steps 3-6).
+
+        Raises CheckpointError if the step is committed already or another writer won.
+        """
+        if not entries:
+            raise CheckpointError("a checkpoint needs at least one file")
+        m = Manifest(step=step, time=now, job_id=job_id, attempt=attempt,
+                     written_by=dict(written_by or {}), files=dict(entries),
+                     world_size=world_size, writer=new_writer_token(job_id, attempt),
+                     copied_from=copied_from, uri=self.step_uri(step))
+        body = m.to_json().encode()
+        final = self.step_path(step, MANIFEST)
+        pending = self.step_path(step, f"{PENDING_PREFIX}{m.writer}.json")
+        self._write_durable(pending, body)
+        try:
+            self._refuse_committed(step)
+            self._create_only(pending, final, body)
+            got = self.manifest(step)
+        finally:
+            self.fs.rm_file(pending)
+        if got is None or got.writer != m.writer:
+            raise CheckpointError(f"step {step} at {self.step_uri(step)} was committed by another "
+                                  "writer at the same time; this save did not take effect")
+        return m
+
+    def _write_durable(self, path: str, data: bytes) -> None:
         if self.local:
-            tmp = path + ".tmp"
-            with open(tmp, "wb") as f:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            Path(tmp).replace(path)
         else:
             self.fs.pipe_file(path, data)
 
-    def read(self, step: int, name: str) -> bytes:
-        _check_name(name)
-        return self.fs.cat_file(self._path(step_name(step), name))
+    def _create_only(self, pending: str, final: str, data: bytes) -> None:
+        try:
+            if self.local:
+                _link_or_create(pending, final, data)
+            else:
+                self.fs.pipe_file(final, data, mode="create")
+        except FileExistsError:
+            raise CheckpointError(f"{final} already exists: another writer committed this step "
+                                  "first; this save did not take effect") from None
 
+    # -- multi-node shards ------------------------------------------------------------------
+    def write_shard(self, step: int, rank: int, files: Mapping[str, Source]) -> dict[str, FileEntry]:
+        """Rank `rank` uploads its shard under `rank-{r}/`, then its marker (last)."""
+        if not files:
+            raise CheckpointError("a shard needs at least one file")
+        self._refuse_committed(step)
+        entries = self.put_files(step, files, under=shard_dir(rank))
+        marker = {k: asdict(v) for k, v in entries.items()}
+        self._write_durable(self.step_path(step, f"{shard_dir(rank)}.json"),
+                            json.dumps(marker, sort_keys=True).encode())
+        return entries
+
+    def missing_shards(self, step: int, world_size: int) -> list[int]:
+        """Ranks whose shard marker for `step` is not present yet."""
+        return [r for r in range(world_size)
+                if not self._exists(self.step_path(step, f"{shard_dir(r)}.json"))]
+
+    def gather_shards(self, step: int, world_size: int) -> dict[str, FileEntry]:
+        """Every rank's file entries from their markers. Raises CheckpointError if one is missing."""
+        out: dict[str, FileEntry] = {}
+        for r in range(world_size):
+            try:
+                text = self.fs.cat_file(self.step_path(step, f"{shard_dir(r)}.json"))
+                out.update(_entries(json.loads(text)))
+            except (FileNotFoundError, ValueError, KeyError, TypeError):
+                raise CheckpointError(f"step {step}: rank {r} has no complete shard; "
+                                      "not committing") from None
+        return out
+
+    # -- attempts' first step ---------------------------------------------------------------
+    def mark_progress(self, attempt: int, step: int, now: float) -> None:
+        """Record that attempt `attempt` completed its first new step (written once)."""
+        path = self._path(ATTEMPTS_DIR, f"attempt-{attempt:05d}.json")
+        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        self.fs.pipe_file(path, json.dumps({"step": step, "time": now}).encode())
+
+    def progress(self, attempt: int) -> dict[str, Any] | None:
+        """What mark_progress wrote for `attempt`, or None."""
+        try:
+            return json.loads(self.fs.cat_file(self._path(ATTEMPTS_DIR, f"attempt-{attempt:05d}.json")))
+        except (FileNotFoundError, ValueError):
+            return None
+
+    # -- deleting ---------------------------------------------------------------------------
     def delete(self, step: int) -> None:
         """Delete a step folder (manifest first, so it is never seen half-deleted)."""
-        d = self._path(step_name(step))
-        if self.fs.exists(posixpath.join(d, MANIFEST)):
-            self.fs.rm_file(posixpath.join(d, MANIFEST))
-        if self.fs.exists(d):
+        final = self.step_path(step, MANIFEST)
+        if self._exists(final):
+            self.fs.rm_file(final)
+        d = self.step_path(step)
+        if self._exists(d):
             self.fs.rm(d, recursive=True)
+        self.fs.invalidate_cache(d)
 
 
 def _check_name(name: str) -> None:
-    if not name or name.startswith("/") or ".." in name.split("/") or name == MANIFEST:
-        raise CheckpointError(f"bad checkpoint file name {name!r}")
+    base = posixpath.basename(name)
+    if (not name or name.startswith("/") or ".." in name.split("/") or name == MANIFEST
+            or base.startswith(PENDING_PREFIX)):
+        raise CheckpointError(f"bad checkpoint file name {name!r}: use a relative path without "
+                              f"'..', not {MANIFEST!r}")
 
 
-def _chunks(src: bytes | str | Path) -> Iterable[bytes]:
+def _chunks(src: Source) -> Iterable[bytes]:
     if isinstance(src, bytes | bytearray | memoryview):
         yield bytes(src)
         return
     with open(src, "rb") as f:
         while chunk := f.read(CHUNK):
             yield chunk
+
+
+def _link_or_create(pending: str, final: str, data: bytes) -> None:
+    """Create `final` with `data`, failing with FileExistsError if it exists: a hard link of
+    the fsynced pending file (atomic), or, on filesystems without hard links, an exclusive
+    create (a reader may then catch it half-written: it fails to parse and counts as not
+    committed until complete)."""
+    try:
+        os.link(pending, final)
+    except FileExistsError:
+        raise
+    except OSError:
+        with open(final, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    _fsync_dir(Path(final).parent)
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

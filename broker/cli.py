@@ -123,7 +123,7 @@ def submit(
 def jobs_table(jobs: list[JobInfo], title: str = "jobs") -> Table:
     t = Table(title=title)
     for col in ("id", "name", "team", "class", "status", "GPUs", "attempts", "preempted",
-                "wait s", "GPU-s", "lost GPU-s", "resumed from", "why waiting"):
+                "wait s", "GPU-s", "lost GPU-s", "resumed from", "egress $", "why waiting"):
         t.add_column(col, justify="right" if col not in ("name", "team", "class", "status",
                                                          "why waiting") else "left")
     for j in jobs:
@@ -131,7 +131,7 @@ def jobs_table(jobs: list[JobInfo], title: str = "jobs") -> Table:
                   f"{j.nodes}x{j.gpus_per_node}", str(j.attempts), str(j.preemptions),
                   f"{j.wait_s:.1f}", f"{j.gpu_s:.0f}", f"{j.lost_gpu_s:.1f}",
                   "" if j.resumed_from_step is None else str(j.resumed_from_step),
-                  escape(j.waiting_reason or ""))
+                  f"{j.egress_usd:.4f}" if j.egress_bytes else "", escape(j.waiting_reason or ""))
     return t
 
 
@@ -148,21 +148,50 @@ def status(job: Annotated[int | None, typer.Argument()] = None,
             return
         out.print(jobs_table([info], f"job {job}"))
         t = Table(title="attempts")
-        for col in ("#", "pool", "GPUs", "state", "started", "ended", "reason", "from step",
-                    "to step", "lost GPU-s"):
+        for col in ("#", "pool", "GPUs", "state", "started", "ended", "cause", "from step",
+                    "to step", "lost GPU-s", "restart s", "restored B", "egress B", "egress $"):
             t.add_column(col)
         for a in info.attempt_list:
             where = " ".join(f"{n}[{','.join(map(str, s))}]" for n, s in a.alloc)
             t.add_row(str(a.number), a.pool, where, a.state, _ts(a.started_at), _ts(a.ended_at),
-                      a.end_reason or "", str(a.restored_step or ""), str(a.reached_step or ""),
-                      f"{a.lost_gpu_s:.1f}")
+                      a.cause or a.end_reason or "", _opt(a.restored_step), _opt(a.reached_step),
+                      f"{a.lost_gpu_s:.1f}", "" if a.restart_overhead_s is None
+                      else f"{a.restart_overhead_s:.1f}", str(a.restore_bytes),
+                      str(a.egress_bytes), f"{a.egress_usd:.6f}")
         out.print(t)
+        if info.checkpoint_stores:
+            out.print("checkpoints lived in: " + ", ".join(info.checkpoint_stores))
+        if info.caused_lost_gpu_s:
+            out.print(f"its preemptions cost other jobs {info.caused_lost_gpu_s:.1f} GPU-s")
         return
     jobs = c.list(status=state, team=team)
     if as_json:
         _print_json([j.model_dump() for j in jobs])
     else:
         out.print(jobs_table(jobs))
+
+
+def _opt(v: int | None) -> str:
+    return "" if v is None else str(v)
+
+
+@app.command()
+def lost(by: Annotated[str, typer.Option(help="team|job (who preempted) or cause")] = "team",
+         as_json: JsonOpt = False) -> None:
+    """Lost GPU-hours: charged to the preempting team or job, or grouped by cause."""
+    if by not in ("team", "job", "cause"):
+        raise SpecError("--by", [f"by: must be one of team, job, cause (got {by!r})"])
+    rows = _client().lost_work(by)  # type: ignore[arg-type]
+    if as_json:
+        _print_json([r.model_dump() for r in rows])
+        return
+    t = Table(title=f"lost work by {by}" + (" (who preempted)" if by != "cause" else ""))
+    for col in (by, "lost GPU-s", "lost GPU-h", "attempts", "victim jobs"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r.key, f"{r.lost_gpu_s:.1f}", f"{r.lost_gpu_hours:.3f}", str(r.attempts),
+                  ", ".join(map(str, r.victims)))
+    out.print(t)
 
 
 @app.command()

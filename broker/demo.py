@@ -6,6 +6,11 @@ arrives: the broker preempts the two A100 victims that lose the least work, they
 on SIGTERM and requeue keeping their place, the urgent job runs, the victims resume from
 their checkpoints (step counter continuing), and everything finishes.
 
+The A100 pool keeps its checkpoints in a SIMULATED S3 bucket (moto's server on 127.0.0.1,
+see broker.demo_s3), the L4 pool in a local folder. The victims resume on the L4 pool once
+it frees up, so the broker copies their newest checkpoint out of "S3", verifies it, and
+charges them AWS's egress price for the bytes.
+
 The broker runs as its own process (`onepool broker`), exactly as in production.
 """
 
@@ -24,6 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from broker.demo_s3 import BUCKET, simulated_s3
 from broker.errors import OnepoolError
 from broker.sdk import FINAL, Client
 from broker.store import home_dir
@@ -34,7 +40,8 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_numpy.py"
 DEMO_CONFIG: dict[str, Any] = {
     "pools": [
         {"name": "a100", "provider": "local", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 2,
-         "price_per_node_hour": 8.0},
+         "price_per_node_hour": 8.0, "region": "us-east-1",
+         "store": f"s3://{BUCKET}/checkpoints"},  # SIMULATED S3 (moto on 127.0.0.1)
         {"name": "l4", "provider": "local", "gpu_type": "L4", "gpus_per_node": 4, "nodes": 1,
          "price_per_node_hour": 3.2},
     ],
@@ -42,7 +49,8 @@ DEMO_CONFIG: dict[str, Any] = {
         {"name": "research", "weight": 1.0, "priority_allowance_gpus": 0},
         {"name": "prod", "weight": 1.0, "priority_allowance_gpus": 4},
     ],
-    "broker": {"cycle_s": 0.5, "grace_s": 10, "min_run_s": 20},
+    "broker": {"cycle_s": 0.5, "grace_s": 10, "min_run_s": 20, "keep_checkpoints": 3,
+               "checkpoint_delete_delay_s": 5},
 }
 
 
@@ -61,7 +69,7 @@ def prepare_home(home: str | os.PathLike[str] | None) -> Path:
 
 def _train(steps: int) -> list[str]:
     return [sys.executable, str(EXAMPLE), "--steps", str(steps), "--step-s", "0.25",
-            "--ckpt-every", "4"]
+            "--ckpt-every", "4", "--state-kb", "1024"]
 
 
 def run_demo(home: str | os.PathLike[str] | None, *, timeout: float = 180,
@@ -69,6 +77,16 @@ def run_demo(home: str | os.PathLike[str] | None, *, timeout: float = 180,
     """Run the scenario and return {"home", "jobs": [...]} (see the module docstring)."""
     say = Console(stderr=True).print if progress else (lambda *a, **k: None)
     h = prepare_home(home)
+    with simulated_s3() as endpoint:
+        say(f"[bold]simulated[/bold] S3 bucket s3://{BUCKET} (moto server at {endpoint}; "
+            "nothing leaves this machine)")
+        out = _run(h, say, timeout)
+    out["simulated_s3"] = {"bucket": f"s3://{BUCKET}", "endpoint": endpoint,
+                           "note": "moto's S3 server on 127.0.0.1, started by the demo: simulated"}
+    return out
+
+
+def _run(h: Path, say: Any, timeout: float) -> dict[str, Any]:
     c = Client(h)
     c.apply(_config())
     broker_log = open(h / "broker.log", "wb")  # noqa: SIM115  (closed in finally)
@@ -87,7 +105,7 @@ def run_demo(home: str | os.PathLike[str] | None, *, timeout: float = 180,
             _check(proc, deadline)
             time.sleep(0.2)
         urgent = c.submit(name="hotfix-eval", team="prod", experiment="release",
-                          command=_train(24), gpus_per_node=2, nodes=2, gpu_types=["A100"],
+                          command=_train(48), gpus_per_node=2, nodes=2, gpu_types=["A100"],
                           priority="urgent", budget_usd=5).id
         say("submitted an urgent 2-node job needing the whole A100 pool")
         ids = [*lows, urgent]
@@ -110,7 +128,9 @@ def run_demo(home: str | os.PathLike[str] | None, *, timeout: float = 180,
                   "attempts": j.attempts, "preemptions": j.preemptions,
                   "wait_s": round(j.wait_s, 2), "gpu_s": round(j.gpu_s, 1),
                   "lost_gpu_s": round(j.lost_gpu_s, 2), "resumed_from_step": j.resumed_from_step,
-                  "pool": j.attempt_list[-1].pool if j.attempt_list else None}
+                  "pool": j.attempt_list[-1].pool if j.attempt_list else None,
+                  "checkpoint_stores": j.checkpoint_stores, "egress_bytes": j.egress_bytes,
+                  "egress_usd": round(j.egress_usd, 8)}
                  for j in jobs],
     }
 
@@ -132,7 +152,8 @@ def _check(proc: subprocess.Popen[bytes], deadline: float) -> None:
 def _echo(c: Client, seen: int, say: Any) -> int:
     evs = c.events()
     for e in evs[seen:]:
-        if e.kind in ("started", "preempting", "preempted", "succeeded", "killed", "failed"):
+        if e.kind in ("started", "preempting", "preempted", "succeeded", "killed", "failed",
+                      "checkpoint_copied"):
             say(f"  job {e.job_id}: {e.kind:<10} {escape(e.message)}")
     return len(evs)
 
@@ -140,13 +161,17 @@ def _echo(c: Client, seen: int, say: Any) -> int:
 def render(result: dict[str, Any], console: Console) -> None:
     t = Table(title="onepool demo: every job, after the urgent one cut in")
     for col in ("job", "class", "status", "attempts", "preempted", "queue wait s", "GPU-s",
-                "GPU-s lost", "resumed from step", "last pool"):
+                "GPU-s lost", "resumed from step", "last pool", "stores", "egress $"):
         t.add_column(col, justify="left" if col in ("job", "class", "status", "last pool")
                      else "right")
     for j in result["jobs"]:
         t.add_row(escape(j["name"]), j["priority"], j["status"], str(j["attempts"]), str(j["preemptions"]),
                   f"{j['wait_s']:.1f}", f"{j['gpu_s']:.0f}", f"{j['lost_gpu_s']:.1f}",
                   "-" if j["resumed_from_step"] is None else str(j["resumed_from_step"]),
-                  j["pool"] or "-")
+                  j["pool"] or "-", " -> ".join(u.split("://")[0] for u in j["checkpoint_stores"]),
+                  f"{j['egress_usd']:.6f}")
     console.print(t)
+    if "simulated_s3" in result:
+        sim = result["simulated_s3"]
+        console.print(f"{sim['bucket']} is SIMULATED: {sim['note']} ({sim['endpoint']}, gone now)")
     console.print(f"state kept in {result['home']} (try: onepool --home {result['home']} status)")

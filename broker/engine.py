@@ -18,20 +18,23 @@ from dataclasses import dataclass, field
 
 from sqlmodel import Session, col, select
 
-from broker.checkpoints import CheckpointStore
+from broker import ckpt_index, retention
+from broker.checkpoints import job_prefix
 from broker.clock import Clock
 from broker.config_apply import applied_config
-from broker.errors import CheckpointError
 from broker.events import record
-from broker.model import Attempt, AttemptState, Checkpoint, EndReason, Job, JobState, Node
+from broker.model import Attempt, AttemptState, EndReason, Job, JobState, Node
 from broker.policy import Placement, Plan, PolicyConfig, Preemption, plan
+from broker.resume import RestorePoint, fetch_restore_point
 from broker.snapshots import build_snapshot
 from broker.store import Store
+from broker.telemetry import cause_of
 from providers.base import Executor, RankState
 from providers.local import LocalProcesses
 
 log = logging.getLogger("onepool.engine")
-REQUEUE = (EndReason.PREEMPTED, EndReason.LOST)
+REQUEUE = (EndReason.PREEMPTED, EndReason.LOST, EndReason.INTERRUPTED)
+CHECKPOINT_NOW = signal.SIGUSR1  # the runtime's "checkpoint now, keep running" request
 
 
 @dataclass
@@ -87,6 +90,9 @@ class Engine:
             self._poll(s, now, rep)
         with self.store.session() as s:
             self._refresh_checkpoints(s, now)
+        with self.store.session() as s:
+            retention.run(s, now, keep=self.settings.keep_checkpoints,
+                          delay_s=self.settings.checkpoint_delete_delay_s)
         with self.store.session() as s:
             snap = build_snapshot(s, now, self.policy, self.settings.fair_share_half_life_s)
             p = plan(snap)
@@ -148,6 +154,8 @@ class Engine:
                 reason = EndReason.COMPLETED
             elif a.stop_reason == "preempted":
                 reason = EndReason.PREEMPTED
+            elif a.stop_reason == "interrupted":
+                reason = EndReason.INTERRUPTED
             elif a.stop_reason == "cancelled":
                 reason = EndReason.CANCELLED
             elif a.stop_reason == "failed" or not lost:
@@ -163,6 +171,7 @@ class Engine:
         assert job is not None
         self._refresh_job_checkpoints(s, job, a, now)
         a.state, a.ended_at, a.end_reason, a.exit_code = AttemptState.ENDED, now, reason, code
+        a.cause = cause_of(a, reason)
         if reason != EndReason.COMPLETED:
             since = a.started_at if a.last_checkpoint_at is None else max(a.started_at,
                                                                           a.last_checkpoint_at)
@@ -172,12 +181,20 @@ class Engine:
             job.state, job.queued_at = JobState.PENDING, now
             if reason == EndReason.PREEMPTED:
                 job.preemptions += 1
-            msg = (f"preempted for job {a.preempted_by}" if reason == EndReason.PREEMPTED
-                   else "processes vanished without an exit status")
+            msg = {EndReason.PREEMPTED: f"preempted for job {a.preempted_by}",
+                   EndReason.INTERRUPTED: f"interrupted ({a.cause})"}.get(
+                reason, "processes vanished without an exit status")
             record(s, now, reason.value.lower(), f"{msg}; back in the queue (lost "
                    f"{a.lost_gpu_s:.0f} GPU-s since step {a.reached_step})",
                    job_id=job.id, attempt_id=a.id, lost_gpu_s=a.lost_gpu_s,
-                   preempted_by=a.preempted_by)
+                   preempted_by=a.preempted_by, cause=a.cause,
+                   restart_overhead_s=a.restart_overhead_s)
+            if reason == EndReason.PREEMPTED and a.preempted_by is not None:
+                by = s.get(Job, a.preempted_by)
+                record(s, now, "caused_loss", f"preempting job {job.id} lost it {a.lost_gpu_s:.0f} "
+                       f"GPU-s of work, charged to this job and team {by.team if by else '?'}",
+                       job_id=a.preempted_by, victim=job.id, victim_attempt_id=a.id,
+                       lost_gpu_s=a.lost_gpu_s, team=by.team if by else None)
         else:
             job.state = {EndReason.COMPLETED: JobState.SUCCEEDED,
                          EndReason.CANCELLED: JobState.CANCELLED}.get(reason, JobState.FAILED)
@@ -197,15 +214,42 @@ class Engine:
 
     def _refresh_job_checkpoints(self, s: Session, job: Job, a: Attempt, now: float) -> None:
         """Index newly committed checkpoints; their time is when this broker first saw them."""
-        found = CheckpointStore(job.checkpoint_uri).committed(after=job.last_step)
-        for m in reversed(found):
-            s.add(Checkpoint(job_id=job.id, step=m.step, attempt_id=a.id, uri=m.uri,
-                             observed_at=now, written_at=m.time, bytes=m.bytes))
-        if found:
-            job.last_step, job.last_checkpoint_at = found[0].step, now
-            a.reached_step, a.last_checkpoint_at = found[0].step, now
-            s.add(job)
-            s.add(a)
+        try:
+            ckpt_index.refresh_attempt(s, job, a, now)
+        except OSError as e:  # the store is unreachable now: the next cycle tries again
+            log.warning("job %s: cannot list checkpoints at %s (%s)", job.id,
+                        ckpt_index.attempt_prefix(job, a), e)
+
+    # -- requests from providers and users ---------------------------------------------------
+    def request_checkpoint(self, attempt_id: int, reason: str) -> bool:
+        """Ask a running attempt to checkpoint now and keep running (SIGUSR1 to every rank;
+        broker.runtime honours it at the job's next `due()`). False if it is not running."""
+        now = self.clock.now()
+        with self.store.session() as s:
+            a = s.get(Attempt, attempt_id)
+            if a is None or a.state != AttemptState.RUNNING:
+                return False
+            record(s, now, "checkpoint_requested", f"checkpoint now: {reason}", job_id=a.job_id,
+                   attempt_id=a.id, reason=reason)
+        for h in a.handles:
+            self.executor.signal(h, CHECKPOINT_NOW)
+        return True
+
+    def interrupt(self, attempt_id: int, cause: str = "spot_interruption") -> bool:
+        """An interruption notice for the attempt's nodes (what a provider's interruptions()
+        feeds in): checkpoint now, then stop (SIGTERM, grace, kill) and requeue, recording
+        `cause`. Idempotent; False if the attempt is not running."""
+        if not self.request_checkpoint(attempt_id, f"interruption notice ({cause})"):
+            return False
+        now = self.clock.now()
+        with self.store.session() as s:
+            a = s.get(Attempt, attempt_id)
+            assert a is not None
+            a.cause = cause
+            record(s, now, "interrupting", f"{cause}: {self.settings.grace_s:g}s to checkpoint "
+                   "and exit", job_id=a.job_id, attempt_id=a.id, cause=cause)
+            self._request_stop(s, a, now, "interrupted")
+        return True
 
     # -- acting on the plan -----------------------------------------------------------------
     def _preempt(self, pre: Preemption, now: float, rep: CycleReport) -> None:
@@ -225,37 +269,44 @@ class Engine:
             if job is None or job.state != JobState.PENDING or job.cancel_requested:
                 return
             slots = self._free_slots(s, pl)
-            restore, notes = self._restore_point(job)
+            root = ckpt_index.pool_store_root(self.config, pl.pool, self.store.home)
+            target = job_prefix(root, job.team, job.experiment, job.id)
+            rp = self._restore_point(s, job, target, now)
             a = Attempt(job_id=job.id, number=job.attempts + 1, pool=pl.pool,
                         alloc=[[node, slots[node]] for node, _ in pl.alloc],
                         priority=pl.priority.value, started_at=now, gpus=sum(g for _, g in pl.alloc),
-                        restored_step=restore)
+                        restored_step=rp.step, checkpoint_uri=target, restore_bytes=rp.bytes,
+                        egress_bytes=rp.egress_bytes, egress_usd=rp.egress_usd)
             job.state, job.attempts = JobState.RUNNING, job.attempts + 1
             job.wait_s += max(0.0, now - job.queued_at)
-            job.waiting_reason = None
+            job.waiting_reason, job.checkpoint_uri = None, target
             s.add(a)
             s.add(job)
-            for note in notes:
-                record(s, now, "checkpoint_damaged", note, job_id=job.id)
+            s.flush()
+            if rp.copy is not None:
+                ckpt_index.record_copy(s, job, a, rp.copy.manifest, root, now)
+            for store_root, step in rp.damaged:
+                ckpt_index.mark_damaged(s, job.id, store_root, step)
+            for kind, msg, data in rp.events:
+                record(s, now, kind, msg, job_id=job.id, attempt_id=a.id, **data)
             s.commit()  # LAUNCHING is durable before any process starts
             self._start_ranks(a, job, recover=False)
             a.state = AttemptState.RUNNING
             where = ", ".join(f"{node}[{','.join(map(str, sl))}]" for node, sl in a.alloc)
             record(s, now, "started", f"attempt {a.number} on {pl.pool}: {where}"
-                   + (f"; resuming from step {restore}" if restore is not None else ""),
-                   job_id=job.id, attempt_id=a.id, pool=pl.pool, restored_step=restore,
-                   priority=pl.priority.value)
+                   + (f"; resuming from step {rp.step}" if rp.step is not None else ""),
+                   job_id=job.id, attempt_id=a.id, pool=pl.pool, restored_step=rp.step,
+                   priority=pl.priority.value, store=root, egress_bytes=rp.egress_bytes,
+                   egress_usd=rp.egress_usd)
             s.add(a)
             rep.started.append(job.id)
 
-    def _restore_point(self, job: Job) -> tuple[int | None, list[str]]:
-        if job.last_step is None:
-            return None, []
-        try:
-            m, notes = CheckpointStore(job.checkpoint_uri).latest_valid()
-        except (OSError, CheckpointError) as e:
-            return None, [f"checkpoint store unreadable ({e}); starting from scratch"]
-        return (m.step if m else None), notes
+    def _restore_point(self, s: Session, job: Job, target: str, now: float) -> RestorePoint:
+        """The newest intact checkpoint, copied into `target` if it lives elsewhere."""
+        if job.attempts == 0:
+            return RestorePoint()
+        return fetch_restore_point(ckpt_index.job_prefixes(s, job), target, now=now,
+                                   locate=lambda root: ckpt_index.locate(self.config, root))
 
     def _free_slots(self, s: Session, pl: Placement) -> dict[str, list[int]]:
         used: dict[str, set[int]] = {}
@@ -279,7 +330,7 @@ class Engine:
             env = {**job.env,
                    "ONEPOOL_JOB_ID": str(job.id), "ONEPOOL_ATTEMPT": str(a.number),
                    "ONEPOOL_RANK": str(rank), "ONEPOOL_WORLD_SIZE": str(len(a.alloc)),
-                   "ONEPOOL_CHECKPOINT_URI": job.checkpoint_uri,
+                   "ONEPOOL_CHECKPOINT_URI": ckpt_index.attempt_prefix(job, a),
                    "ONEPOOL_RESTORE_STEP": "" if a.restored_step is None else str(a.restored_step),
                    "ONEPOOL_GRACE_S": f"{self.settings.grace_s:g}",
                    "ONEPOOL_CHECKPOINT_INTERVAL_S": f"{job.checkpoint_interval_s:g}",

@@ -38,6 +38,7 @@ class EndReason(StrEnum):
     PREEMPTED = "PREEMPTED"
     CANCELLED = "CANCELLED"
     LOST = "LOST"  # the processes vanished without an exit status (node failure, reboot)
+    INTERRUPTED = "INTERRUPTED"  # the provider reclaimed the node after a notice (spot)
 
 
 def _json(default: Any = None) -> Any:
@@ -132,10 +133,28 @@ class Attempt(SQLModel, table=True):
     last_checkpoint_at: float | None = None
     lost_gpu_s: float = 0.0
     gpus: int = 0
+    # Checkpoint telemetry (see broker.telemetry).
+    checkpoint_uri: str | None = None  # the job prefix this attempt writes to (its pool's store)
+    cause: str | None = Field(default=None, max_length=64)  # why it ended, if not completed
+    restore_bytes: int = 0  # size of the checkpoint it resumed from
+    egress_bytes: int = 0  # bytes copied from another store before it started
+    egress_usd: float = 0.0
+    first_step_at: float | None = None  # when the broker first saw it make new progress
+    restart_overhead_s: float | None = None  # first_step_at - started_at
+
+
+class CheckpointState(StrEnum):
+    COMMITTED = "committed"
+    PARTIAL = "partial"  # a step folder without a manifest (so far)
+    DAMAGED = "damaged"  # committed, but its files failed verification
+    DELETED = "deleted"  # removed by retention (it did exist, committed)
+    ABANDONED = "abandoned"  # a partial folder removed by retention
 
 
 class Checkpoint(SQLModel, table=True):
-    __table_args__ = (Index("ix_checkpoint_job_step", "job_id", "step", unique=True),)
+    """One step folder of a job in one store (a copy in another store is another row)."""
+
+    __table_args__ = (Index("ix_checkpoint_job_store_step", "job_id", "store", "step", unique=True),)
     id: int | None = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="job.id")
     step: int
@@ -144,6 +163,10 @@ class Checkpoint(SQLModel, table=True):
     observed_at: float
     written_at: float | None = None
     bytes: int = 0
+    store: str = ""  # the store root URI
+    state: str = Field(default=CheckpointState.COMMITTED, max_length=16, index=True)
+    copied_from: str | None = None  # the step folder URI it was copied from
+    deleted_at: float | None = None
 
 
 class Event(SQLModel, table=True):

@@ -1,15 +1,24 @@
-"""What a running job imports: resume, save, and "you are being preempted".
+"""What a running job imports: resume, save, progress, and "checkpoint now / you are being preempted".
 
 The broker starts every attempt with this environment contract:
 
     ONEPOOL_JOB_ID, ONEPOOL_ATTEMPT (1, 2, ...), ONEPOOL_ATTEMPT_ID
     ONEPOOL_RANK, ONEPOOL_WORLD_SIZE             (gang jobs: one process per node)
-    ONEPOOL_CHECKPOINT_URI                       the job's checkpoint prefix (fsspec URI)
-    ONEPOOL_RESTORE_STEP                         the step the broker verified for resume, if any
+    ONEPOOL_CHECKPOINT_URI                       the job's checkpoint prefix in the store of
+                                                 the pool it runs in (fsspec URI)
+    ONEPOOL_RESTORE_STEP                         the step the broker verified (and copied
+                                                 into that store) for resume, if any
     ONEPOOL_GRACE_S                              seconds between SIGTERM and SIGKILL
     ONEPOOL_CHECKPOINT_INTERVAL_S                the job's checkpoint interval hint
     ONEPOOL_POOL, ONEPOOL_PROVIDER, ONEPOOL_REGION
     CUDA_VISIBLE_DEVICES                         the GPU slots granted on this node
+
+Signals (handled once this module is imported under the broker):
+
+    SIGUSR1   checkpoint now and keep running (an interruption notice, a user request):
+              `due()` and `checkpoint_requested()` turn true until the next save()
+    SIGTERM   checkpoint now and exit (preemption, interruption, cancel): `preempted()`
+              turns true as well; save, then exit_preempted()
 
 Typical use::
 
@@ -18,11 +27,19 @@ Typical use::
     step = ck.step + 1 if ck else 0
     while step < total:
         ...train...
+        runtime.progress(step)             # cheap: tells the broker the restart is over
         if runtime.preempted() or runtime.due():
-            runtime.save(step, arrays={"w": w})
+            runtime.save(step, arrays={"w": w})   # returns at once; uploads in background
         if runtime.preempted():
-            runtime.exit_preempted()       # the broker requeues the job
+            runtime.exit_preempted()       # waits for the upload, exits for requeue
         step += 1
+    runtime.wait()                         # the last upload is committed
+
+`save()` serializes arrays at once (training may change them afterwards) and hands the
+upload to a background thread; files given as paths are read by that thread, so leave them
+unchanged until the save is done (`staging_dir(step)` gives a private folder to write them
+into). Multi-node jobs: every rank calls save() for the same step with its own shard; rank
+0 commits the checkpoint only once every rank's shard is there.
 
 Exit 0 means "done"; a non-zero exit after SIGTERM means "preempted, requeue me"; a non-zero
 exit otherwise means the job failed.
@@ -34,34 +51,41 @@ import io
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from broker.checkpoints import CheckpointStore, Manifest
+from broker.checkpoints import CheckpointStore, Manifest, Source, shard_dir
 from broker.clock import SystemClock
+from broker.errors import CheckpointError
+from broker.uploader import PendingSave, Uploader
 
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, as a shell reports a process ended by SIGTERM
 ARRAYS_FILE = "arrays.npz"
+SHARD_POLL_S = 0.2
 
 
 @dataclass
 class Restored:
-    """A checkpoint loaded for resume. `arrays` holds what save(arrays=...) stored."""
+    """A checkpoint loaded for resume. `arrays` holds what save(arrays=...) stored (this
+    rank's shard for multi-node jobs); read() reads this rank's files."""
 
     step: int
     manifest: Manifest
     store: CheckpointStore
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    rank: int = 0
 
     def read(self, name: str) -> bytes:
-        """The bytes of one file of this checkpoint."""
-        return self.store.read(self.step, name)
+        """The bytes of one file of this checkpoint (of this rank's shard, if sharded)."""
+        return self.store.read(self.step, _in_shard(self.manifest, self.rank, name))
 
 
 @dataclass
@@ -107,21 +131,28 @@ class Context:
 
 
 _preempted = threading.Event()
+_requested = threading.Event()
 _last_save = [time.monotonic()]
 _ctx: list[Context] = []
+_uploader: list[Uploader] = []
+_progressed: list[int] = []
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
     _preempted.set()
+    _requested.set()
+
+
+def _on_sigusr1(signum: int, frame: object) -> None:
+    _requested.set()
 
 
 def install() -> None:
-    """Make SIGTERM set the preempted flag instead of killing the process (idempotent).
-
-    Called on import when running under the broker; call it yourself otherwise.
-    """
+    """Make SIGTERM set the preempted flag instead of killing the process, and SIGUSR1
+    request a checkpoint (idempotent). Called on import under the broker."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
+        signal.signal(signal.SIGUSR1, _on_sigusr1)
 
 
 def context() -> Context:
@@ -135,9 +166,15 @@ def preempted() -> bool:
     return _preempted.is_set()
 
 
+def checkpoint_requested() -> bool:
+    """True when the broker asked for a checkpoint (SIGUSR1 or SIGTERM) not yet saved."""
+    return _requested.is_set()
+
+
 def due() -> bool:
-    """True when the checkpoint interval hint has passed since the last save (or start)."""
-    return time.monotonic() - _last_save[0] >= context().checkpoint_interval_s
+    """True when a checkpoint was requested, or the interval hint has passed since the last
+    save (or start)."""
+    return _requested.is_set() or time.monotonic() - _last_save[0] >= context().checkpoint_interval_s
 
 
 def restore() -> Restored | None:
@@ -155,40 +192,127 @@ def restore() -> Restored | None:
     if m is None:
         return None
     arrays: dict[str, np.ndarray] = {}
-    if ARRAYS_FILE in m.files:
-        with np.load(io.BytesIO(store.read(m.step, ARRAYS_FILE)), allow_pickle=False) as z:
+    name = _in_shard(m, ctx.rank, ARRAYS_FILE)
+    if name in m.files:
+        with np.load(io.BytesIO(store.read(m.step, name)), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    return Restored(step=m.step, manifest=m, store=store, arrays=arrays, skipped=skipped)
+    return Restored(step=m.step, manifest=m, store=store, arrays=arrays, skipped=skipped,
+                    rank=ctx.rank)
 
 
-def save(
-    step: int,
-    arrays: Mapping[str, np.ndarray] | None = None,
-    files: Mapping[str, bytes | str | Path] | None = None,
-) -> Manifest | None:
-    """Write a checkpoint for `step`: numpy arrays (as arrays.npz) and/or files (bytes or local
-    paths), then commit its manifest. Only rank 0 writes; other ranks get None.
+def staging_dir(step: int) -> Path:
+    """A fresh local folder for this step's files (e.g. torch.save(..., d / "model.pt")):
+    pass it to save(step, files={"": d}) or name its files; nothing else writes there."""
+    d = Path(tempfile.mkdtemp(prefix=f"onepool-step-{step}-"))
+    return d
 
-    Raises CheckpointError if nothing is given or the step is already committed.
+
+def save(step: int, arrays: Mapping[str, np.ndarray] | None = None,
+         files: Mapping[str, Source] | None = None, *, block: bool = False) -> PendingSave:
+    """Checkpoint `step`: numpy arrays (as arrays.npz, serialized now) and/or files (bytes,
+    local paths, or local folders, whose files keep their relative names under the given
+    name). Returns at once; the upload and the commit run in the background (block=True
+    waits). Every rank of a multi-node job saves its own shard.
+
+    Raises CheckpointError if nothing is given; upload errors come from the returned
+    handle's result(), or wait().
     """
     ctx = context()
-    if ctx.rank != 0:
-        return None
-    payload: dict[str, bytes | str | Path] = dict(files or {})
-    if arrays:
-        buf = io.BytesIO()
-        np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
-        payload[ARRAYS_FILE] = buf.getvalue()
-    m = ctx.store().write(step, payload, job_id=ctx.job_id, attempt=ctx.attempt,
-                          written_by=ctx.written_by, now=SystemClock().now())
+    payload = _payload(arrays, files)
+    if not payload:
+        raise CheckpointError("save() needs arrays or files to write")
+    pending = _worker().submit(step, partial(_upload, ctx, ctx.store(), step, payload))
     _last_save[0] = time.monotonic()
-    return m
+    _requested.clear()
+    if block:
+        pending.result()
+    return pending
+
+
+def progress(step: int) -> None:
+    """Report that training completed `step`. Only the first call of an attempt does anything
+    (a tiny marker in the background): the broker measures restart overhead from it."""
+    ctx = context()
+    if _progressed or not ctx.checkpoint_uri or ctx.attempt is None or ctx.rank != 0:
+        return
+    _progressed.append(step)
+    _worker().run(partial(_mark, ctx.store(), ctx.attempt, step))
+
+
+def wait(timeout: float | None = None) -> None:
+    """Wait until every save so far is committed. Raises CheckpointError naming the steps
+    whose upload failed, or TimeoutError."""
+    if not _uploader:
+        return
+    failed = _uploader[0].flush(timeout)
+    if failed:
+        raise CheckpointError("checkpoint upload failed: " + "; ".join(
+            f"step {p.step}: {p.error()}" for p in failed))
 
 
 def exit_preempted() -> None:
-    """Leave after a preemption request; the broker puts the job back in the queue."""
+    """Leave after a preemption request, once pending uploads are done (failures are
+    reported on stderr); the broker puts the job back in the queue."""
+    try:
+        wait()
+    except (CheckpointError, TimeoutError) as e:
+        print(f"onepool: {e}", file=sys.stderr)
     sys.stdout.flush()
     sys.exit(EXIT_PREEMPTED)
+
+
+# -- internals ------------------------------------------------------------------------------
+def _worker() -> Uploader:
+    if not _uploader:
+        _uploader.append(Uploader())
+    return _uploader[0]
+
+
+def _payload(arrays: Mapping[str, np.ndarray] | None,
+             files: Mapping[str, Source] | None) -> dict[str, Source]:
+    out: dict[str, Source] = {}
+    for name, src in (files or {}).items():
+        if isinstance(src, str | Path) and Path(src).is_dir():
+            for p in sorted(Path(src).rglob("*")):
+                if p.is_file():
+                    rel = p.relative_to(src).as_posix()
+                    out[f"{name}/{rel}" if name else rel] = p
+        else:
+            out[name] = src
+    if arrays:
+        buf = io.BytesIO()
+        np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+        out[ARRAYS_FILE] = buf.getvalue()
+    return out
+
+
+def _upload(ctx: Context, store: CheckpointStore, step: int,
+            payload: dict[str, Source]) -> Manifest | None:
+    meta = {"job_id": ctx.job_id, "attempt": ctx.attempt, "written_by": ctx.written_by}
+    if ctx.world_size <= 1:
+        return store.write(step, payload, now=SystemClock().now(), **meta)  # type: ignore[arg-type]
+    store.write_shard(step, ctx.rank, payload)
+    if ctx.rank != 0:
+        return None
+    deadline = time.monotonic() + ctx.grace_s
+    while missing := store.missing_shards(step, ctx.world_size):  # no event to wait on
+        if time.monotonic() > deadline:
+            raise CheckpointError(f"step {step} not committed: rank(s) {missing} wrote no shard "
+                                  f"within {ctx.grace_s:g}s")
+        time.sleep(SHARD_POLL_S)
+    return store.commit(step, store.gather_shards(step, ctx.world_size), now=SystemClock().now(),
+                        world_size=ctx.world_size, **meta)  # type: ignore[arg-type]
+
+
+def _mark(store: CheckpointStore, attempt: int, step: int) -> None:
+    try:
+        store.mark_progress(attempt, step, SystemClock().now())
+    except OSError as e:
+        print(f"onepool: could not record progress ({e})", file=sys.stderr)
+
+
+def _in_shard(m: Manifest, rank: int, name: str) -> str:
+    return f"{shard_dir(rank)}/{name}" if m.world_size > 1 else name
 
 
 if os.environ.get("ONEPOOL_JOB_ID"):

@@ -21,7 +21,9 @@ from typing import Any
 
 from sqlmodel import col, select
 
+from broker import telemetry
 from broker.checkpoints import job_prefix
+from broker.ckpt_index import default_store_root, stores_of
 from broker.clock import Clock, SystemClock
 from broker.config_apply import applied_config, apply_config
 from broker.errors import InvalidState, NotFound, SpecError
@@ -29,7 +31,7 @@ from broker.events import record
 from broker.model import Attempt, Event, Job, JobState
 from broker.spec import ClusterConfig, JobSpec, check_job_fits, load_config, parse_job
 from broker.store import Store
-from broker.views import EventInfo, JobInfo
+from broker.views import EventInfo, JobInfo, LostWorkRow
 
 FINAL = {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value}
 
@@ -53,7 +55,7 @@ class Client:
             return applied_config(s)
 
     def checkpoint_root(self, cfg: ClusterConfig) -> str:
-        return cfg.broker.checkpoint_store or f"file://{self.store.home / 'checkpoints'}"
+        return default_store_root(cfg, self.store.home)
 
     # -- jobs -------------------------------------------------------------------------------
     def submit(self, spec: JobSpec | dict[str, Any] | None = None, /, *,
@@ -103,7 +105,8 @@ class Client:
             if j is None:
                 raise NotFound(f"no job with id {job_id}")
             atts = list(s.exec(select(Attempt).where(Attempt.job_id == job_id)).all())
-            return JobInfo.of(j, atts, self.clock.now())
+            return JobInfo.of(j, atts, self.clock.now(), stores=stores_of(s, [job_id]).get(job_id),
+                              caused_lost_gpu_s=telemetry.caused_lost_gpu_s(s, [job_id]).get(job_id, 0.0))
 
     def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
              experiment: str | None = None) -> list[JobInfo]:
@@ -123,7 +126,9 @@ class Client:
                 for a in s.exec(select(Attempt).where(col(Attempt.job_id).in_(ids))).all():
                     by_job.setdefault(a.job_id, []).append(a)
             now = self.clock.now()
-            return [JobInfo.of(j, by_job.get(j.id or 0, []), now) for j in jobs]
+            stores, caused = stores_of(s, ids), telemetry.caused_lost_gpu_s(s, ids)
+            return [JobInfo.of(j, by_job.get(j.id or 0, []), now, stores=stores.get(j.id or 0),
+                               caused_lost_gpu_s=caused.get(j.id or 0, 0.0)) for j in jobs]
 
     def cancel(self, job_id: int) -> JobInfo:
         """Ask the broker to cancel a job (pending: at once; running: SIGTERM, grace, kill).
@@ -151,6 +156,13 @@ class Client:
                     raise NotFound(f"no job with id {job_id}")
                 q = q.where(Event.job_id == job_id)
             return [EventInfo.of(e) for e in s.exec(q).all()]
+
+    def lost_work(self, by: telemetry.By = "team") -> list[LostWorkRow]:
+        """Lost GPU-hours, most first: by="team"/"job" charges preemptions to the preempting
+        team/job; by="cause" groups every interruption by its cause. Raises ValueError for
+        another `by`."""
+        with self.store.session() as s:
+            return telemetry.lost_work(s, by)
 
     def wait(self, job_ids: Iterable[int], timeout: float = 3600.0,
              poll_s: float = 0.2) -> list[JobInfo]:

@@ -83,6 +83,11 @@ class PoolSpec(_Strict):
             raise ValueError(f"must be one of {', '.join(sorted(KNOWN_PROVIDERS))} (got {v!r})")
         return v
 
+    @field_validator("store")
+    @classmethod
+    def _store_uri(cls, v: str | None) -> str | None:
+        return None if v is None else store_uri(v)
+
 
 class TeamSpec(_Strict):
     """A team: its fair-share weight and how many GPUs it may hold at high/urgent."""
@@ -100,6 +105,24 @@ class BrokerSettings(_Strict):
     min_run_s: float = Field(default=300.0, ge=0.0)
     fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0.0)
     checkpoint_store: str | None = None  # default: file://$ONEPOOL_HOME/checkpoints
+    keep_checkpoints: int = Field(default=3, ge=1)  # newest committed checkpoints kept per job
+    # Retention waits this long before deleting a checkpoint that fell out of the newest
+    # `keep_checkpoints`, or a step folder that has had no manifest (an abandoned upload).
+    checkpoint_delete_delay_s: float = Field(default=3600.0, ge=0.0)
+
+    @field_validator("checkpoint_store")
+    @classmethod
+    def _store_uri(cls, v: str | None) -> str | None:
+        return None if v is None else store_uri(v)
+
+
+def store_uri(v: str) -> str:
+    """A checkpoint store root URI, without a trailing slash. Raises ValueError if it has no scheme."""
+    v = v.strip().rstrip("/")
+    if not re.match(r"^[a-z][a-z0-9+.-]*://.+", v):
+        raise ValueError(f"must be a URI like file:///data/ckpt, s3://bucket/prefix or "
+                         f"gs://bucket/prefix (got {v!r})")
+    return v
 
 
 class ClusterConfig(_Strict):

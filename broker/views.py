@@ -23,6 +23,12 @@ class AttemptInfo(BaseModel):
     reached_step: int | None
     lost_gpu_s: float
     gpu_s: float
+    cause: str | None = None
+    checkpoint_uri: str | None = None
+    restart_overhead_s: float | None = None
+    restore_bytes: int = 0
+    egress_bytes: int = 0
+    egress_usd: float = 0.0
 
     @classmethod
     def of(cls, a: Attempt, now: float) -> AttemptInfo:
@@ -31,7 +37,10 @@ class AttemptInfo(BaseModel):
                    state=a.state, started_at=a.started_at, ended_at=a.ended_at,
                    end_reason=a.end_reason, exit_code=a.exit_code, preempted_by=a.preempted_by,
                    restored_step=a.restored_step, reached_step=a.reached_step,
-                   lost_gpu_s=a.lost_gpu_s, gpu_s=max(0.0, end - a.started_at) * a.gpus)
+                   lost_gpu_s=a.lost_gpu_s, gpu_s=max(0.0, end - a.started_at) * a.gpus,
+                   cause=a.cause, checkpoint_uri=a.checkpoint_uri,
+                   restart_overhead_s=a.restart_overhead_s, restore_bytes=a.restore_bytes,
+                   egress_bytes=a.egress_bytes, egress_usd=a.egress_usd)
 
 
 class JobInfo(BaseModel):
@@ -58,9 +67,15 @@ class JobInfo(BaseModel):
     lost_gpu_s: float
     resumed_from_step: int | None
     attempt_list: list[AttemptInfo]
+    checkpoint_stores: list[str] = []  # distinct store roots its checkpoints lived in
+    bytes_restored: int = 0
+    egress_bytes: int = 0
+    egress_usd: float = 0.0
+    caused_lost_gpu_s: float = 0.0  # work other jobs lost because this one preempted them
 
     @classmethod
-    def of(cls, j: Job, attempts: list[Attempt], now: float) -> JobInfo:
+    def of(cls, j: Job, attempts: list[Attempt], now: float, *, stores: list[str] | None = None,
+           caused_lost_gpu_s: float = 0.0) -> JobInfo:
         infos = [AttemptInfo.of(a, now) for a in sorted(attempts, key=lambda a: a.number)]
         wait = j.wait_s + (max(0.0, now - j.queued_at) if j.state == "PENDING" else 0.0)
         resumed = next((a.restored_step for a in reversed(infos) if a.restored_step is not None),
@@ -72,7 +87,11 @@ class JobInfo(BaseModel):
                    attempts=j.attempts, preemptions=j.preemptions, last_step=j.last_step,
                    checkpoint_uri=j.checkpoint_uri, waiting_reason=j.waiting_reason,
                    gpu_s=sum(a.gpu_s for a in infos), lost_gpu_s=sum(a.lost_gpu_s for a in infos),
-                   resumed_from_step=resumed, attempt_list=infos)
+                   resumed_from_step=resumed, attempt_list=infos,
+                   checkpoint_stores=list(stores or []),
+                   bytes_restored=sum(a.restore_bytes for a in infos),
+                   egress_bytes=sum(a.egress_bytes for a in infos),
+                   egress_usd=sum(a.egress_usd for a in infos), caused_lost_gpu_s=caused_lost_gpu_s)
 
 
 class EventInfo(BaseModel):
@@ -87,3 +106,13 @@ class EventInfo(BaseModel):
     def of(cls, e: Event) -> EventInfo:
         return cls(time=e.time, job_id=e.job_id, attempt_id=e.attempt_id, kind=e.kind,
                    message=e.message, data=e.data)
+
+
+class LostWorkRow(BaseModel):
+    """Lost work under one key (a preempting team or job, or a cause)."""
+
+    key: str
+    lost_gpu_s: float
+    lost_gpu_hours: float
+    attempts: int
+    victims: list[int]  # ids of the jobs that lost the work

@@ -2,8 +2,10 @@
 
 Linear regression by mini-batch SGD on a fixed synthetic problem. Each step does a little
 real numpy work, then waits `--step-s` to stand in for a GPU step. It resumes from the
-broker's checkpoint (continuing its step counter), saves every `--ckpt-every` steps, and on
-SIGTERM saves at once and exits for requeue. On success it appends one line to
+broker's checkpoint (continuing its step counter), saves every `--ckpt-every` steps (in the
+background), saves at once when the broker asks for a checkpoint (SIGUSR1), and on SIGTERM
+saves and exits for requeue. `--state-kb` adds an optimizer-state file of that size to each
+checkpoint (for realistic copy and egress numbers). On success it appends one line to
 `--done-file` (if given), so tests can count completions.
 
     python examples/train_numpy.py --steps 40 --step-s 0.25 --ckpt-every 4
@@ -29,6 +31,7 @@ def main() -> int:
     ap.add_argument("--ckpt-every", type=int, default=4)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--done-file", default=None)
+    ap.add_argument("--state-kb", type=int, default=0)
     args = ap.parse_args()
     runtime.install()
 
@@ -42,18 +45,22 @@ def main() -> int:
         w, step = np.zeros(args.dim), 0
         print("fresh start", flush=True)
 
+    state = np.random.default_rng(1).bytes(args.state_kb * 1024)
     while step < args.steps:
         batch = np.random.default_rng(step).normal(size=(256, args.dim))
         grad = batch.T @ (batch @ w - batch @ true_w) / len(batch)
         w = w - 0.05 * grad
         time.sleep(args.step_s)
-        if runtime.preempted() or (step + 1) % args.ckpt_every == 0:
-            runtime.save(step, arrays={"w": w})
-        if runtime.preempted():
+        runtime.progress(step)
+        stop = runtime.preempted()  # read once: a SIGTERM right after still gets its save
+        if stop or runtime.checkpoint_requested() or (step + 1) % args.ckpt_every == 0:
+            runtime.save(step, arrays={"w": w}, files={"optimizer.bin": state} if state else None)
+        if stop:
             print(f"preempted: saved step {step}, exiting for requeue", flush=True)
             runtime.exit_preempted()
         step += 1
 
+    runtime.wait()
     loss = float(np.mean((w - true_w) ** 2))
     print(f"done: {args.steps} steps, loss {loss:.3g}", flush=True)
     if args.done_file:

@@ -1,1 +1,2 @@
-"""Prices as data and pure cost functions."""
+"""Prices as data and pure cost functions: `pricing.cost` (effective price of capacity),
+`pricing.egress` (moving checkpoint bytes)."""

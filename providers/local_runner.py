@@ -36,10 +36,12 @@ def main(argv: list[str]) -> int:
     run_dir, cmd = Path(argv[0]), argv[2:]
     me = psutil.Process()
     write_json(run_dir / "handle.json", {"pid": me.pid, "create_time": me.create_time()})
-    # The group gets SIGTERM; the child handles it. This supervisor only waits (a Python
-    # handler, unlike SIG_IGN, is reset to the default in the child at exec).
+    # The group gets SIGTERM and SIGUSR1 ("checkpoint now"); the child handles them. This
+    # supervisor only waits (a Python handler, unlike SIG_IGN, is reset to the default in
+    # the child at exec).
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, lambda *_: None)
+    signal.signal(signal.SIGUSR1, lambda *_: None)
     try:
         child = subprocess.Popen(cmd)
         code = child.wait()

@@ -16,6 +16,8 @@ from broker.engine import Engine
 from broker.sdk import Client
 from broker.spec import parse_config
 
+pytest_plugins = ["tests.cloud_stores"]  # S3 / GCS on 127.0.0.1: s3_bucket, gcs_bucket, backend, ...
+
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train_numpy.py"
 
@@ -31,9 +33,9 @@ def config(pools: list[dict[str, Any]] | None = None, teams: list[dict[str, Any]
 
 
 def train(steps: int = 20, step_s: float = 0.05, ckpt_every: int = 2,
-          done_file: Path | None = None) -> list[str]:
+          done_file: Path | None = None, state_kb: int = 0) -> list[str]:
     cmd = [sys.executable, str(TRAIN), "--steps", str(steps), "--step-s", str(step_s),
-           "--ckpt-every", str(ckpt_every)]
+           "--ckpt-every", str(ckpt_every), "--state-kb", str(state_kb)]
     return cmd + (["--done-file", str(done_file)] if done_file else [])
 
 

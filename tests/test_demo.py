@@ -19,13 +19,22 @@ def test_demo_json(tmp_path: Path) -> None:
     jobs = {j["name"]: j for j in json.loads(out.stdout)["jobs"]}
     assert set(jobs) == {"sweep-0", "sweep-1", "sweep-2", "sweep-3", "hotfix-eval"}
     fields = {"name", "priority", "status", "attempts", "preemptions", "wait_s", "lost_gpu_s",
-              "resumed_from_step"}
+              "resumed_from_step", "checkpoint_stores", "egress_bytes", "egress_usd"}
     assert all(fields <= set(j) for j in jobs.values())
     assert all(j["status"] == "SUCCEEDED" for j in jobs.values())
     victims = [j for j in jobs.values() if j["preemptions"]]
     assert len(victims) == 2 and all(j["priority"] == "low" for j in victims)
     assert all(j["attempts"] == 2 and j["resumed_from_step"] is not None for j in victims)
     assert jobs["hotfix-eval"]["attempts"] == 1 and jobs["hotfix-eval"]["preemptions"] == 0
+    # The victims' checkpoints lived in the (simulated) S3 bucket of the A100 pool, and they
+    # resumed in another store, paying AWS egress for the copy.
+    assert any(len(j["checkpoint_stores"]) >= 2 for j in victims)
+    for j in victims:
+        assert j["checkpoint_stores"][0].startswith("s3://")
+        if len(j["checkpoint_stores"]) >= 2:
+            assert j["egress_bytes"] > 1 << 20 and j["egress_usd"] > 0
+    assert jobs["hotfix-eval"]["checkpoint_stores"] == ["s3://onepool-demo/checkpoints"]
+    assert json.loads(out.stdout)["simulated_s3"]["endpoint"].startswith("http://127.0.0.1:")
     # The demo refuses to wipe a home that holds other work.
     other = tmp_path / "other"
     other.mkdir()

@@ -48,7 +48,8 @@ def test_victim_resumes_from_last_checkpoint_and_ignores_a_torn_one(make_cluster
     assert f"resumed from step {k} (attempt 2)" in out_log(c, second.id)
     assert info.preemptions == 1 and info.last_step == 29
     with c.store.session() as s:
-        rows = s.exec(select(Checkpoint).where(Checkpoint.job_id == low)).all()
+        rows = s.exec(select(Checkpoint).where(Checkpoint.job_id == low,
+                                               Checkpoint.state == "committed")).all()
     by_attempt = {r.step: r.attempt_id for r in rows}
     assert all(by_attempt[st] == first.id for st in by_attempt if st <= k)
     assert all(by_attempt[st] == second.id for st in by_attempt if st > k)
@@ -201,5 +202,6 @@ def test_vanished_process_is_requeued_and_resumes(make_cluster):
     drive(eng, lambda: c.get(j).status == "SUCCEEDED")
     info = c.get(j)
     assert [x.end_reason for x in info.attempt_list] == ["LOST", "COMPLETED"]
+    assert [x.cause for x in info.attempt_list] == ["node_failure", None]
     assert info.attempt_list[1].restored_step == info.attempt_list[0].reached_step
     assert info.preemptions == 0

@@ -38,3 +38,26 @@ def test_database_url_from_environment(tmp_path: Path, monkeypatch: pytest.Monke
     store = Store(tmp_path / "home")
     assert store.url == url and (tmp_path / "elsewhere.db").exists()
     assert not (tmp_path / "home" / "onepool.db").exists()
+
+
+def test_upgrade_from_0001_keeps_checkpoint_rows_and_fills_their_store(tmp_path: Path) -> None:
+    from alembic import command
+    from sqlalchemy import text
+
+    from broker.store import alembic_config, make_engine
+
+    eng = make_engine(f"sqlite:///{tmp_path / 'old.db'}")
+    command.upgrade(alembic_config(eng), "0001")
+    with eng.begin() as conn:
+        conn.execute(text("INSERT INTO team (name, weight, priority_allowance_gpus) VALUES ('t', 1, 8)"))
+        conn.execute(text(
+            "INSERT INTO job (id, name, experiment, team, command, env, gpus_per_node, nodes, gpu_types,"
+            " priority, spot, checkpoint_interval_s, state, submit_time, queued_at, wait_s,"
+            " cancel_requested, attempts, preemptions, checkpoint_uri) VALUES (1, 'j', 'e', 't', '[]',"
+            " '{}', 1, 1, '[]', 'low', 'allowed', 60, 'PENDING', 0, 0, 0, 0, 0, 0, 's3://b/x/t/e/1')"))
+        conn.execute(text("INSERT INTO checkpoint (job_id, step, uri, observed_at, bytes) VALUES "
+                          "(1, 4, 's3://b/x/t/e/1/step-000000000004', 5, 10)"))
+    command.upgrade(alembic_config(eng), "head")
+    with eng.connect() as conn:
+        row = conn.execute(text("SELECT store, state, step FROM checkpoint")).one()
+    assert tuple(row) == ("s3://b/x", "committed", 4)

@@ -1,0 +1,136 @@
+"""The broker's index of checkpoints (the Checkpoint table), kept in step with object storage.
+
+Object storage is the truth; this index remembers what the broker saw and when, on the
+broker's clock: a step's `observed_at` is when a commit (or a step folder without a
+manifest) was first seen, which is what lost-work, restart-overhead and retention timing
+are measured against. One row per (job, store, step): a checkpoint copied to another
+store is a second row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlmodel import Session, col, select
+
+from broker.checkpoints import CheckpointStore, Manifest, job_prefix, store_root_of
+from broker.model import Attempt, AttemptState, Checkpoint, CheckpointState, Job
+from broker.spec import ClusterConfig
+from pricing.egress import Location, provider_of
+
+LIVED = (CheckpointState.COMMITTED, CheckpointState.DAMAGED, CheckpointState.DELETED)
+"""States of a row that was a committed checkpoint at some point."""
+
+
+def default_store_root(config: ClusterConfig, home: Path) -> str:
+    """The broker-wide store: `broker.checkpoint_store`, else a folder in the broker home."""
+    return config.broker.checkpoint_store or f"file://{home / 'checkpoints'}"
+
+
+def pool_store_root(config: ClusterConfig, pool: str, home: Path) -> str:
+    """Where attempts in `pool` write: the pool's `store`, else the broker-wide store."""
+    return config.pool(pool).store or default_store_root(config, home)
+
+
+def locate(config: ClusterConfig, store_root: str) -> Location:
+    """A store's provider (from its scheme) and region (of the pools that name it, if one)."""
+    regions = {p.region for p in config.pools if p.store == store_root}
+    return Location(provider_of(store_root), regions.pop() if len(regions) == 1 else None)
+
+
+def attempt_prefix(job: Job, a: Attempt) -> str:
+    return a.checkpoint_uri or job.checkpoint_uri
+
+
+def job_prefixes(s: Session, job: Job) -> list[str]:
+    """Every prefix that may hold the job's checkpoints: its current one, its attempts' and
+    every store its indexed checkpoints lived in (current first, then as first used)."""
+    out = [job.checkpoint_uri]
+    for a in s.exec(select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number)):
+        out.append(attempt_prefix(job, a))
+    for root in s.exec(select(Checkpoint.store).where(Checkpoint.job_id == job.id,
+                                                       col(Checkpoint.state).in_(LIVED))):
+        out.append(job_prefix(root, job.team, job.experiment, job.id))
+    return list(dict.fromkeys(p for p in out if p))
+
+
+def refresh_attempt(s: Session, job: Job, a: Attempt, now: float) -> list[Manifest]:
+    """Index what the attempt's store holds now; returns the newly committed manifests.
+
+    New commits whose manifest names this attempt (or no attempt) advance the attempt's and
+    the job's newest step and last-checkpoint time. A step folder without a manifest gets a
+    PARTIAL row stamped with when it was first seen. The attempt's first new step (its
+    progress marker, or its first new commit) sets its restart overhead.
+    """
+    prefix = attempt_prefix(job, a)
+    root = store_root_of(prefix)
+    st = CheckpointStore(prefix)
+    known = {r.step: r for r in s.exec(select(Checkpoint).where(
+        Checkpoint.job_id == job.id, Checkpoint.store == root))}
+    new: list[Manifest] = []
+    for step in st.steps():
+        row = known.get(step)
+        if row is not None and row.state != CheckpointState.PARTIAL:
+            continue
+        m = st.manifest(step)
+        if m is None:
+            if row is None:
+                s.add(Checkpoint(job_id=job.id, step=step, uri=st.step_uri(step), observed_at=now,
+                                 store=root, state=CheckpointState.PARTIAL))
+            continue
+        row = row or Checkpoint(job_id=job.id, step=step, uri=m.uri, observed_at=now, store=root)
+        mine = m.attempt in (None, a.number)
+        row.state, row.observed_at, row.written_at, row.bytes = (
+            CheckpointState.COMMITTED, now, m.time, m.bytes)
+        row.attempt_id, row.copied_from = (a.id if mine else None), m.copied_from
+        s.add(row)
+        new.append(m)
+    mine_steps = [m.step for m in new if m.attempt in (None, a.number) and m.copied_from is None]
+    if mine_steps:
+        a.reached_step = max([*mine_steps, a.reached_step if a.reached_step is not None else -1])
+        a.last_checkpoint_at = now
+        job.last_step, job.last_checkpoint_at = a.reached_step, now
+    if a.first_step_at is None and (mine_steps or _marked(st, a)):
+        a.first_step_at = now
+        a.restart_overhead_s = now - a.started_at
+    s.add(a)
+    s.add(job)
+    return new
+
+
+def _marked(st: CheckpointStore, a: Attempt) -> bool:
+    return a.state != AttemptState.LAUNCHING and st.progress(a.number) is not None
+
+
+def record_copy(s: Session, job: Job, a: Attempt, m: Manifest, root: str, now: float) -> None:
+    """Index a checkpoint the broker copied into `root` for attempt `a`."""
+    row = s.exec(select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.store == root,
+                                          Checkpoint.step == m.step)).first()
+    row = row or Checkpoint(job_id=job.id, step=m.step, uri=m.uri, observed_at=now, store=root)
+    row.state, row.written_at, row.bytes, row.copied_from = (
+        CheckpointState.COMMITTED, m.time, m.bytes, m.copied_from)
+    row.attempt_id, row.uri = a.id, m.uri
+    s.add(row)
+
+
+def mark_damaged(s: Session, job_id: int, root: str, step: int) -> None:
+    row = s.exec(select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.store == root,
+                                          Checkpoint.step == step)).first()
+    if row is not None and row.state == CheckpointState.COMMITTED:
+        row.state = CheckpointState.DAMAGED
+        s.add(row)
+
+
+def stores_of(s: Session, job_ids: list[int]) -> dict[int, list[str]]:
+    """Per job, the distinct store roots its committed checkpoints lived in, first used first."""
+    out: dict[int, list[str]] = {}
+    if not job_ids:
+        return out
+    rows = s.exec(select(Checkpoint.job_id, Checkpoint.store)
+                  .where(col(Checkpoint.job_id).in_(job_ids), col(Checkpoint.state).in_(LIVED))
+                  .order_by(Checkpoint.observed_at, Checkpoint.id)).all()
+    for job_id, root in rows:
+        lst = out.setdefault(job_id, [])
+        if root not in lst:
+            lst.append(root)
+    return out

@@ -1,0 +1,50 @@
+"""The demo's SIMULATED S3 bucket: moto's S3 server on 127.0.0.1, inside the demo process.
+
+Nothing leaves this machine. The broker and the jobs reach it through the real S3 protocol
+(s3fs/botocore), pointed at it by the standard AWS environment variables, which this sets
+for the processes the demo starts: AWS_ENDPOINT_URL_S3 and throwaway credentials.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from broker.errors import OnepoolError
+
+BUCKET = "onepool-demo"
+ENV = {"AWS_ACCESS_KEY_ID": "simulated", "AWS_SECRET_ACCESS_KEY": "simulated",
+       "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@contextmanager
+def simulated_s3() -> Iterator[str]:
+    """Start the server, create the bucket, set the environment; yields the endpoint URL.
+    Raises OnepoolError if moto is not installed."""
+    try:
+        from moto.server import ThreadedMotoServer
+    except ImportError:
+        raise OnepoolError("the demo's simulated S3 needs moto: pip install -e '.[dev]' "
+                           "(make demo does this)") from None
+    import fsspec
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    saved = {k: os.environ.get(k) for k in [*ENV, "AWS_ENDPOINT_URL_S3"]}
+    os.environ.update({**ENV, "AWS_ENDPOINT_URL_S3": endpoint})
+    try:
+        fs, _ = fsspec.core.url_to_fs(f"s3://{BUCKET}")
+        fs.mkdir(BUCKET)
+        yield endpoint
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()

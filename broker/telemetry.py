@@ -1,0 +1,87 @@
+"""The ledger of lost work: why each attempt ended, what it lost, and who caused it.
+
+Per attempt (columns of Attempt, set by the engine):
+
+- `cause`: why it ended, if it did not complete: `preempted_by=<job id>`,
+  `spot_interruption` (or the cause an interruption notice named), `node_failure` (its
+  processes vanished), `budget`, `cancelled`, or `failed`.
+- `lost_gpu_s`: GPU-seconds of work lost: (end - its last committed checkpoint seen, or its
+  start if it saved none) x its GPUs, on the broker's clock.
+- `restart_overhead_s`: from its start to its first new step (the runtime's progress
+  marker, or its first new checkpoint, whichever the broker saw first).
+- `restore_bytes`, `egress_bytes`, `egress_usd`: the checkpoint it resumed from, and what
+  was copied across stores for it.
+
+The lost GPU-seconds of a preemption are charged to the preempting job and its team:
+`lost_work(s, by="team")` answers "whose urgent work cost how many GPU-hours of others' work".
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Literal
+
+from sqlmodel import Session, col, select
+
+from broker.model import Attempt, EndReason, Job
+from broker.views import LostWorkRow
+
+By = Literal["team", "job", "cause"]
+
+
+def cause_of(a: Attempt, reason: EndReason) -> str | None:
+    """Why an attempt ended (None: it completed)."""
+    if reason == EndReason.COMPLETED:
+        return None
+    if reason == EndReason.PREEMPTED:
+        return f"preempted_by={a.preempted_by}"
+    if reason == EndReason.INTERRUPTED:
+        return a.cause or "spot_interruption"
+    if reason == EndReason.LOST:
+        return a.cause or "node_failure"
+    if reason == EndReason.CANCELLED:
+        return "cancelled"
+    return "budget" if a.stop_reason == "budget" else "failed"
+
+
+def cause_kind(cause: str | None) -> str:
+    """The cause without its argument: `preempted_by=7` -> `preempted`."""
+    if cause is None:
+        return "completed"
+    return "preempted" if cause.startswith("preempted_by=") else cause
+
+
+def lost_work(s: Session, by: By = "team") -> list[LostWorkRow]:
+    """Lost GPU-hours, most first.
+
+    by="team" / "job": the work lost to preemptions, charged to the preempting team / job.
+    by="cause": every attempt's lost work by cause kind (preempted, spot_interruption, ...).
+    """
+    if by not in ("team", "job", "cause"):
+        raise ValueError(f"by must be one of team, job, cause (got {by!r})")
+    acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    victims: dict[str, set[int]] = defaultdict(set)
+    if by == "cause":
+        rows = s.exec(select(Attempt).where(col(Attempt.cause).is_not(None))).all()
+        keyed = [(cause_kind(a.cause), a) for a in rows]
+    else:
+        rows2 = s.exec(select(Attempt, Job).join(Job, Job.id == Attempt.preempted_by)
+                       .where(Attempt.end_reason == EndReason.PREEMPTED)).all()
+        keyed = [(j.team if by == "team" else str(j.id), a) for a, j in rows2]
+    for key, a in keyed:
+        acc[key][0] += a.lost_gpu_s
+        acc[key][1] += 1
+        victims[key].add(a.job_id)
+    out = [LostWorkRow(key=k, lost_gpu_s=v[0], lost_gpu_hours=v[0] / 3600.0, attempts=int(v[1]),
+                       victims=sorted(victims[k])) for k, v in acc.items()]
+    return sorted(out, key=lambda r: (-r.lost_gpu_s, r.key))
+
+
+def caused_lost_gpu_s(s: Session, job_ids: list[int]) -> dict[int, float]:
+    """Per job: the GPU-seconds other jobs lost because it preempted them."""
+    out: dict[int, float] = defaultdict(float)
+    if job_ids:
+        for by, lost in s.exec(select(Attempt.preempted_by, Attempt.lost_gpu_s).where(
+                col(Attempt.preempted_by).in_(job_ids), Attempt.end_reason == EndReason.PREEMPTED)):
+            out[by] += lost
+    return dict(out)

@@ -1,0 +1,116 @@
+"""Copy a committed checkpoint from one store to another, verified, with retries.
+
+`copy_checkpoint(src, manifest, dst)` promises: when it returns, `dst` holds the same step,
+committed with the same files, and every file there matches the source manifest's size and
+sha256 (read back after the copy). Files go server-side when both stores are one
+filesystem (S3 to S3, GCS to GCS, disk to disk), else streamed through this process in
+1 MiB chunks, hashing on the way so a damaged source is caught without a second read.
+Transient failures (OSError: resets, timeouts, throttling) are retried per file with
+exponential backoff (tenacity). The destination manifest is committed last, with the
+checkpoints module's protocol, so a copy cut off midway is just an uncommitted folder.
+
+Raises SourceDamaged (the source does not match its manifest: fall back to an older
+checkpoint) or CopyFailed (the destination could not be written or verified after the
+retries; the destination folder is removed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from broker.checkpoints import CHUNK, CheckpointStore, FileEntry, Manifest
+from broker.errors import CheckpointError
+
+log = logging.getLogger("onepool.transfer")
+TRIES = 4
+
+
+class SourceDamaged(CheckpointError):
+    """The source checkpoint does not match its manifest: use an older one."""
+
+
+class CopyFailed(CheckpointError):
+    """The copy could not be completed or verified; the destination holds no such step."""
+
+
+@dataclass(frozen=True)
+class CopyResult:
+    step: int
+    bytes: int  # bytes that crossed between the stores (0: the step was there already)
+    server_side: bool
+    manifest: Manifest
+
+
+def same_filesystem(a: CheckpointStore, b: CheckpointStore) -> bool:
+    """Whether one filesystem object reaches both stores (so it can copy server-side)."""
+    return a.fs is b.fs
+
+
+def copy_checkpoint(src: CheckpointStore, m: Manifest, dst: CheckpointStore, *, now: float,
+                    tries: int = TRIES) -> CopyResult:
+    """Copy step `m.step` from `src` to `dst` (see the module docstring)."""
+    there = dst.manifest(m.step)
+    if there is not None:
+        if there.files == m.files and not dst.verify(there):
+            return CopyResult(m.step, 0, False, there)
+        log.info("step %s at %s is damaged or differs; replacing it", m.step, dst.uri)
+    dst.delete(m.step)  # a partial or damaged earlier copy: start clean
+    server_side = same_filesystem(src, dst)
+    copy_one = _retrying(tries)(_server_copy if server_side else _stream_copy)
+    try:
+        for name, entry in sorted(m.files.items()):
+            copy_one(src, dst, m.step, name, entry)
+        out = dst.commit(m.step, m.files, now=now, job_id=m.job_id, attempt=m.attempt,
+                         written_by=m.written_by, world_size=m.world_size, copied_from=m.uri)
+        problems = dst.verify(out)
+    except SourceDamaged:
+        dst.delete(m.step)
+        raise
+    except (OSError, CheckpointError) as e:
+        dst.delete(m.step)
+        raise CopyFailed(f"copying step {m.step} from {src.uri} to {dst.uri} failed after "
+                         f"{tries} tries: {e}") from e
+    if problems:
+        dst.delete(m.step)
+        cls = SourceDamaged if server_side else CopyFailed
+        raise cls(f"step {m.step} copied from {src.uri} does not verify at {dst.uri}: "
+                  + "; ".join(problems))
+    return CopyResult(m.step, m.bytes, server_side, out)
+
+
+def _retrying(tries: int):  # type: ignore[no-untyped-def]
+    return retry(retry=retry_if_exception_type(OSError), stop=stop_after_attempt(tries),
+                 wait=wait_exponential(multiplier=0.05, max=2.0), reraise=True)
+
+
+def _server_copy(src: CheckpointStore, dst: CheckpointStore, step: int, name: str,
+                 entry: FileEntry) -> None:
+    target = dst.step_path(step, name)
+    dst.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+    try:
+        dst.fs.copy(src.step_path(step, name), target)
+    except FileNotFoundError:
+        raise SourceDamaged(f"step {step}: {name} is missing at {src.uri}") from None
+
+
+def _stream_copy(src: CheckpointStore, dst: CheckpointStore, step: int, name: str,
+                 entry: FileEntry) -> None:
+    h = hashlib.sha256()
+    size = 0
+    target = dst.step_path(step, name)
+    dst.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+    try:
+        with src.fs.open(src.step_path(step, name), "rb") as r, dst.fs.open(target, "wb") as w:
+            while chunk := r.read(CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+                w.write(chunk)
+    except FileNotFoundError:
+        raise SourceDamaged(f"step {step}: {name} is missing at {src.uri}") from None
+    if size != entry.size or h.hexdigest() != entry.sha256:
+        raise SourceDamaged(f"step {step}: {name} at {src.uri} does not match its manifest "
+                            f"({size} bytes, expected {entry.size})")
