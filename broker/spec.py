@@ -213,22 +213,32 @@ def parse_config(data: Any, source: str = "onepool.yaml") -> ClusterConfig:
     """Validate a config mapping. Raises SpecError naming every bad field."""
     if not isinstance(data, dict):
         raise SpecError(source, ["(root): must be a mapping with 'pools' and 'teams'"])
+    return validate(ClusterConfig, data, source)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The parsed content of a YAML file. Raises SpecError naming the file when it cannot be
+    read or is not valid YAML."""
+    p = Path(path)
     try:
-        return ClusterConfig.model_validate(data)
+        return yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise SpecError(str(p), [f"cannot read the file: {e.strerror}"]) from None
+    except yaml.YAMLError as e:
+        raise SpecError(str(p), [f"not valid YAML: {e}"]) from None
+
+
+def validate(model: type[BaseModel], data: Any, source: str) -> Any:
+    """model.model_validate(data), with errors as a SpecError naming every bad field."""
+    try:
+        return model.model_validate(data)
     except ValidationError as e:
         raise SpecError(source, _format(e)) from None
 
 
 def load_config(path: str | Path) -> ClusterConfig:
     """Read and validate an onepool.yaml file. Raises SpecError (bad content or unreadable file)."""
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise SpecError(str(p), [f"cannot read the file: {e.strerror}"]) from None
-    except yaml.YAMLError as e:
-        raise SpecError(str(p), [f"not valid YAML: {e}"]) from None
-    return parse_config(data, str(p))
+    return parse_config(read_yaml(path), str(path))
 
 
 def parse_job(data: Any, config: ClusterConfig | None = None, source: str = "job") -> JobSpec:

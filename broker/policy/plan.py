@@ -5,9 +5,11 @@ The live engine and the trace simulator both call this; only their IO differs.
 The cycle, step by step:
 1. Free GPUs per node = capacity minus what running attempts hold (stopping ones still hold
    theirs until they exit).
-2. Effective class (anti-capture): per team, high/urgent GPUs beyond the team's allowance are
-   scheduled as normal. Running attempts keep their class oldest first; pending jobs take
-   what allowance is left, in queue order.
+2. Effective class: aging first (with `promote_after_s`, a job that has waited that long
+   since submission is scheduled one class higher, never above high), then anti-capture:
+   per team, high/urgent GPUs beyond the team's allowance are scheduled as normal. Running
+   attempts keep their class oldest first; pending jobs take what allowance is left, in
+   queue order.
 3. Queue order: effective class (urgent first), then the team's decayed usage divided by its
    fair-share weight (lighter users first), then submit time (a requeued job keeps its
    original one), then job id.
@@ -52,6 +54,7 @@ from broker.policy.victims import VictimKey, lost_gpu_s, pick_nodes, victim_key
 from broker.spec import Priority, market_ok
 
 NORMAL_RANK = Priority.NORMAL.rank
+HIGH_RANK = Priority.HIGH.rank
 NO_ROOM = "no free GPUs of an acceptable type"
 PRIORITY_RANKS = (Priority.HIGH.rank, Priority.URGENT.rank)
 
@@ -100,8 +103,9 @@ class _Planner:
         self.priority_used: dict[str, int] = defaultdict(int)
         # Demotions only change decisions for pending high/urgent work (the only work that
         # could preempt a demoted job, or be demoted itself): skip the scan otherwise.
-        if not self.cfg.anti_capture or not any(j.priority.rank in PRIORITY_RANKS
-                                                for j in self.s.pending):
+        aging = self.cfg.promote_after_s is not None  # may lift normal work to high
+        if not self.cfg.anti_capture or not (aging or any(j.priority.rank in PRIORITY_RANKS
+                                                          for j in self.s.pending)):
             return demoted
         prio = sorted((r for r in self.s.running if r.priority.rank in PRIORITY_RANKS),
                       key=lambda r: (r.started_at, r.attempt_id))
@@ -157,6 +161,11 @@ class _Planner:
             return [(e[2].priority.rank, e[2]) for e in fifo]
         share = {t: self._share(t) for t in {j.team for j in pend}}
         keyed = [(-j.priority.rank, share[j.team], j.submit_time, j.job_id, j) for j in pend]
+        age = self.cfg.promote_after_s
+        if age is not None:  # aging: one class up after waiting `age` (never above high)
+            cut, gangs = self.now - age, self.cfg.promote_gangs_only
+            keyed = [(max(k[0] - 1, -HIGH_RANK), *k[1:]) if k[0] > -HIGH_RANK and k[2] <= cut
+                     and (not gangs or k[4].nodes > 1) else k for k in keyed]
         keyed.sort()
         if not self.cfg.anti_capture:
             return [(-e[0], e[4]) for e in keyed]

@@ -134,6 +134,9 @@ class PolicyConfig:
     - gpu_hour_value_usd: what a GPU-hour of lost work is worth (preempt-or-buy)
     - wait_value_usd_per_gpu_hour: what an hour of waiting costs a high/urgent job, per GPU
     - rent_horizon_s: how long a rental is assumed to last when a job has no expected duration
+    - promote_after_s: aging; a job waiting this long since submission is scheduled one class
+      higher (never above high; anti-capture still applies). None: off
+    - promote_gangs_only: age only multi-node jobs (the ones backfill starves)
     """
 
     classes: bool = True
@@ -152,6 +155,8 @@ class PolicyConfig:
     wait_value_usd_per_gpu_hour: float = 20.0
     rent_horizon_s: float = 3600.0
     grace_s: float = 60.0
+    promote_after_s: float | None = None
+    promote_gangs_only: bool = True
 
 
 @dataclass(frozen=True, slots=True)

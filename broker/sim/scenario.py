@@ -18,16 +18,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from broker.errors import SpecError
-from broker.spec import (
-    Market,
-    Priority,
-    SpotPolicy,
-    _format,  # the one formatter of validation errors
-)
+from broker.spec import Market, Priority, SpotPolicy, read_yaml, validate
 
 
 class _S(BaseModel):
@@ -126,18 +119,8 @@ class Scenario(_S):
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario YAML. Raises SpecError naming the bad fields."""
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise SpecError(str(p), [f"cannot read the scenario: {e.strerror}"]) from None
-    except yaml.YAMLError as e:
-        raise SpecError(str(p), [f"not valid YAML: {e}"]) from None
-    try:
-        return Scenario.model_validate(data)
-    except ValidationError as e:
-        raise SpecError(str(p), _format(e)) from None
+    """Read and validate a scenario YAML. Raises SpecError naming the file and bad fields."""
+    return validate(Scenario, read_yaml(path), str(path))
 
 
 def unit_hash(seed: int, salt: str, key: str) -> float:

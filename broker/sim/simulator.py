@@ -23,11 +23,10 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from operator import attrgetter
 
 from broker.policy import (
-    NodeView,
     PendingView,
     Placement,
     PoolView,
@@ -39,108 +38,12 @@ from broker.policy import (
 from broker.sim.metrics import Recorder
 from broker.sim.policies import SimPolicy
 from broker.sim.scenario import Scenario, pick_band, unit_hash
+from broker.sim.state import SimAttempt, SimJob, SimNode, SimPool
 from broker.sim.trace import TraceJob
 from broker.spec import Market, Priority, SpotPolicy
 
 ARRIVE, FINISH, EXIT, READY, INTERRUPT, REMOVE, CYCLE = range(7)
 _VIEW = attrgetter("view")
-
-
-@dataclass
-class SimJob:
-    trace: TraceJob
-    jid: int
-    team: str
-    cls: Priority
-    types: tuple[str, ...]
-    spot: SpotPolicy
-    budget: float | None
-    remaining: float
-    queued_at: float
-    wait: float = 0.0
-    attempts: int = 0
-    preemptions: int = 0
-    first_start: float | None = None
-    done_at: float | None = None
-    last_cause: str | None = None  # what ended its previous attempt
-
-
-@dataclass
-class SimAttempt:
-    job: SimJob
-    view: RunningView
-    pool: str
-    progress_start: float
-    finish_at: float
-    stop_at: float | None = None  # signal/notice time
-    saved_at_stop: float | None = None  # progress kept, when known at the signal
-    cause: str | None = None
-
-
-@dataclass
-class SimNode:
-    id: str
-    gpus: int
-    used: int = 0
-    idle_since: float | None = None
-    launched_at: float = 0.0
-    view: NodeView | None = None
-
-    def refresh(self) -> None:
-        self.view = NodeView(self.id, self.gpus, self.idle_since, self.used)
-
-
-@dataclass
-class SimPool:
-    name: str
-    gpu_type: str
-    gpus_per_node: int
-    market: Market
-    rented: bool
-    price_per_node_hour: float = 0.0
-    on_demand_per_node_hour: float = 0.0
-    max_nodes: int | None = None
-    launch_latency_s: float = 0.0
-    interruption_rate_per_h: float = 0.0
-    idle_timeout_s: float = 600.0
-    teams: frozenset[str] | None = None
-    nodes: dict[str, SimNode] = field(default_factory=dict)
-    launching: list[tuple[int, int]] = field(default_factory=list)
-    view: PoolView | None = None  # cached while nothing changes
-    hist: list[int] = field(default_factory=list)  # nodes by free GPU count
-    free_total: int = 0
-
-    def __post_init__(self) -> None:
-        self.hist = [0] * (self.gpus_per_node + 1)
-
-    def add_node(self, node: SimNode) -> None:
-        node.refresh()
-        self.nodes[node.id] = node
-        self.hist[node.gpus - node.used] += 1
-        self.free_total += node.gpus - node.used
-        self.view = None
-
-    def drop_node(self, node_id: str) -> SimNode | None:
-        node = self.nodes.pop(node_id, None)
-        if node is not None:
-            self.hist[node.gpus - node.used] -= 1
-            self.free_total -= node.gpus - node.used
-            self.view = None
-        return node
-
-    def use(self, node: SimNode, delta: int, now: float) -> None:
-        """Change a node's used GPUs; keeps the histogram, totals and views current."""
-        self.hist[node.gpus - node.used] -= 1
-        node.used += delta
-        self.hist[node.gpus - node.used] += 1
-        self.free_total -= delta
-        node.idle_since = now if (node.used == 0 and self.rented) else None
-        node.refresh()
-        self.view = None
-
-    def fits(self, g: int, n: int) -> bool:
-        """At least n nodes with g or more free GPUs."""
-        return g <= self.gpus_per_node and sum(self.hist[g:]) >= n
 
 
 class Simulator:
@@ -398,7 +301,10 @@ class Simulator:
             return True
         if not self.cfg.preemption or not running:
             return False
-        return max(self.pend_ranks) > min(self.run_ranks)
+        top = max(self.pend_ranks)
+        if self.cfg.promote_after_s is not None:
+            top = max(top, min(top + 1, Priority.HIGH.rank))  # aging may lift one class
+        return top > min(self.run_ranks)
 
     def _pool_view(self, p: SimPool) -> PoolView:
         if p.view is None:

@@ -111,3 +111,39 @@ def test_placement_carries_the_class():
     p = plan(snap(pending=[job(1, prio="urgent"), job(2, prio="low")]))
     assert [(pl.job_id, pl.priority) for pl in p.placements] == [
         (1, Priority.URGENT), (2, Priority.LOW)]
+
+
+# Aging: NOW is 1000; a job submitted at or before NOW - promote_after_s moves one class up.
+AGING = [
+    # (job 1 low gang submitted at t, job 2 normal single submitted at 500, gangs_only, first)
+    pytest.param(0.0, True, [1, 2], id="old-low-gang-promoted-ahead-of-newer-normal"),
+    pytest.param(600.0, True, [2, 1], id="not-waited-long-enough"),
+    pytest.param(0.0, False, [1, 2], id="all-jobs-aging"),
+]
+
+
+@pytest.mark.parametrize(("submit", "gangs_only", "order"), AGING)
+def test_aging_promotes_one_class(submit, gangs_only, order):
+    s = snap([pool("a", nodes=4)],
+             pending=[job(1, prio="low", gpus=8, nodes=2, submit=submit),
+                      job(2, prio="normal", gpus=8, submit=500)],
+             promote_after_s=900, promote_gangs_only=gangs_only)
+    assert placed_order(plan(s)) == order
+
+
+def test_aging_never_lifts_above_high_and_single_jobs_wait_when_gangs_only():
+    s = snap([pool("a", nodes=1)],
+             pending=[job(1, prio="high", gpus=8, submit=0), job(2, prio="low", gpus=8, submit=0),
+                      job(3, prio="urgent", gpus=8, submit=900)],
+             promote_after_s=100, promote_gangs_only=False)
+    assert placed_order(plan(s)) == [3]  # high stays behind urgent: aging stops at high
+
+
+def test_aged_gang_can_preempt_low_work():
+    s = snap([pool("a", nodes=2)],
+             running=[running(10, 110, prio="low", alloc={"a-0": 8}),
+                      running(11, 111, prio="low", alloc={"a-1": 8})],
+             pending=[job(1, prio="low", gpus=8, nodes=2, submit=0)],
+             promote_after_s=900)
+    p = plan(s)
+    assert {pre.attempt_id for pre in p.preemptions} == {10, 11}

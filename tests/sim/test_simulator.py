@@ -147,5 +147,5 @@ def test_unknown_policy_and_override_are_refused():
     sc = scenario()
     with pytest.raises(SpecError, match="allowed: partitioned, fifo"):
         resolve(["best"], 60, 180, {})
-    with pytest.raises(SpecError, match="policy.fifo.nonsense"):
+    with pytest.raises(SpecError, match=r"policy\.fifo\.nonsense"):
         resolve(["fifo"], sc.grace_s, sc.restart_overhead_s, {"fifo": {"nonsense": 1}})
