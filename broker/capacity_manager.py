@@ -164,7 +164,7 @@ class CapacityManager:
                 n.state = NodeState.DRAINING
                 s.add(n)
                 record(s, now, "interruption_notice", f"{it.kind} for node {n.id} "
-                       f"({it.instance_id}): draining", pool=pool, node=n.id, kind=it.kind)
+                       f"({it.instance_id}): draining", pool=pool, node=n.id, notice=it.kind)
                 attempts = self._attempts_on(s, n.id)
             for a in attempts:
                 self.engine.interrupt(a.id, it.kind)
@@ -353,8 +353,8 @@ class CapacityManager:
     def shutdown(self, now: float) -> None:
         """Terminate every rented node this broker holds (tests, `onepool` teardown)."""
         with self.engine.store.session() as s:
-            ids = [n.id for n in s.exec(select(Node).where(col(Node.pool).in_(list(self.pools)),
-                                                           col(Node.state).in_([*ALIVE, NodeState.TERMINATING])))]
+            ids = [n.id for n in s.exec(select(Node).where(
+                col(Node.pool).in_(list(self.pools)), col(Node.state).in_([*ALIVE, NodeState.TERMINATING])))]
         for nid in ids:
             self._terminate_node(nid, now, "shutdown")
 

@@ -10,7 +10,8 @@ import pytest
 from providers.local_nodes import LocalNodes
 from tests.providers.harness import Harness, failing
 
-AWS_ERRORS = {"capacity": ("InsufficientInstanceCapacity", 500), "quota": ("MaxSpotInstanceCountExceeded", 400),
+AWS_ERRORS = {"capacity": ("InsufficientInstanceCapacity", 500),
+              "quota": ("MaxSpotInstanceCountExceeded", 400),
               "throttle": ("RequestLimitExceeded", 503), "fatal": ("AuthFailure", 401)}
 
 
