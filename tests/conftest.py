@@ -20,7 +20,8 @@ from broker.spec import parse_config
 os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")  # fast EC2 mocks; AMI ids are made up
 os.environ.setdefault("ONEPOOL_PROVIDER_RETRY_MAX_S", "0.05")  # retries back off briefly in tests
 
-pytest_plugins = ["tests.cloud_stores", "tests.providers.gcp_fake"]  # S3 / GCS on 127.0.0.1: s3_bucket, gcs_bucket, backend, ...
+# S3 / GCS on 127.0.0.1 (s3_bucket, gcs_bucket, backend, ...); the Compute REST fake (gcp_fake)
+pytest_plugins = ["tests.cloud_stores", "tests.providers.gcp_fake"]
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train_numpy.py"

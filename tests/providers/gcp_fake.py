@@ -62,9 +62,8 @@ class Handler(BaseHTTPRequestHandler):
         q = parse_qs(u.query)
         st = self.state
         with st.lock:
-            if m := re.fullmatch(BASE + r"/zones/(?P<z>[^/]+)/instances", u.path):
-                if method == "POST":
-                    return self._insert(m["z"], q.get("requestId", [""])[0])
+            if (m := re.fullmatch(BASE + r"/zones/(?P<z>[^/]+)/instances", u.path)) and method == "POST":
+                return self._insert(m["z"], q.get("requestId", [""])[0])
             if m := re.fullmatch(BASE + r"/zones/(?P<z>[^/]+)/instances/(?P<n>[^/]+)", u.path):
                 inst = st.instances.get(m["n"])
                 if inst is None:
