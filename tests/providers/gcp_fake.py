@@ -119,7 +119,7 @@ def gcp_fake() -> Iterator[tuple[str, State]]:
     state = State()
     handler = type("H", (Handler,), {"state": state})
     srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     t.start()
     try:
         yield f"http://127.0.0.1:{srv.server_address[1]}", state
