@@ -35,6 +35,8 @@ def apply_config(s: Session, cfg: ClusterConfig) -> None:
         row.market, row.active = p.market.value, True
         s.add(row)
         s.flush()
+        if p.rented:  # rented nodes are launched and ended by broker.capacity_manager
+            continue
         for i in range(max(p.nodes, _node_count(s, p.name))):
             nid = f"{p.name}-{i}"
             node = s.get(Node, nid) or Node(id=nid, pool=p.name, gpus=p.gpus_per_node)

@@ -11,6 +11,12 @@ see broker.demo_s3), the L4 pool in a local folder. The victims resume on the L4
 it frees up, so the broker copies their newest checkpoint out of "S3", verifies it, and
 charges them AWS's egress price for the bytes.
 
+A fifth low-priority job finds every local GPU taken: after `cloud_after_wait_s` the broker
+RENTS an AWS spot node for it (a g5.12xlarge in a SIMULATED EC2: the same moto server, real
+boto3 calls: run_instances with a ClientToken, tags, spot market options), the job runs there
+(as a local process: this machine stands in for the rented host, which is only the capacity
+and billing object), and the idle node is terminated afterwards.
+
 The broker runs as its own process (`onepool broker`), exactly as in production.
 """
 
@@ -44,13 +50,17 @@ DEMO_CONFIG: dict[str, Any] = {
          "store": f"s3://{BUCKET}/checkpoints"},  # SIMULATED S3 (moto on 127.0.0.1)
         {"name": "l4", "provider": "local", "gpu_type": "L4", "gpus_per_node": 4, "nodes": 1,
          "price_per_node_hour": 3.2},
+        # SIMULATED EC2 (moto on 127.0.0.1): price and interruption rate from pricing/data.
+        {"name": "aws-spot", "provider": "aws", "gpu_type": "A10G", "gpus_per_node": 4, "nodes": 0,
+         "max_nodes": 2, "market": "spot", "region": "us-east-1", "instance_type": "g5.12xlarge",
+         "image": "ami-0demo0000000000", "launch_latency_s": 0, "idle_timeout_s": 2},
     ],
     "teams": [
         {"name": "research", "weight": 1.0, "priority_allowance_gpus": 0},
         {"name": "prod", "weight": 1.0, "priority_allowance_gpus": 4},
     ],
     "broker": {"cycle_s": 0.5, "grace_s": 10, "min_run_s": 20, "keep_checkpoints": 3,
-               "checkpoint_delete_delay_s": 5},
+               "checkpoint_delete_delay_s": 5, "cloud_after_wait_s": 2},
 }
 
 
@@ -83,6 +93,9 @@ def run_demo(home: str | os.PathLike[str] | None, *, timeout: float = 180,
         out = _run(h, say, timeout)
     out["simulated_s3"] = {"bucket": f"s3://{BUCKET}", "endpoint": endpoint,
                            "note": "moto's S3 server on 127.0.0.1, started by the demo: simulated"}
+    out["simulated_ec2"] = {"pool": "aws-spot", "endpoint": endpoint,
+                            "note": "moto's EC2 on 127.0.0.1, started by the demo: simulated; "
+                                    "jobs routed there ran as local processes"}
     return out
 
 
@@ -98,9 +111,10 @@ def _run(h: Path, say: Any, timeout: float) -> dict[str, Any]:
     try:
         lows = [c.submit(name=f"sweep-{i}", team="research", experiment="lr-sweep",
                          command=_train(40), gpus_per_node=2, priority="low",
-                         checkpoint_interval_s=1).id for i in range(4)]
-        say("submitted 4 low-priority jobs (2 GPUs each) to fill both pools")
-        while not all(c.get(i).last_step is not None for i in lows):
+                         checkpoint_interval_s=1).id for i in range(5)]
+        say("submitted 5 low-priority jobs (2 GPUs each): 4 fill both local pools, the 5th "
+            "will rent simulated AWS spot")
+        while not all(c.get(i).last_step is not None for i in lows[:4]):
             seen = _echo(c, seen, say)
             _check(proc, deadline)
             time.sleep(0.2)
@@ -113,7 +127,11 @@ def _run(h: Path, say: Any, timeout: float) -> dict[str, Any]:
             seen = _echo(c, seen, say)
             _check(proc, deadline)
             time.sleep(0.2)
+        while _instances_running() and time.monotonic() < deadline:  # idle spot nodes go back
+            seen = _echo(c, seen, say)
+            time.sleep(0.2)
         _echo(c, seen, say)
+        left = len(_instances_running())
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -122,13 +140,16 @@ def _run(h: Path, say: Any, timeout: float) -> dict[str, Any]:
             proc.kill()
         broker_log.close()
     jobs = [c.get(i) for i in ids]
+    market = {p.name: p.market.value for p in _config().pools}
     return {
         "home": str(h),
+        "instances_left_running": left,
         "jobs": [{"id": j.id, "name": j.name, "priority": j.priority, "status": j.status,
                   "attempts": j.attempts, "preemptions": j.preemptions,
                   "wait_s": round(j.wait_s, 2), "gpu_s": round(j.gpu_s, 1),
                   "lost_gpu_s": round(j.lost_gpu_s, 2), "resumed_from_step": j.resumed_from_step,
                   "pool": j.attempt_list[-1].pool if j.attempt_list else None,
+                  "market": market[j.attempt_list[-1].pool] if j.attempt_list else None,
                   "checkpoint_stores": j.checkpoint_stores, "egress_bytes": j.egress_bytes,
                   "egress_usd": round(j.egress_usd, 8)}
                  for j in jobs],
@@ -139,6 +160,15 @@ def _config():  # type: ignore[no-untyped-def]
     from broker.spec import parse_config
 
     return parse_config(DEMO_CONFIG, "demo config")
+
+
+def _instances_running() -> list[str]:
+    """Instances pending/running in the simulated EC2 (AWS_ENDPOINT_URL_EC2 points at it)."""
+    import boto3
+
+    resp = boto3.client("ec2", region_name="us-east-1").describe_instances(Filters=[
+        {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+    return [i["InstanceId"] for r in resp["Reservations"] for i in r["Instances"]]
 
 
 def _check(proc: subprocess.Popen[bytes], deadline: float) -> None:
@@ -153,7 +183,7 @@ def _echo(c: Client, seen: int, say: Any) -> int:
     evs = c.events()
     for e in evs[seen:]:
         if e.kind in ("started", "preempting", "preempted", "succeeded", "killed", "failed",
-                      "checkpoint_copied"):
+                      "checkpoint_copied", "node_launching", "node_terminated", "no_capacity"):
             say(f"  job {e.job_id}: {e.kind:<10} {escape(e.message)}")
     return len(evs)
 
@@ -161,17 +191,22 @@ def _echo(c: Client, seen: int, say: Any) -> int:
 def render(result: dict[str, Any], console: Console) -> None:
     t = Table(title="onepool demo: every job, after the urgent one cut in")
     for col in ("job", "class", "status", "attempts", "preempted", "queue wait s", "GPU-s",
-                "GPU-s lost", "resumed from step", "last pool", "stores", "egress $"):
-        t.add_column(col, justify="left" if col in ("job", "class", "status", "last pool")
+                "GPU-s lost", "resumed from step", "last pool", "market", "stores", "egress $"):
+        t.add_column(col, justify="left" if col in ("job", "class", "status", "last pool", "market")
                      else "right")
     for j in result["jobs"]:
         t.add_row(escape(j["name"]), j["priority"], j["status"], str(j["attempts"]), str(j["preemptions"]),
                   f"{j['wait_s']:.1f}", f"{j['gpu_s']:.0f}", f"{j['lost_gpu_s']:.1f}",
                   "-" if j["resumed_from_step"] is None else str(j["resumed_from_step"]),
-                  j["pool"] or "-", " -> ".join(u.split("://")[0] for u in j["checkpoint_stores"]),
+                  j["pool"] or "-", j["market"] or "-",
+                  " -> ".join(u.split("://")[0] for u in j["checkpoint_stores"]),
                   f"{j['egress_usd']:.6f}")
     console.print(t)
     if "simulated_s3" in result:
         sim = result["simulated_s3"]
         console.print(f"{sim['bucket']} is SIMULATED: {sim['note']} ({sim['endpoint']}, gone now)")
+    if "simulated_ec2" in result:
+        console.print(f"pool {result['simulated_ec2']['pool']} is SIMULATED: "
+                      f"{result['simulated_ec2']['note']}; instances left running: "
+                      f"{result['instances_left_running']}")
     console.print(f"state kept in {result['home']} (try: onepool --home {result['home']} status)")

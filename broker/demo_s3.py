@@ -1,8 +1,10 @@
-"""The demo's SIMULATED S3 bucket: moto's S3 server on 127.0.0.1, inside the demo process.
+"""The demo's SIMULATED AWS: moto's server on 127.0.0.1, inside the demo process: an S3
+bucket, and EC2 (+ SQS) for the demo's spot pool.
 
-Nothing leaves this machine. The broker and the jobs reach it through the real S3 protocol
-(s3fs/botocore), pointed at it by the standard AWS environment variables, which this sets
-for the processes the demo starts: AWS_ENDPOINT_URL_S3 and throwaway credentials.
+Nothing leaves this machine. The broker and the jobs reach it through the real S3 and EC2
+protocols (s3fs/boto3), pointed at it by the standard AWS environment variables, which this
+sets for the processes the demo starts: AWS_ENDPOINT_URL_S3 / _EC2 / _SQS and throwaway
+credentials.
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ def simulated_s3() -> Iterator[str]:
     import fsspec
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")  # the demo's AMI id is made up
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    saved = {k: os.environ.get(k) for k in [*ENV, "AWS_ENDPOINT_URL_S3"]}
-    os.environ.update({**ENV, "AWS_ENDPOINT_URL_S3": endpoint})
+    endpoints = {f"AWS_ENDPOINT_URL_{svc}": endpoint for svc in ("S3", "EC2", "SQS")}
+    saved = {k: os.environ.get(k) for k in [*ENV, *endpoints]}
+    os.environ.update({**ENV, **endpoints})
     try:
         fs, _ = fsspec.core.url_to_fs(f"s3://{BUCKET}")
         fs.mkdir(BUCKET)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from sqlmodel import Session, col, select
 
 from broker import ckpt_index, retention
+from broker.capacity_manager import CapacityManager
 from broker.checkpoints import job_prefix
 from broker.clock import Clock
 from broker.config_apply import applied_config
@@ -57,12 +58,15 @@ class Engine:
             self.config = applied_config(s)
         self.settings = self.config.broker
         self.executor: Executor = executor or LocalProcesses(store.home / "runs")
-        self.policy = policy or PolicyConfig(min_run_s=self.settings.min_run_s)
+        self.policy = policy or PolicyConfig(min_run_s=self.settings.min_run_s,
+                                             cloud_after_wait_s=self.settings.cloud_after_wait_s)
+        self.capacity = CapacityManager(self)  # rented pools (issue 4); providers built lazily
 
     # -- start-up ---------------------------------------------------------------------------
     def reconcile(self) -> None:
         """After a (re)start: finish half-done launches and re-send pending stop signals."""
         now = self.clock.now()
+        self.capacity.reconcile(now)  # [issue 4 hook] orphans terminated, lost nodes ended
         with self.store.session() as s:
             attempts = s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED)).all()
             for a in attempts:
@@ -93,8 +97,10 @@ class Engine:
         with self.store.session() as s:
             retention.run(s, now, keep=self.settings.keep_checkpoints,
                           delay_s=self.settings.checkpoint_delete_delay_s)
+        self.capacity.sync(now)  # [issue 4 hook] launches finished, notices acted on, idleness
         with self.store.session() as s:
             snap = build_snapshot(s, now, self.policy, self.settings.fair_share_half_life_s)
+            snap = self.capacity.extend(snap, now)  # [issue 4 hook] rented pools' growth and prices
             p = plan(snap)
             rep.plan = p
             waiting = dict(p.waiting)
@@ -106,6 +112,7 @@ class Engine:
             self._preempt(pre, now, rep)
         for pl in p.placements:
             self._launch(pl, now, rep)
+        self.capacity.apply(p, now)  # [issue 4 hook] plan.launches / plan.terminations
         return rep
 
     def _cancel_requested(self, s: Session, now: float) -> None:

@@ -70,11 +70,30 @@ class Pool(SQLModel, table=True):
     active: bool = True
 
 
+class NodeState(StrEnum):
+    LAUNCHING = "launching"  # row (and its token) written; the instance may or may not exist yet
+    UP = "up"
+    DRAINING = "draining"  # an interruption notice came: nothing new lands, it goes when empty
+    TERMINATING = "terminating"  # decided; the provider call may or may not have happened
+    TERMINATED = "terminated"
+    RETIRED = "retired"  # a static node dropped from the config
+
+
 class Node(SQLModel, table=True):
     id: str = Field(primary_key=True, max_length=128)
     pool: str = Field(foreign_key="pool.name", index=True, max_length=63)
     gpus: int
-    state: str = Field(default="up", max_length=16)  # up | retired
+    state: str = Field(default="up", max_length=16, index=True)  # see NodeState
+    # Rented nodes only (broker.capacity_manager):
+    token: str | None = Field(default=None, max_length=64)  # the idempotency token, set before launch
+    instance_id: str | None = Field(default=None, max_length=128)
+    for_job_id: int | None = None  # the job it was launched for
+    zone: str | None = Field(default=None, max_length=64)
+    launched_at: float | None = None
+    ready_at: float | None = None
+    idle_since: float | None = None
+    ended_at: float | None = None
+    end_reason: str | None = Field(default=None, max_length=32)
 
 
 class Job(SQLModel, table=True):

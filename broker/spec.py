@@ -73,6 +73,38 @@ class PoolSpec(_Strict):
     market: Market = Market.ONPREM
     price_per_node_hour: float = Field(default=0.0, ge=0.0)
     store: str | None = None  # checkpoint store URI for this pool; default: the broker's store
+    # -- rented (cloud) pools: provider aws | gcp | libcloud (issue 4; see providers.registry) --
+    max_nodes: int | None = Field(default=None, ge=1, le=10_000)  # rented pools grow up to this
+    instance_type: str | None = None  # e.g. p4d.24xlarge, a2-highgpu-1g, a libcloud size id
+    zone: str | None = None
+    image: str | None = None  # AMI / image; default: the provider's
+    launch_latency_s: float = Field(default=120.0, ge=0.0)
+    idle_timeout_s: float = Field(default=600.0, ge=0.0)  # give an idle rented node back after
+    interruption_rate_per_h: float | None = Field(default=None, ge=0.0)  # default: the catalog's
+    # A REFERENCE to credentials, never a secret: an AWS profile name, a GCP service-account
+    # file path, or for libcloud "env:VAR1,VAR2" naming environment variables holding them.
+    credentials: str | None = None
+    endpoint_url: str | None = None  # a non-default API endpoint (a local emulator, a private cloud)
+    options: dict[str, Any] = Field(default_factory=dict)  # provider-specific, see providers.registry
+
+    @model_validator(mode="after")
+    def _rented(self) -> PoolSpec:
+        if self.provider == "local":
+            if self.max_nodes is not None:
+                raise ValueError("max_nodes: only rented pools (provider aws, gcp, libcloud) grow; "
+                                 "set nodes for a local pool")
+            return self
+        if self.market == Market.ONPREM:
+            raise ValueError(f"market: a {self.provider} pool is on_demand or spot (got onprem)")
+        if self.max_nodes is None or not self.instance_type:
+            raise ValueError(f"a {self.provider} pool needs max_nodes and instance_type")
+        if self.nodes:
+            raise ValueError("nodes: must be 0 for a rented pool (the broker launches up to max_nodes)")
+        return self
+
+    @property
+    def rented(self) -> bool:
+        return self.max_nodes is not None
 
     @field_validator("provider")
     @classmethod
@@ -109,6 +141,8 @@ class BrokerSettings(_Strict):
     # Retention waits this long before deleting a checkpoint that fell out of the newest
     # `keep_checkpoints`, or a step folder that has had no manifest (an abandoned upload).
     checkpoint_delete_delay_s: float = Field(default=3600.0, ge=0.0)
+    # Non-urgent jobs wait this long in the queue before nodes are rented for them.
+    cloud_after_wait_s: float = Field(default=600.0, ge=0.0)
 
     @field_validator("checkpoint_store")
     @classmethod
@@ -273,7 +307,7 @@ def check_job_fits(spec: JobSpec, config: ClusterConfig, source: str = "job") ->
         ok_type = [p for p in config.pools if not spec.gpu_types or p.gpu_type in spec.gpu_types]
         ok_market = [p for p in ok_type if market_ok(spec.spot, p.market)]
         fits = [p for p in ok_market if p.gpus_per_node >= spec.gpus_per_node
-                and p.nodes >= spec.nodes]
+                and max(p.nodes, p.max_nodes or 0) >= spec.nodes]
         if not ok_market:
             problems.append(f"spot: no pool of an acceptable type matches spot={spec.spot.value}")
         elif not fits:

@@ -1,3 +1,3 @@
 """Capacity providers: every backend behind one small contract (see providers.base)."""
 
-KNOWN_PROVIDERS = frozenset({"local"})
+KNOWN_PROVIDERS = frozenset({"local", "aws", "gcp", "libcloud"})

@@ -11,11 +11,14 @@ An Executor runs the processes of one attempt, one per rank (node). Its contract
   a process started by a crashed broker before starting one).
 - status() tells RUNNING, EXITED (with the exit code) or LOST (gone without an exit code).
 - signal() of a process that is gone returns quietly.
+
+A Provider rents capacity (nodes) for rented pools; see `Provider` for its contract.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -59,3 +62,110 @@ class Executor(Protocol):
     def status(self, handle: Handle) -> RankStatus: ...
 
     def signal(self, handle: Handle, sig: int) -> None: ...
+
+
+# -- renting capacity -------------------------------------------------------------------------
+
+TAG_BROKER, TAG_POOL, TAG_NODE, TAG_JOB = "onepool-broker", "onepool-pool", "onepool-node", "onepool-job"
+
+
+class InstanceState(StrEnum):
+    PENDING = "pending"  # asked for, not ready yet
+    RUNNING = "running"
+    STOPPING = "stopping"  # being reclaimed or shut down
+    GONE = "gone"  # terminated, deleted, preempted: it will not come back
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One thing a provider can rent: an instance type in a region/zone and market."""
+
+    provider: str
+    region: str
+    zone: str
+    instance_type: str
+    gpu_type: str
+    gpus: int
+    market: str  # on_demand | spot
+    usd_per_hour: float | None  # per node; None: unknown (the catalog fills it)
+
+    @property
+    def usd_per_gpu_hour(self) -> float | None:
+        return None if self.usd_per_hour is None else self.usd_per_hour / self.gpus
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What the broker asks for. `token` is derived from the broker's node id, written to the
+    database BEFORE launch() is called, so a retry after a crash reuses it."""
+
+    token: str
+    broker_id: str
+    pool: str
+    node_id: str
+    job_id: int | None
+    instance_type: str
+    market: str  # on_demand | spot
+    zone: str | None = None
+    image: str | None = None
+    user_data: str = ""  # the bootstrap (see providers.bootstrap)
+
+    def tags(self) -> dict[str, str]:
+        """The tags/labels every resource carries."""
+        return {TAG_BROKER: self.broker_id, TAG_POOL: self.pool, TAG_NODE: self.node_id,
+                TAG_JOB: "" if self.job_id is None else str(self.job_id)}
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A rented node as the provider sees it."""
+
+    instance_id: str
+    state: InstanceState
+    tags: Mapping[str, str] = field(default_factory=dict)
+    zone: str | None = None
+    market: str | None = None
+
+    @property
+    def node_id(self) -> str | None:
+        return self.tags.get(TAG_NODE)
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """A notice that the provider will reclaim (or has reclaimed) an instance."""
+
+    instance_id: str
+    kind: str  # spot_interruption | rebalance | preempted
+    deadline: float | None = None  # epoch seconds when it goes, if known
+
+
+class Provider(Protocol):
+    """Rents nodes. Every implementation keeps this contract (tests/providers/ checks it):
+
+    - launch(req) is idempotent on req.token: a second call with the same token (also from
+      another broker process after a crash) returns the instance the first one created,
+      never a second instance. It returns as soon as the instance exists (maybe PENDING).
+    - every instance carries req.tags() as tags/labels (broker, pool, node and job ids).
+    - terminate(instance_id) of an instance that is gone or unknown returns quietly.
+    - poll(broker_id) lists the instances tagged with this broker that are not GONE
+      (reconcile uses it to find orphans and lost nodes).
+    - interruptions() returns new notices since the last call (may repeat one; the engine
+      is idempotent), [] if the provider has no such channel.
+    - offers() lists what it can rent, with prices when the API gives them.
+    - errors: NoCapacity (try another pool), Transient (retried inside with backoff, raised
+      only when retries ran out), Fatal (fix the config or credentials). Nothing else
+      escapes: SDK exceptions are mapped.
+    """
+
+    name: str
+
+    def offers(self) -> list[Offer]: ...
+
+    def launch(self, req: LaunchRequest) -> Instance: ...
+
+    def terminate(self, instance_id: str) -> None: ...
+
+    def poll(self, broker_id: str) -> list[Instance]: ...
+
+    def interruptions(self) -> list[Interruption]: ...

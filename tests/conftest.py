@@ -3,6 +3,7 @@ that cycles an engine until a condition holds (woken by process exits, bounded i
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -16,7 +17,11 @@ from broker.engine import Engine
 from broker.sdk import Client
 from broker.spec import parse_config
 
-pytest_plugins = ["tests.cloud_stores"]  # S3 / GCS on 127.0.0.1: s3_bucket, gcs_bucket, backend, ...
+os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")  # fast EC2 mocks; AMI ids are made up
+os.environ.setdefault("ONEPOOL_PROVIDER_RETRY_MAX_S", "0.05")  # retries back off briefly in tests
+
+# S3 / GCS on 127.0.0.1 (s3_bucket, gcs_bucket, backend, ...); the Compute REST fake (gcp_fake)
+pytest_plugins = ["tests.cloud_stores", "tests.providers.gcp_fake"]
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train_numpy.py"
@@ -71,3 +76,36 @@ def drive(engine: Engine, until: Callable[[], bool], timeout: float = 30.0,
         if advance:
             engine.clock.advance(advance)  # type: ignore[attr-defined]
         engine.executor.wait_for_change(0.05)  # type: ignore[attr-defined]
+
+
+AWS_REGION = "us-east-1"
+
+
+@pytest.fixture
+def aws_mock(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """moto's in-process AWS (EC2, SQS), throwaway credentials. Yields the region."""
+    from moto import mock_aws
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": AWS_REGION}.items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2", "AWS_ENDPOINT_URL_SQS", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    with mock_aws():
+        yield AWS_REGION
+
+
+@pytest.fixture(autouse=True)
+def _no_instance_left_in_moto(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """Every test that uses moto's EC2 must end with no instance pending or running."""
+    if "aws_mock" not in request.fixturenames:
+        yield
+        return
+    region = request.getfixturevalue("aws_mock")  # set up first, so torn down after this check
+    yield
+    import boto3
+
+    resp = boto3.client("ec2", region_name=region).describe_instances(Filters=[
+        {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}])
+    left = [i["InstanceId"] for r in resp["Reservations"] for i in r["Instances"]]
+    assert not left, f"instances left running in moto: {left}"

@@ -17,8 +17,9 @@ def test_demo_json(tmp_path: Path) -> None:
                          env=env, capture_output=True, text=True, timeout=150)
     assert out.returncode == 0, out.stderr
     jobs = {j["name"]: j for j in json.loads(out.stdout)["jobs"]}
-    assert set(jobs) == {"sweep-0", "sweep-1", "sweep-2", "sweep-3", "hotfix-eval"}
+    assert set(jobs) == {"sweep-0", "sweep-1", "sweep-2", "sweep-3", "sweep-4", "hotfix-eval"}
     fields = {"name", "priority", "status", "attempts", "preemptions", "wait_s", "lost_gpu_s",
+              "pool", "market",
               "resumed_from_step", "checkpoint_stores", "egress_bytes", "egress_usd"}
     assert all(fields <= set(j) for j in jobs.values())
     assert all(j["status"] == "SUCCEEDED" for j in jobs.values())
@@ -35,6 +36,11 @@ def test_demo_json(tmp_path: Path) -> None:
             assert j["egress_bytes"] > 1 << 20 and j["egress_usd"] > 0
     assert jobs["hotfix-eval"]["checkpoint_stores"] == ["s3://onepool-demo/checkpoints"]
     assert json.loads(out.stdout)["simulated_s3"]["endpoint"].startswith("http://127.0.0.1:")
+    # At least one low-priority job ended on (simulated) AWS spot; no instance is left running.
+    assert any(j["market"] == "spot" and j["pool"] == "aws-spot" for j in jobs.values())
+    assert jobs["hotfix-eval"]["market"] == "onprem"
+    assert json.loads(out.stdout)["simulated_ec2"]["endpoint"].startswith("http://127.0.0.1:")
+    assert json.loads(out.stdout)["instances_left_running"] == 0
     # The demo refuses to wipe a home that holds other work.
     other = tmp_path / "other"
     other.mkdir()

@@ -72,7 +72,7 @@ def without(d: dict[str, Any], *path: str | int) -> dict[str, Any]:
 BAD_CONFIGS = [
     pytest.param(cfg(pool={"market": "cloud"}), "pools.0.market",
                  ["onprem", "on_demand", "spot", "'cloud'"], id="market-unknown"),
-    pytest.param(cfg(pool={"provider": "aws"}), "pools.0.provider", ["local", "'aws'"],
+    pytest.param(cfg(pool={"provider": "azure"}), "pools.0.provider", ["local", "'azure'"],
                  id="provider-unknown"),
     pytest.param(cfg(pool={"gpus_per_node": 0}), "pools.0.gpus_per_node",
                  ["greater than or equal to 1"], id="gpus_per_node-zero"),

@@ -1,0 +1,85 @@
+"""The Provider contract (providers.base.Provider), run against every provider."""
+
+from __future__ import annotations
+
+import pytest
+
+from providers.base import TAG_BROKER, TAG_JOB, TAG_NODE, TAG_POOL, Fatal, NoCapacity, Transient
+from tests.providers.harness import BROKER, Harness, request
+
+
+def test_launch_is_idempotent_on_its_token(harness: Harness) -> None:
+    req = request(instance_type=harness.instance_type)
+    a = harness.provider.launch(req)
+    b = harness.provider.launch(req)
+    assert a.instance_id == b.instance_id
+    assert [i.instance_id for i in harness.provider.poll(BROKER)] == [a.instance_id]
+    harness.provider.terminate(a.instance_id)
+
+
+def test_every_instance_carries_the_broker_pool_node_and_job_ids(harness: Harness) -> None:
+    inst = harness.provider.launch(request(instance_type=harness.instance_type, job=42))
+    [seen] = harness.provider.poll(BROKER)
+    assert {k: seen.tags.get(k) for k in (TAG_BROKER, TAG_POOL, TAG_NODE, TAG_JOB)} == {
+        TAG_BROKER: BROKER, TAG_POOL: "pool-a", TAG_NODE: "pool-a-0001", TAG_JOB: "42"}
+    assert seen.node_id == "pool-a-0001"
+    harness.provider.terminate(inst.instance_id)
+
+
+def test_terminate_of_a_missing_or_gone_node_returns_quietly(harness: Harness) -> None:
+    inst = harness.provider.launch(request(instance_type=harness.instance_type))
+    harness.provider.terminate(inst.instance_id)
+    harness.provider.terminate(inst.instance_id)  # already gone
+    harness.provider.terminate(_missing_id(harness))  # never existed
+    assert harness.provider.poll(BROKER) == []
+
+
+def test_poll_lists_only_this_brokers_live_instances(harness: Harness) -> None:
+    mine = harness.provider.launch(request(instance_type=harness.instance_type))
+    other = harness.provider.launch(request(node="pool-a-0002", token="tok-other", broker="op-other",
+                                            instance_type=harness.instance_type))
+    gone = harness.provider.launch(request(node="pool-a-0003", token="tok-0003",
+                                           instance_type=harness.instance_type))
+    harness.provider.terminate(gone.instance_id)
+    assert [i.instance_id for i in harness.provider.poll(BROKER)] == [mine.instance_id]
+    assert [i.instance_id for i in harness.provider.poll("op-other")] == [other.instance_id]
+    for i in (mine, other):
+        harness.provider.terminate(i.instance_id)
+
+
+ERRORS = [("capacity", NoCapacity), ("quota", NoCapacity), ("fatal", Fatal)]
+
+
+@pytest.mark.parametrize(("kind", "error"), ERRORS, ids=[k for k, _ in ERRORS])
+def test_native_errors_are_mapped(harness: Harness, kind: str, error: type[Exception]) -> None:
+    if kind not in harness.kinds:
+        pytest.skip(f"{harness.name} has no {kind} error")
+    assert harness.fail is not None
+    harness.fail(kind, 1)
+    with pytest.raises(error) as e:
+        harness.provider.launch(request(instance_type=harness.instance_type))
+    assert "pool" in str(e.value) or "check" in str(e.value) or "credentials" in str(e.value)
+    assert harness.provider.poll(BROKER) == []
+
+
+def test_throttling_is_retried_then_succeeds(harness: Harness) -> None:
+    if "throttle" not in harness.kinds:
+        pytest.skip(f"{harness.name} does not throttle")
+    assert harness.fail is not None
+    harness.fail("throttle", 2)
+    inst = harness.provider.launch(request(instance_type=harness.instance_type))
+    assert [i.instance_id for i in harness.provider.poll(BROKER)] == [inst.instance_id]
+    harness.provider.terminate(inst.instance_id)
+
+
+def test_throttling_that_does_not_stop_surfaces_as_transient(harness: Harness) -> None:
+    if "throttle" not in harness.kinds:
+        pytest.skip(f"{harness.name} does not throttle")
+    assert harness.fail is not None
+    harness.fail("throttle", 100)
+    with pytest.raises(Transient):
+        harness.provider.launch(request(instance_type=harness.instance_type))
+
+
+def _missing_id(h: Harness) -> str:
+    return {"aws": "i-0123456789abcdef0"}.get(h.name, "onepool-missing-node")
