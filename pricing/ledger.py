@@ -23,6 +23,7 @@ All functions take an open Session and leave committing to the caller.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 
 from sqlmodel import Session, col, or_, select
@@ -129,7 +130,7 @@ def _charge(s: Session, m: NodeMeter, until: float, cfg: ClusterConfig | None) -
         select(LedgerEntry).where(LedgerEntry.node == m.node, LedgerEntry.end == t0))}
     idle_team = m.launched_for_team if settings.idle_charged_to == "launcher" else None
     edges = sorted(bounds)
-    for a_t, b_t in zip(edges, edges[1:], strict=False):
+    for a_t, b_t in itertools.pairwise(edges):
         rate = usd_per_gpu_hour(pool, price_in_force(s, pool, a_t), cfg)
         used = 0
         for a, job, g in held:

@@ -36,7 +36,8 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('id')
     )
     with op.batch_alter_table('ledgerentry', schema=None) as batch_op:
-        batch_op.create_index('ix_ledger_node_attempt_kind', ['node', 'attempt_id', 'kind', 'end'], unique=False)
+        batch_op.create_index('ix_ledger_node_attempt_kind', ['node', 'attempt_id', 'kind', 'end'],
+                              unique=False)
         batch_op.create_index(batch_op.f('ix_ledgerentry_job_id'), ['job_id'], unique=False)
         batch_op.create_index(batch_op.f('ix_ledgerentry_pool'), ['pool'], unique=False)
         batch_op.create_index(batch_op.f('ix_ledgerentry_start'), ['start'], unique=False)
