@@ -14,7 +14,8 @@ Contract:
   stop as BUDGET_EXHAUSTED and nothing new of it is placed. `set_team_budget` overrides the
   config's amount (until the next override) and resumes its budget-stopped jobs.
 - Submission: `check_submission` estimates the cost from the expected duration (the spec's,
-  else the mean of the team's finished jobs of that experiment) on the cheapest feasible pool.
+  else the mean of the team's finished jobs of that experiment) on the cheapest feasible pool
+  that is not spot (spot is a discount, not a promise; spot pools only if nothing else fits).
   Over budget: queued spot-only when a spot pool fits and the job allows spot (and the
   broker's `over_budget_submission` is "spot_only"), else refused with BudgetError naming the
   estimate and the budget. An exhausted team's submissions are refused.
@@ -215,7 +216,10 @@ def check_submission(s: Session, cfg: ClusterConfig, js: JobSpec, now: float) ->
                           "AMOUNT` before submitting more work")
     if js.budget_usd is None:
         return js, None
-    est = estimate(s, cfg, js, now)
+    # Spot is a discount, not a promise: estimate on reliable capacity when there is some.
+    est = None if js.spot is SpotPolicy.ONLY else estimate(
+        s, cfg, js.model_copy(update={"spot": SpotPolicy.NEVER}), now)
+    est = est or estimate(s, cfg, js, now)
     if est is None or est.usd <= js.budget_usd:
         return js, None
     spot = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -101,7 +102,7 @@ def test_aws_ledger_total_equals_moto_instance_seconds_times_price(tmp_path, clo
             else:  # piecewise at the spot price in force
                 cuts = [a] + [t0 + t for t, _ in spot_changes if a < t0 + t < b] + [b]
                 prices = [pools[pool]["price_per_node_hour"]] + [p for _, p in spot_changes]
-                for x, y in zip(cuts, cuts[1:], strict=False):
+                for x, y in itertools.pairwise(cuts):
                     in_force = [p for (t, p) in zip([-1e18] + [t0 + t for t, _ in spot_changes], prices,
                                                     strict=True) if t <= x][-1]
                     expected += (y - x) * in_force / 3600
