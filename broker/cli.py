@@ -118,6 +118,9 @@ def submit(
         _print_json(info.model_dump())
     else:
         out.print(f"submitted job {info.id} ({info.name}, {info.priority})", markup=False)
+        for e in _client().events(info.id):  # money (issue 6): why it was made spot-only
+            if e.kind == "budget_spot_only":
+                out.print(e.message, markup=False)
 
 
 def jobs_table(jobs: list[JobInfo], title: str = "jobs") -> Table:
@@ -304,6 +307,11 @@ def simulate(
         _print_json(result)
     else:
         out.print(rich_table(result))
+
+
+from broker.cli_money import register as _register_money  # noqa: E402  (issue 6: cost, budget, dashboard)
+
+_register_money(app, lambda: _client(), out)
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from sqlmodel import Session, col, select
 
-from broker import ckpt_index, retention
+from broker import budgets, ckpt_index, retention
 from broker.capacity_manager import CapacityManager
 from broker.checkpoints import job_prefix
 from broker.clock import Clock
@@ -61,6 +61,7 @@ class Engine:
         self.policy = policy or PolicyConfig(min_run_s=self.settings.min_run_s,
                                              cloud_after_wait_s=self.settings.cloud_after_wait_s)
         self.capacity = CapacityManager(self)  # rented pools (issue 4); providers built lazily
+        self._team_budget_state: dict[str, str] = {}  # money (issue 6): last team budget states
 
     # -- start-up ---------------------------------------------------------------------------
     def reconcile(self) -> None:
@@ -92,6 +93,8 @@ class Engine:
             self._cancel_requested(s, now)
         with self.store.session() as s:
             self._poll(s, now, rep)
+        with self.store.session() as s:  # money (issue 6): charge the ledger, enforce budgets
+            team_budgets = budgets.on_cycle(s, now, self._request_stop, self._team_budget_state)
         with self.store.session() as s:
             self._refresh_checkpoints(s, now)
         with self.store.session() as s:
@@ -101,6 +104,7 @@ class Engine:
         with self.store.session() as s:
             snap = build_snapshot(s, now, self.policy, self.settings.fair_share_half_life_s)
             snap = self.capacity.extend(snap, now)  # [issue 4 hook] rented pools' growth and prices
+            snap = budgets.restrict(snap, team_budgets)  # money (issue 6): low teams spot-only
             p = plan(snap)
             rep.plan = p
             waiting = dict(p.waiting)
@@ -165,6 +169,8 @@ class Engine:
                 reason = EndReason.INTERRUPTED
             elif a.stop_reason == "cancelled":
                 reason = EndReason.CANCELLED
+            elif a.stop_reason == "budget":  # money (issue 6)
+                reason = EndReason.BUDGET
             elif a.stop_reason == "failed" or not lost:
                 reason = EndReason.FAILED
             else:
@@ -204,7 +210,8 @@ class Engine:
                        lost_gpu_s=a.lost_gpu_s, team=by.team if by else None)
         else:
             job.state = {EndReason.COMPLETED: JobState.SUCCEEDED,
-                         EndReason.CANCELLED: JobState.CANCELLED}.get(reason, JobState.FAILED)
+                         EndReason.CANCELLED: JobState.CANCELLED,
+                         EndReason.BUDGET: JobState.BUDGET_EXHAUSTED}.get(reason, JobState.FAILED)
             job.end_time = now
             record(s, now, job.state.lower(), f"attempt {a.number} ended: {reason.value}"
                    + (f" (exit code {code})" if code else ""),

@@ -19,6 +19,9 @@ class JobState(StrEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    # Its budget is spent: it took a final checkpoint and stopped. Not final: raising the
+    # budget (`onepool budget set JOB AMOUNT`) puts it back in the queue (issue 6).
+    BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
 
     @property
     def final(self) -> bool:
@@ -39,6 +42,7 @@ class EndReason(StrEnum):
     CANCELLED = "CANCELLED"
     LOST = "LOST"  # the processes vanished without an exit status (node failure, reboot)
     INTERRUPTED = "INTERRUPTED"  # the provider reclaimed the node after a notice (spot)
+    BUDGET = "BUDGET"  # stopped because the job's or its team's budget is spent (issue 6)
 
 
 def _json(default: Any = None) -> Any:
@@ -196,3 +200,51 @@ class Event(SQLModel, table=True):
     kind: str = Field(max_length=32)
     message: str = ""
     data: dict = _json(dict)
+
+
+# -- money (issue 6): see pricing/ledger.py -------------------------------------------------
+class NodeMeter(SQLModel, table=True):
+    """One node's time on the meter: from `started_at` (on-prem: first seen; rented: launch)
+    to `ended_at` (retired or terminated; None while up). `metered_to` is how far the ledger
+    has charged it. `launched_for_team` is the team whose job triggered a rented launch."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    node: str = Field(max_length=128, index=True)
+    pool: str = Field(max_length=63)
+    gpus: int
+    started_at: float
+    metered_to: float
+    ended_at: float | None = None
+    launched_for_team: str | None = Field(default=None, max_length=63)
+
+
+class PriceChange(SQLModel, table=True):
+    """The price of a pool's node-hour from `at` on (spot price moves, re-priced offers)."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    pool: str = Field(max_length=63, index=True)
+    at: float
+    usd_per_node_hour: float
+
+
+class LedgerEntry(SQLModel, table=True):
+    """Money spent: `usd` for `gpus` GPUs of `node` over [start, end] at `usd_per_gpu_hour`.
+
+    kind: "gpu" (a job's share of a node: job_id/attempt_id set), "idle" (GPUs nobody used:
+    charged to the pool, or to `team` when idle rented time goes to the launching team),
+    "egress" (checkpoint bytes copied across stores for an attempt; start == end)."""
+
+    __table_args__ = (Index("ix_ledger_node_attempt_kind", "node", "attempt_id", "kind", "end"),)
+    id: int | None = Field(default=None, primary_key=True)
+    kind: str = Field(max_length=8)
+    pool: str = Field(max_length=63, index=True)
+    node: str = Field(default="", max_length=128)
+    job_id: int | None = Field(default=None, index=True)
+    attempt_id: int | None = None
+    team: str | None = Field(default=None, max_length=63, index=True)
+    experiment: str | None = Field(default=None, max_length=63)
+    start: float = Field(index=True)
+    end: float
+    gpus: int = 0
+    usd_per_gpu_hour: float = 0.0
+    usd: float = 0.0

@@ -21,6 +21,8 @@ from typing import Any
 
 from sqlmodel import col, select
 
+from broker import budgets as budget_rules
+from broker import costs as cost_queries
 from broker import telemetry
 from broker.checkpoints import job_prefix
 from broker.ckpt_index import default_store_root, stores_of
@@ -34,6 +36,7 @@ from broker.store import Store
 from broker.views import EventInfo, JobInfo, LostWorkRow
 
 FINAL = {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value}
+STOPPED = FINAL | {JobState.BUDGET_EXHAUSTED.value}  # what wait() returns on
 
 
 class Client:
@@ -83,6 +86,7 @@ class Client:
         check_job_fits(js, cfg)
         now = self.clock.now()
         with self.store.session() as s:
+            js, budget_note = budget_rules.check_submission(s, cfg, js, now)  # money (issue 6)
             job = Job(name=js.name, experiment=js.experiment, team=js.team, command=js.command,
                       env=js.env, workdir=js.workdir or os.getcwd(),
                       gpus_per_node=js.gpus_per_node, nodes=js.nodes, gpu_types=js.gpu_types,
@@ -95,6 +99,8 @@ class Client:
             job.checkpoint_uri = job_prefix(self.checkpoint_root(cfg), js.team, js.experiment, job.id)
             record(s, now, "submitted", f"{js.priority.value} job, {js.nodes}x{js.gpus_per_node} "
                    f"GPUs, team {js.team}", job_id=job.id)
+            if budget_note:
+                record(s, now, "budget_spot_only", budget_note, job_id=job.id)
             s.add(job)
         return self.get(job.id)
 
@@ -132,6 +138,7 @@ class Client:
 
     def cancel(self, job_id: int) -> JobInfo:
         """Ask the broker to cancel a job (pending: at once; running: SIGTERM, grace, kill).
+        A job stopped by its budget (nothing running) is cancelled here and now.
 
         Raises NotFound, or InvalidState if the job already ended.
         """
@@ -142,7 +149,11 @@ class Client:
                 raise NotFound(f"no job with id {job_id}")
             if j.state in FINAL:
                 raise InvalidState(f"job {job_id} already ended ({j.state}); nothing to cancel")
-            if not j.cancel_requested:
+            if j.state == JobState.BUDGET_EXHAUSTED:
+                j.state, j.end_time, j.cancel_requested = JobState.CANCELLED, now, True
+                s.add(j)
+                record(s, now, "cancelled", "cancelled while stopped by its budget", job_id=job_id)
+            elif not j.cancel_requested:
                 j.cancel_requested = True
                 s.add(j)
                 record(s, now, "cancel_requested", "cancel requested", job_id=job_id)
@@ -164,9 +175,35 @@ class Client:
         with self.store.session() as s:
             return telemetry.lost_work(s, by)
 
+    # -- money (issue 6) ----------------------------------------------------------------------
+    def costs(self, by: cost_queries.CostBy = "experiment", since: float | None = None,
+              until: float | None = None) -> list[cost_queries.CostRow]:
+        """USD, GPU-hours and lost work per experiment, team, pool or job (see broker.costs).
+        Raises ValueError for another `by`."""
+        with self.store.session() as s:
+            return cost_queries.costs(s, by, since, until)
+
+    def set_budget(self, amount_usd: float, *, job_id: int | None = None,
+                   team: str | None = None) -> str:
+        """Set a job's budget (a BUDGET_EXHAUSTED job resumes) or override a team's window
+        budget. Give exactly one of job_id, team. Returns what happened."""
+        if (job_id is None) == (team is None):
+            raise SpecError("budget", ["give a job id or a team (exactly one)"])
+        now = self.clock.now()
+        with self.store.session() as s:
+            if job_id is not None:
+                return budget_rules.set_job_budget(s, job_id, amount_usd, now)
+            return budget_rules.set_team_budget(s, applied_config(s), team or "", amount_usd, now)
+
+    def budgets(self) -> list[budget_rules.TeamBudget]:
+        """Every team's window budget now: amount, spent, state (none/ok/low/exhausted)."""
+        with self.store.session() as s:
+            return budget_rules.team_budgets(s, applied_config(s), self.clock.now())
+
     def wait(self, job_ids: Iterable[int], timeout: float = 3600.0,
              poll_s: float = 0.2) -> list[JobInfo]:
-        """Block until every job has ended. Raises TimeoutError naming the ones still open.
+        """Block until every job has ended (or stopped as BUDGET_EXHAUSTED). Raises TimeoutError
+        naming the ones still open.
 
         Polls the database (the broker may be another process): a wall-clock wait.
         """
@@ -174,9 +211,9 @@ class Client:
         deadline = time.monotonic() + timeout
         while True:
             infos = [self.get(i) for i in ids]
-            if all(i.status in FINAL for i in infos):
+            if all(i.status in STOPPED for i in infos):
                 return infos
             if time.monotonic() > deadline:
-                open_ = [f"{i.id} ({i.status})" for i in infos if i.status not in FINAL]
+                open_ = [f"{i.id} ({i.status})" for i in infos if i.status not in STOPPED]
                 raise TimeoutError(f"jobs still not finished after {timeout:g}s: {', '.join(open_)}")
             time.sleep(poll_s)

@@ -10,7 +10,7 @@ import re
 import shlex
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -105,6 +105,9 @@ class PoolSpec(_Strict):
     @property
     def rented(self) -> bool:
         return self.max_nodes is not None
+    # On-prem: what a GPU-hour costs amortized (hardware, power, staff), charged in the ledger
+    # but free for placement. None: price_per_node_hour / gpus_per_node (issue 6).
+    amortized_usd_per_gpu_hour: float | None = Field(default=None, ge=0.0)
 
     @field_validator("provider")
     @classmethod
@@ -121,12 +124,20 @@ class PoolSpec(_Strict):
         return None if v is None else store_uri(v)
 
 
+BudgetWindow = Literal["day", "week", "month", "total"]  # calendar windows, UTC
+
+
 class TeamSpec(_Strict):
     """A team: its fair-share weight and how many GPUs it may hold at high/urgent."""
 
     name: Name
     weight: float = Field(default=1.0, gt=0.0)
     priority_allowance_gpus: int = Field(default=8, ge=0)
+    # Money (issue 6): a windowed budget. Below `budget_low_fraction` of it left, the team's
+    # new work goes spot-only and loses its urgent allowance; at zero its jobs stop.
+    budget_usd: float | None = Field(default=None, ge=0.0)
+    budget_window: BudgetWindow = "month"
+    budget_low_fraction: float = Field(default=0.2, ge=0.0, le=1.0)
 
 
 class BrokerSettings(_Strict):
@@ -143,6 +154,11 @@ class BrokerSettings(_Strict):
     checkpoint_delete_delay_s: float = Field(default=3600.0, ge=0.0)
     # Non-urgent jobs wait this long in the queue before nodes are rented for them.
     cloud_after_wait_s: float = Field(default=600.0, ge=0.0)
+    # Money (issue 6): who pays for idle rented node time ("pool": nobody's jobs; "launcher":
+    # the team whose job triggered the launch), and what a submission whose estimate exceeds
+    # its budget gets ("spot_only": queued spot-only if a spot pool fits the budget, else refused).
+    idle_charged_to: Literal["pool", "launcher"] = "pool"
+    over_budget_submission: Literal["refuse", "spot_only"] = "spot_only"
 
     @field_validator("checkpoint_store")
     @classmethod

@@ -1,0 +1,309 @@
+"""Dollar budgets that hold: estimated at submission, enforced every cycle, raised by hand.
+
+Contract:
+
+- A job's spend is what the ledger charged it (its GPU share, on-prem amortized included, and
+  its checkpoint egress). When spend >= `budget_usd`, its running attempt is stopped with
+  reason "budget" (SIGTERM: the runtime checkpoints and exits) and the job ends as
+  BUDGET_EXHAUSTED. `set_job_budget` above the spend puts it back in the queue; it resumes
+  from that checkpoint.
+- A team's spend is what its jobs (and idle rented time charged to it) cost in the current
+  calendar window (UTC day, ISO week, month, or "total"). With less than
+  `budget_low_fraction` of the amount left it is LOW: its pending work goes spot-only and it
+  loses its urgent/high allowance (`restrict`). At zero it is EXHAUSTED: its running jobs
+  stop as BUDGET_EXHAUSTED and nothing new of it is placed. `set_team_budget` overrides the
+  config's amount (until the next override) and resumes its budget-stopped jobs.
+- Submission: `check_submission` estimates the cost from the expected duration (the spec's,
+  else the mean of the team's finished jobs of that experiment) on the cheapest feasible pool
+  that is not spot (spot is a discount, not a promise; spot pools only if nothing else fits).
+  Over budget: queued spot-only when a spot pool fits and the job allows spot (and the
+  broker's `over_budget_submission` is "spot_only"), else refused with BudgetError naming the
+  estimate and the budget. An exhausted team's submissions are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from broker.errors import InvalidState, NotFound, OnepoolError
+from broker.events import record
+from broker.model import Attempt, AttemptState, Job, JobState, LedgerEntry, Pool, Setting
+from broker.policy import Snapshot
+from broker.spec import ClusterConfig, JobSpec, Market, SpotPolicy, market_ok
+from pricing.ledger import price_in_force, spend_by_job, usd_per_gpu_hour
+
+OVERRIDE = "budget:team:"
+
+
+class BudgetError(OnepoolError):
+    """A submission's estimated cost does not fit its (or its team's) budget. Raise the
+    budget, shorten the expected duration, or allow spot."""
+
+
+@dataclass(frozen=True)
+class TeamBudget:
+    """A team's windowed budget now. state: none | ok | low | exhausted."""
+
+    team: str
+    amount: float | None
+    window: str
+    window_start: float
+    window_end: float | None
+    spent: float
+    state: str
+    low_fraction: float
+
+    @property
+    def remaining(self) -> float | None:
+        return None if self.amount is None else self.amount - self.spent
+
+
+@dataclass(frozen=True)
+class Estimate:
+    usd: float
+    duration_s: float
+    duration_from: str  # "expected_duration_s" | "history of <team>/<experiment>"
+    pool: str
+    usd_per_gpu_hour: float
+
+
+def window_bounds(window: str, now: float) -> tuple[float, float | None]:
+    """[start, end) of the calendar window (UTC) holding `now`; "total" is [0, None)."""
+    d = datetime.fromtimestamp(now, UTC)
+    if window == "total":
+        return 0.0, None
+    if window == "day":
+        start = d.replace(hour=0, minute=0, second=0, microsecond=0)
+        return start.timestamp(), (start + timedelta(days=1)).timestamp()
+    if window == "week":
+        start = (d - timedelta(days=d.weekday())).replace(hour=0, minute=0, second=0, microsecond=0)
+        return start.timestamp(), (start + timedelta(days=7)).timestamp()
+    if window == "month":
+        start = d.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        nxt = start.replace(year=start.year + (start.month == 12), month=start.month % 12 + 1)
+        return start.timestamp(), nxt.timestamp()
+    raise ValueError(f"budget window must be day, week, month or total (got {window!r})")
+
+
+def team_spend(s: Session, team: str, since: float, until: float | None = None) -> float:
+    """USD charged to the team from `since` (rows are counted by their start)."""
+    q = select(func.coalesce(func.sum(LedgerEntry.usd), 0.0)).where(LedgerEntry.team == team,
+                                                                    LedgerEntry.start >= since)
+    if until is not None:
+        q = q.where(LedgerEntry.start < until)
+    return float(s.exec(q).one())
+
+
+def team_budgets(s: Session, cfg: ClusterConfig, now: float) -> list[TeamBudget]:
+    """Every configured team's budget state at `now`."""
+    out = []
+    for t in cfg.teams:
+        override = s.get(Setting, OVERRIDE + t.name)
+        amount = override.value["usd"] if override is not None else t.budget_usd
+        start, end = window_bounds(t.budget_window, now)
+        spent = team_spend(s, t.name, start, end)
+        if amount is None:
+            state = "none"
+        elif spent >= amount:
+            state = "exhausted"
+        elif amount - spent < t.budget_low_fraction * amount:
+            state = "low"
+        else:
+            state = "ok"
+        out.append(TeamBudget(t.name, amount, t.budget_window, start, end, spent, state,
+                              t.budget_low_fraction))
+    return out
+
+
+def restrict(snap: Snapshot, budgets: list[TeamBudget]) -> Snapshot:
+    """The snapshot the policy sees under team budgets (pure): LOW teams' pending jobs are
+    spot-only and their high/urgent allowance is 0; EXHAUSTED teams' pending jobs are hidden."""
+    state = {b.team: b.state for b in budgets}
+    if not any(v in ("low", "exhausted") for v in state.values()):
+        return snap
+    pending = tuple(
+        dataclasses.replace(p, spot=SpotPolicy.ONLY) if state.get(p.team) == "low" else p
+        for p in snap.pending if state.get(p.team) != "exhausted")
+    teams = tuple(dataclasses.replace(t, priority_allowance_gpus=0)
+                  if state.get(t.name) in ("low", "exhausted") else t for t in snap.teams)
+    return dataclasses.replace(snap, pending=pending, teams=teams)
+
+
+StopFn = Callable[[Session, Attempt, float, str], None]
+
+
+def enforce(s: Session, cfg: ClusterConfig, now: float, stop: StopFn,
+            previous: dict[str, str] | None = None) -> list[TeamBudget]:
+    """Stop (reason "budget") running attempts of jobs whose spend reached their budget and of
+    teams whose window budget is spent; record team state changes (against `previous`)."""
+    budgets = team_budgets(s, cfg, now)
+    for b in budgets:
+        if previous is not None and previous.get(b.team, "ok") != b.state and b.state in ("low",
+                                                                                        "exhausted"):
+            record(s, now, f"team_budget_{b.state}", f"team {b.team} has spent ${b.spent:.2f} of its "
+                   f"${b.amount:.2f} {b.window} budget: " + (
+                       "new work is spot-only and its urgent allowance is gone" if b.state == "low"
+                       else "its jobs stop; raise it with `onepool budget set --team`"),
+                   team=b.team, spent=b.spent, amount=b.amount)
+    exhausted = {b.team for b in budgets if b.state == "exhausted"}
+    running = s.exec(select(Attempt, Job).join(Job, Job.id == Attempt.job_id)
+                     .where(Attempt.state == AttemptState.RUNNING)).all()
+    spend = spend_by_job(s, [j.id for _, j in running if j.budget_usd is not None and j.id])
+    for a, j in running:
+        over_job = j.budget_usd is not None and spend.get(j.id or 0, 0.0) >= j.budget_usd
+        if over_job or j.team in exhausted:
+            why = (f"job spent ${spend.get(j.id or 0, 0.0):.4f} of its ${j.budget_usd:.4f} budget"
+                   if over_job else f"team {j.team}'s budget is spent")
+            record(s, now, "budget_stop", f"{why}: final checkpoint, then BUDGET_EXHAUSTED",
+                   job_id=j.id, attempt_id=a.id)
+            stop(s, a, now, "budget")
+    return budgets
+
+
+def estimate(s: Session, cfg: ClusterConfig, js: JobSpec, now: float,
+             spot: SpotPolicy | None = None) -> Estimate | None:
+    """The cheapest feasible placement's cost for the job's expected duration; None when no
+    duration is known (no field, no history) or no pool fits."""
+    duration, source = js.expected_duration_s, "expected_duration_s"
+    if duration is None:
+        duration = _history_duration(s, js.team, js.experiment)
+        source = f"the mean of team {js.team}'s finished {js.experiment} jobs"
+    if duration is None:
+        return None
+    best: Estimate | None = None
+    for p in cfg.pools:
+        if js.gpu_types and p.gpu_type not in js.gpu_types:
+            continue
+        if not market_ok(spot or js.spot, p.market) or (spot is SpotPolicy.ONLY
+                                                         and p.market is not Market.SPOT):
+            continue
+        if p.gpus_per_node < js.gpus_per_node or p.nodes < js.nodes:
+            continue
+        row = s.get(Pool, p.name)
+        if row is None or not row.active:
+            continue
+        rate = usd_per_gpu_hour(row, price_in_force(s, row, now), cfg)
+        usd = rate * js.gpus * duration / 3600.0
+        if best is None or usd < best.usd:
+            best = Estimate(usd, duration, source, p.name, rate)
+    return best
+
+
+def _history_duration(s: Session, team: str, experiment: str) -> float | None:
+    rows = s.exec(select(Attempt.job_id, Attempt.started_at, Attempt.ended_at)
+                  .join(Job, Job.id == Attempt.job_id)
+                  .where(Job.team == team, Job.experiment == experiment,
+                         Job.state == JobState.SUCCEEDED, col(Attempt.ended_at).is_not(None))).all()
+    per_job: dict[int, float] = {}
+    for jid, start, end in rows:
+        per_job[jid] = per_job.get(jid, 0.0) + (end - start)
+    return sum(per_job.values()) / len(per_job) if per_job else None
+
+
+def check_submission(s: Session, cfg: ClusterConfig, js: JobSpec, now: float) -> tuple[JobSpec, str | None]:
+    """The spec to queue and a note saying why it changed (None: unchanged).
+    Raises BudgetError naming the estimate and the budget when it cannot fit."""
+    tb = next((b for b in team_budgets(s, cfg, now) if b.team == js.team), None)
+    if tb is not None and tb.state == "exhausted":
+        raise BudgetError(f"team {js.team} has spent ${tb.spent:.2f} of its ${tb.amount:.2f} "
+                          f"{tb.window} budget; raise it with `onepool budget set --team {js.team} "
+                          "AMOUNT` before submitting more work")
+    if js.budget_usd is None:
+        return js, None
+    # Spot is a discount, not a promise: estimate on reliable capacity when there is some.
+    est = None if js.spot is SpotPolicy.ONLY else estimate(
+        s, cfg, js.model_copy(update={"spot": SpotPolicy.NEVER}), now)
+    est = est or estimate(s, cfg, js, now)
+    if est is None or est.usd <= js.budget_usd:
+        return js, None
+    spot = None
+    if cfg.broker.over_budget_submission == "spot_only" and js.spot is not SpotPolicy.NEVER:
+        spot = estimate(s, cfg, js, now, SpotPolicy.ONLY)
+    if spot is not None and spot.usd <= js.budget_usd:
+        return js.model_copy(update={"spot": SpotPolicy.ONLY}), (
+            f"queued spot-only: the estimate ${est.usd:.2f} on {est.pool} exceeds the budget "
+            f"${js.budget_usd:.2f}; on spot pool {spot.pool} it is ${spot.usd:.2f}")
+    raise BudgetError(
+        f"job {js.name}: estimated cost ${est.usd:.2f} exceeds its budget ${js.budget_usd:.2f} "
+        f"({js.gpus} GPUs x {est.duration_s / 3600:.2f} h at ${est.usd_per_gpu_hour:.2f}/GPU-h on "
+        f"{est.pool}, the cheapest pool that fits; duration from {est.duration_from}); raise "
+        f"--budget-usd to at least {est.usd:.2f}, shorten expected_duration_s, or allow spot")
+
+
+def set_job_budget(s: Session, job_id: int, usd: float, now: float) -> str:
+    """Set a job's budget; a BUDGET_EXHAUSTED job goes back to the queue. Returns what happened.
+    Raises NotFound, ValueError (negative), or InvalidState if the job already spent more."""
+    if usd < 0:
+        raise ValueError(f"a budget cannot be negative (got {usd})")
+    j = s.get(Job, job_id)
+    if j is None:
+        raise NotFound(f"no job with id {job_id}")
+    spent = spend_by_job(s, [job_id]).get(job_id, 0.0)
+    if j.state == JobState.BUDGET_EXHAUSTED and usd <= spent:
+        raise InvalidState(f"job {job_id} has already spent ${spent:.4f}; a budget of ${usd:.4f} "
+                           f"would stop it again: give more than ${spent:.4f}")
+    j.budget_usd = usd
+    msg = f"budget set to ${usd:.4f} (spent so far ${spent:.4f})"
+    if j.state == JobState.BUDGET_EXHAUSTED:
+        j.state, j.queued_at, j.end_time = JobState.PENDING, now, None
+        msg += "; back in the queue, it resumes from its last checkpoint"
+    s.add(j)
+    record(s, now, "budget_set", msg, job_id=job_id, usd=usd, spent=spent)
+    return msg
+
+
+def set_team_budget(s: Session, cfg: ClusterConfig, team: str, usd: float, now: float) -> str:
+    """Override a team's window budget; if no longer exhausted, requeue its jobs that were
+    stopped for budget and whose own budget still has room. Raises NotFound, ValueError."""
+    if usd < 0:
+        raise ValueError(f"a budget cannot be negative (got {usd})")
+    if team not in [t.name for t in cfg.teams]:
+        raise NotFound(f"no team {team!r}; teams: {', '.join(t.name for t in cfg.teams)}")
+    row = s.get(Setting, OVERRIDE + team) or Setting(key=OVERRIDE + team)
+    row.value = {"usd": usd, "set_at": now}
+    s.add(row)
+    s.flush()
+    tb = next(b for b in team_budgets(s, cfg, now) if b.team == team)
+    msg = f"team {team}: {tb.window} budget ${usd:.2f}, spent ${tb.spent:.2f} ({tb.state})"
+    if tb.state != "exhausted":
+        stopped = s.exec(select(Job).where(Job.team == team,
+                                           Job.state == JobState.BUDGET_EXHAUSTED)).all()
+        spend = spend_by_job(s, [j.id for j in stopped if j.id])
+        resumed = []
+        for j in stopped:
+            if j.budget_usd is None or spend.get(j.id or 0, 0.0) < j.budget_usd:
+                j.state, j.queued_at, j.end_time = JobState.PENDING, now, None
+                s.add(j)
+                resumed.append(j.id)
+        if resumed:
+            msg += f"; back in the queue: jobs {', '.join(map(str, resumed))}"
+    record(s, now, "team_budget_set", msg, team=team, usd=usd)
+    return msg
+
+
+def projected_end(b: TeamBudget, burn_usd_per_h: float, now: float) -> float | None:
+    """When the team's budget runs out at the current burn rate (None: no budget or no burn)."""
+    if b.amount is None or burn_usd_per_h <= 0:
+        return None
+    return now + max(0.0, b.amount - b.spent) / burn_usd_per_h * 3600.0
+
+
+def on_cycle(s: Session, now: float, stop: StopFn, previous: dict[str, str]) -> list[TeamBudget]:
+    """The engine's money step: charge the ledger up to `now`, then enforce budgets.
+    Updates `previous` (team -> state) in place so state changes are recorded once."""
+    from broker.config_apply import applied_config
+    from pricing.ledger import accrue
+
+    cfg = applied_config(s)
+    accrue(s, now, cfg)
+    s.commit()
+    budgets = enforce(s, cfg, now, stop, previous)
+    previous.clear()
+    previous.update({b.team: b.state for b in budgets})
+    return budgets

@@ -1,0 +1,1 @@
+"""The Streamlit dashboard (`onepool dashboard`). It reads only through broker query functions."""
