@@ -3,10 +3,12 @@ that cycles an engine until a condition holds (woken by process exits, bounded i
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from broker.clock import FakeClock
 from broker.engine import Engine
 from broker.sdk import Client
 from broker.spec import parse_config
+from providers.local import LocalProcesses
 
 os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")  # fast EC2 mocks; AMI ids are made up
 os.environ.setdefault("ONEPOOL_PROVIDER_RETRY_MAX_S", "0.05")  # retries back off briefly in tests
@@ -50,7 +53,7 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def make_cluster(tmp_path: Path, clock: FakeClock) -> Callable[..., tuple[Client, Engine]]:
+def make_cluster(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., tuple[Client, Engine]]]:
     """make_cluster(**config kwargs) -> (client, engine) on a fresh home with a fake clock."""
 
     def make(**kw: Any) -> tuple[Client, Engine]:
@@ -58,7 +61,17 @@ def make_cluster(tmp_path: Path, clock: FakeClock) -> Callable[..., tuple[Client
         c.apply(parse_config(config(**kw)))
         return c, Engine(c.store, clock)
 
-    return make
+    yield make
+    kill_leftovers(tmp_path / "home" / "runs")
+
+
+def kill_leftovers(runs: Path) -> None:
+    """No job process outlives its test: SIGKILL the group of every rank still alive."""
+    procs = LocalProcesses(runs)
+    for h in runs.glob("attempt-*/rank-*/handle.json"):
+        data = json.loads(h.read_text())
+        procs.signal({"pid": data["pid"], "create_time": data["create_time"],
+                      "run_dir": str(h.parent)}, signal.SIGKILL)
 
 
 def drive(engine: Engine, until: Callable[[], bool], timeout: float = 30.0,

@@ -146,7 +146,7 @@ class PolicyConfig:
     victim_order: str = "checkpoint"
     min_run_s: float = 300.0
     backfill: bool = True
-    reservations: int = 1
+    reservations: int = 4
     cloud: bool = True
     cloud_after_wait_s: float = 600.0
     checkpoint_on_signal: bool = True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.policy import plan
+from broker.policy import PolicyConfig, Snapshot, plan
 
 from .builders import held, job, placed, pool, preempted_for, running, snap, waiting
 
@@ -102,3 +102,16 @@ def test_backfill_off_does_not_stop_at_a_job_that_preempts():
     assert preempted_for(p) == [(1, 1)]
     assert held(p) == {1: {"a-1": 8}}
     assert placed(p) == {2: ("b", {"b-0": 8})}
+
+
+def test_product_default_lets_the_first_four_blocked_jobs_hold():
+    """PolicyConfig() holds for four blocked jobs (chosen on the 60-day trace: occupancy and
+    lost work improve over one holder at no cost to waits; see bench/results/tradeoff.*)."""
+    assert PolicyConfig().reservations == 4
+    pools = [pool(n, nodes=1) for n in "abcde"]
+    run = [running(i, 10 + i, prio="normal", alloc={f"{n}-0": 4}) for i, n in enumerate("abcde")]
+    pending = [job(i + 1, gpus=8, submit=i) for i in range(5)] + [job(9, gpus=4, submit=9)]
+    s = Snapshot(now=1000.0, pools=tuple(pools), running=tuple(run), pending=tuple(pending))
+    p = plan(s)
+    assert sorted(held(p)) == [1, 2, 3, 4]
+    assert placed(p) == {9: ("e", {"e-0": 4})}  # the fifth blocked job holds nothing
