@@ -61,10 +61,10 @@ from pathlib import Path
 
 import numpy as np
 
-from broker.checkpoints import CheckpointStore, Manifest, Source, shard_dir
+from broker.checkpoint.checkpoints import CheckpointStore, Manifest, Source, shard_dir
+from broker.checkpoint.uploader import PendingSave, Uploader
 from broker.clock import SystemClock
 from broker.errors import CheckpointError
-from broker.uploader import PendingSave, Uploader
 
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, as a shell reports a process ended by SIGTERM
 ARRAYS_FILE = "arrays.npz"

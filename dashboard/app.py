@@ -1,9 +1,9 @@
 """onepool dashboard: where the money and the GPUs went.
 
 Run with `onepool dashboard` (Streamlit on 127.0.0.1). The broker home comes from
-`-- --home DIR` or $ONEPOOL_HOME. Every number comes from broker query functions
-(broker.costs via the SDK, broker.insights, broker.telemetry); there is no SQL here. The page
-re-runs itself every `refresh` seconds (sidebar).
+`-- --home DIR` or $ONEPOOL_HOME. Every number comes from query functions
+(broker.state.costs via the SDK, dashboard.queries, broker.checkpoint.telemetry); there is
+no SQL here. The page re-runs itself every `refresh` seconds (sidebar).
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from datetime import UTC, datetime
 import pandas as pd
 import streamlit as st
 
-from broker import insights, telemetry
+from broker.checkpoint import telemetry
+from broker.client.sdk import Client
 from broker.errors import NotConfigured
-from broker.sdk import Client
+from dashboard import queries as insights
 from dashboard import sections
 
 

@@ -28,7 +28,7 @@ def overview(c: Any, usage: list[dict[str, Any]], queue: list[dict[str, Any]], n
     cols = st.columns(4)
     cols[0].metric("total spent (USD)", f"{sum(r.usd for r in pools):.2f}")
     with c.store.session() as s:
-        from broker.costs import burn_rate
+        from broker.state.costs import burn_rate
 
         cols[1].metric("burn rate (USD/h, last hour)", f"{burn_rate(s, now):.2f}")
     last_t = max((r["t"] for r in usage), default=None)

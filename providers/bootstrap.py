@@ -3,7 +3,7 @@
 In this environment jobs placed on a rented node still run as LOCAL processes (the
 Executor is providers.local.LocalProcesses; there is no remote host): the cloud instance is
 the capacity and billing object. On a real node this script is what would start the
-runner, with the same ONEPOOL_* env contract the local executor passes (see broker.engine).
+runner, with the same ONEPOOL_* env contract the local executor passes (see broker.control.engine).
 The node agent it execs (`onepool node-agent`) is not part of this build: no remote host
 exists here, so the script is carried (and tested for its contents) but never executed.
 """

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from broker.client.sdk import Client
 from broker.clock import FakeClock
-from broker.engine import Engine
-from broker.sdk import Client
+from broker.control.engine import Engine
 from broker.spec import parse_config
 from providers.local import LocalProcesses
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from broker import budgets
+from broker.client.sdk import Client
+from broker.control import budgets
 from broker.errors import InvalidState
-from broker.model import LedgerEntry
 from broker.policy import PendingView, PoolView, Snapshot, TeamView
-from broker.sdk import Client
 from broker.spec import Priority, SpotPolicy
+from broker.state.model import LedgerEntry
 from tests.conftest import drive, train
 
 ONPREM = {"name": "a100", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 1, "price_per_node_hour": 7.2}

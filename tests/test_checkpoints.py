@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from broker.checkpoints import MANIFEST, CheckpointStore, Manifest, job_prefix, step_name
+from broker.checkpoint.checkpoints import MANIFEST, CheckpointStore, Manifest, job_prefix, step_name
 from broker.errors import CheckpointError
 from tests.conftest import ROOT
 

@@ -20,11 +20,11 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-import broker.cli
-from broker.cli import app
+import broker.client.cli
+from broker.client.cli import app
+from broker.client.sdk import Client
 from broker.errors import NotFound, OnepoolError, SpecError
-from broker.model import Job
-from broker.sdk import Client
+from broker.state.model import Job
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -61,7 +61,7 @@ def cli_json(home: Path, command: str, *args: str) -> Any:
 def onepool(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """Run the real console module in a subprocess (no ONEPOOL_* from the caller's env)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_")}
-    return subprocess.run([sys.executable, "-m", "broker.cli", "--home", str(home), *args],
+    return subprocess.run([sys.executable, "-m", "broker.client.cli", "--home", str(home), *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
                           check=False)
 
@@ -150,7 +150,7 @@ def test_apply_submit_then_status_json(home: Path) -> None:
 def test_submit_plain_output_and_status_table(home: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     # Off a terminal rich uses 80 columns and the 13-column table truncates every cell.
-    monkeypatch.setattr(broker.cli, "out", Console(width=200))
+    monkeypatch.setattr(broker.client.cli, "out", Console(width=200))
     res = cli(home, "submit", "--name", "tiny", "--team", "prod", "--", *NOOP)
     assert "submitted job 1 (tiny, normal)" in flat(res.stdout)
     table = cli(home, "status").stdout

@@ -9,7 +9,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from broker.cli import app
+from broker.client.cli import app
 from tests.dashboard.seed import seed
 
 runner = CliRunner()
@@ -44,7 +44,7 @@ def test_cost_table_and_budget_commands(tmp_path):
 ])
 def test_money_errors_exit_2_with_a_clear_message(tmp_path, args, message):
     home = seed(tmp_path / "home").store.home
-    p = subprocess.run([sys.executable, "-m", "broker.cli", "--home", str(home), *args],
+    p = subprocess.run([sys.executable, "-m", "broker.client.cli", "--home", str(home), *args],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, p.stderr
     assert message in " ".join(p.stderr.split())

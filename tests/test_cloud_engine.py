@@ -12,8 +12,8 @@ import pytest
 from botocore.exceptions import ClientError
 from sqlmodel import select
 
-from broker.engine import Engine
-from broker.model import Node, NodeState
+from broker.control.engine import Engine
+from broker.state.model import Node, NodeState
 from providers.aws import AwsProvider
 from providers.base import TAG_BROKER, TAG_NODE, TAG_POOL
 from tests.conftest import drive, train

@@ -9,14 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-from broker.sdk import Client
+from broker.client.sdk import Client
 from broker.spec import parse_config
 from tests.conftest import ROOT, config, train
 
 
 def start_broker(home: Path, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "--home", str(home), "broker", "--cycle-s", "0.2"],
+        [sys.executable, "-m", "broker.client.cli", "--home", str(home), "broker", "--cycle-s", "0.2"],
         cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
 
 

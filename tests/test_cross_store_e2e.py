@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from sqlmodel import select
 
-from broker.checkpoints import CheckpointStore, job_prefix
-from broker.model import Checkpoint
+from broker.checkpoint.checkpoints import CheckpointStore, job_prefix
 from broker.spec import parse_config
+from broker.state.model import Checkpoint
 from pricing.egress import GIB
 from tests.conftest import config, drive, train
 from tests.test_engine_e2e import out_log

@@ -13,7 +13,7 @@ from tests.conftest import ROOT
 
 def test_demo_json(tmp_path: Path) -> None:
     env = {**os.environ, "ONEPOOL_HOME": str(tmp_path / "home")}
-    out = subprocess.run([sys.executable, "-m", "broker.cli", "demo", "--json"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "broker.client.cli", "demo", "--json"], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=150)
     assert out.returncode == 0, out.stderr
     jobs = {j["name"]: j for j in json.loads(out.stdout)["jobs"]}
@@ -45,6 +45,6 @@ def test_demo_json(tmp_path: Path) -> None:
     other = tmp_path / "other"
     other.mkdir()
     (other / "onepool.db").write_bytes(b"")
-    bad = subprocess.run([sys.executable, "-m", "broker.cli", "--home", str(other), "demo"],
+    bad = subprocess.run([sys.executable, "-m", "broker.client.cli", "--home", str(other), "demo"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "not the demo's" in bad.stderr

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from sqlmodel import select
 
-from broker.checkpoints import CheckpointStore, step_name
-from broker.engine import Engine
-from broker.model import Attempt, Checkpoint
+from broker.checkpoint.checkpoints import CheckpointStore, step_name
+from broker.control.engine import Engine
+from broker.state.model import Attempt, Checkpoint
 from providers.local import LocalProcesses
 from tests.conftest import drive, train
 

@@ -8,12 +8,11 @@ from typing import Any
 import pytest
 from sqlmodel import select
 
-from broker import costs
+from broker.client.sdk import Client
 from broker.clock import FakeClock
-from broker.model import Attempt, AttemptState, Job, LedgerEntry
-from broker.sdk import Client
 from broker.spec import parse_config
-from pricing import ledger
+from broker.state import costs, ledger
+from broker.state.model import Attempt, AttemptState, Job, LedgerEntry
 from tests.conftest import config
 
 AWS_POOLS = [

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from sqlmodel import select
 
-from broker.checkpoints import CheckpointStore
-from broker.model import Checkpoint
-from broker.retention import Item, due
+from broker.checkpoint.checkpoints import CheckpointStore
+from broker.control.retention import Item, due
+from broker.state.model import Checkpoint
 from tests.conftest import drive, train
 
 S, T = "file:///s", "s3://t"  # two stores

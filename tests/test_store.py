@@ -9,9 +9,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlmodel import SQLModel
 
-from broker.sdk import Client
+from broker.client.sdk import Client
 from broker.spec import parse_config
-from broker.store import Store
+from broker.state.store import Store
 from tests.conftest import config
 
 
@@ -44,7 +44,7 @@ def test_upgrade_from_0001_keeps_checkpoint_rows_and_fills_their_store(tmp_path:
     from alembic import command
     from sqlalchemy import text
 
-    from broker.store import alembic_config, make_engine
+    from broker.state.store import alembic_config, make_engine
 
     eng = make_engine(f"sqlite:///{tmp_path / 'old.db'}")
     command.upgrade(alembic_config(eng), "0001")

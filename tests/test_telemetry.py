@@ -8,9 +8,9 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from broker.cli import app
-from broker.model import Attempt, EndReason
-from broker.telemetry import cause_kind, cause_of
+from broker.checkpoint.telemetry import cause_kind, cause_of
+from broker.client.cli import app
+from broker.state.model import Attempt, EndReason
 from tests.conftest import drive
 from tests.test_cross_store_e2e import gated
 from tests.test_engine_e2e import out_log

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from broker.checkpoints import CheckpointStore, job_prefix
-from broker.resume import fetch_restore_point
-from broker.transfer import CopyFailed, SourceDamaged, copy_checkpoint
+from broker.checkpoint.checkpoints import CheckpointStore, job_prefix
+from broker.checkpoint.resume import fetch_restore_point
+from broker.checkpoint.transfer import CopyFailed, SourceDamaged, copy_checkpoint
 from pricing.egress import GIB, Location, Scope, egress_usd, load_rates, provider_of, scope_between
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from broker.client.sdk import Client
 from broker.clock import FakeClock
-from broker.model import Attempt, AttemptState, Job
-from broker.sdk import Client
 from broker.spec import parse_config
-from pricing import ledger
+from broker.state import ledger
+from broker.state.model import Attempt, AttemptState, Job
 from tests.conftest import config
 
 POOLS = [{"name": "a100", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 2, "price_per_node_hour": 8.0},

@@ -73,7 +73,7 @@ def dashboard(tmp_path: Path) -> Iterator[str]:
     home = seed(tmp_path / "home").store.home
     port = _free_port()
     log = open(tmp_path / "dashboard.log", "wb")  # noqa: SIM115  (closed below)
-    proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "--home", str(home), "dashboard",
+    proc = subprocess.Popen([sys.executable, "-m", "broker.client.cli", "--home", str(home), "dashboard",
                              "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:

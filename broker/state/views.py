@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from broker.model import Attempt, Event, Job
+from broker.state.model import Attempt, Event, Job
 
 
 class AttemptInfo(BaseModel):

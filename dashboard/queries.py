@@ -9,12 +9,12 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from broker.budgets import TeamBudget, projected_end, team_budgets, window_bounds
-from broker.config_apply import applied_config
-from broker.costs import attempt_costs, lost_attempts
-from broker.model import Attempt, Job, LedgerEntry, NodeMeter, Pool, PriceChange
-from broker.telemetry import cause_kind
-from pricing.ledger import price_in_force, spend_by_job, usd_per_gpu_hour
+from broker.checkpoint.telemetry import cause_kind
+from broker.control.budgets import TeamBudget, projected_end, team_budgets, window_bounds
+from broker.control.config_apply import applied_config
+from broker.state.costs import attempt_costs, lost_attempts
+from broker.state.ledger import price_in_force, spend_by_job, usd_per_gpu_hour
+from broker.state.model import Attempt, Job, LedgerEntry, NodeMeter, Pool, PriceChange
 
 
 def _times(since: float, until: float, points: int) -> list[float]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from broker.checkpoints import CHUNK, CheckpointStore, FileEntry, Manifest
+from broker.checkpoint.checkpoints import CHUNK, CheckpointStore, FileEntry, Manifest
 from broker.errors import CheckpointError
 
 log = logging.getLogger("onepool.transfer")

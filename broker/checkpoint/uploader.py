@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
-from broker.checkpoints import Manifest
+from broker.checkpoint.checkpoints import Manifest
 
 
 class PendingSave:

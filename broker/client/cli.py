@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from broker.errors import OnepoolError, SpecError
-from broker.views import JobInfo
+from broker.state.views import JobInfo
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="onepool: one priority queue over every GPU you can reach.")
@@ -47,7 +47,7 @@ def _root(home: HomeOpt = None) -> None:
 
 
 def _client():  # type: ignore[no-untyped-def]
-    from broker.sdk import Client
+    from broker.client.sdk import Client
 
     return Client(_state.get("home"))
 
@@ -248,8 +248,8 @@ def broker(config: Annotated[Path | None, typer.Option("-c", "--config",
            once: Annotated[bool, typer.Option("--once", help="run one cycle and exit")] = False
            ) -> None:
     """Run the broker loop (reconcile, then schedule every cycle)."""
-    from broker import service
     from broker.clock import SystemClock
+    from broker.control import service
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     c = _client()
@@ -263,7 +263,7 @@ def demo(as_json: JsonOpt = False,
          timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 180
          ) -> None:
     """Run the demo: low-priority jobs fill two pools, an urgent gang job preempts, all finish."""
-    from broker.demo import render, run_demo
+    from broker.client.demo import render, run_demo
 
     result = run_demo(_state.get("home"), timeout=timeout, progress=not as_json)
     if as_json:
@@ -309,7 +309,7 @@ def simulate(
         out.print(rich_table(result))
 
 
-from broker.cli_money import register as _register_money  # noqa: E402  (issue 6: cost, budget, dashboard)
+from broker.client.cli_money import register as _register_money  # noqa: E402  (issue 6: cost, budget, dashboard)
 
 _register_money(app, lambda: _client(), out)
 

@@ -1,4 +1,4 @@
-"""Cost queries over the ledger (pricing/ledger.py): the one place the CLI, the SDK and the
+"""Cost queries over the ledger (broker/state/ledger.py): the one place the CLI, the SDK and the
 dashboard read money from.
 
 `costs(s, by=..., since=, until=)` groups charged USD by experiment, team, pool or job:
@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel
 from sqlmodel import Session, col, select
 
-from broker.model import Attempt, Job, LedgerEntry
+from broker.state.model import Attempt, Job, LedgerEntry
 
 CostBy = Literal["experiment", "team", "pool", "job"]
 COST_BY: tuple[str, ...] = ("experiment", "team", "pool", "job")

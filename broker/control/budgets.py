@@ -32,11 +32,11 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from broker.errors import InvalidState, NotFound, OnepoolError
-from broker.events import record
-from broker.model import Attempt, AttemptState, Job, JobState, LedgerEntry, Pool, Setting
 from broker.policy import Snapshot
 from broker.spec import ClusterConfig, JobSpec, Market, SpotPolicy, market_ok
-from pricing.ledger import price_in_force, spend_by_job, usd_per_gpu_hour
+from broker.state.events import record
+from broker.state.ledger import price_in_force, spend_by_job, usd_per_gpu_hour
+from broker.state.model import Attempt, AttemptState, Job, JobState, LedgerEntry, Pool, Setting
 
 OVERRIDE = "budget:team:"
 
@@ -297,8 +297,8 @@ def projected_end(b: TeamBudget, burn_usd_per_h: float, now: float) -> float | N
 def on_cycle(s: Session, now: float, stop: StopFn, previous: dict[str, str]) -> list[TeamBudget]:
     """The engine's money step: charge the ledger up to `now`, then enforce budgets.
     Updates `previous` (team -> state) in place so state changes are recorded once."""
-    from broker.config_apply import applied_config
-    from pricing.ledger import accrue
+    from broker.control.config_apply import applied_config
+    from broker.state.ledger import accrue
 
     cfg = applied_config(s)
     accrue(s, now, cfg)

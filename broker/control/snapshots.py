@@ -6,7 +6,6 @@ from collections import defaultdict
 
 from sqlmodel import Session, col, or_, select
 
-from broker.model import Attempt, AttemptState, Job, JobState, Node, Pool, Team
 from broker.policy import (
     NodeView,
     PendingView,
@@ -18,6 +17,7 @@ from broker.policy import (
     decayed_gpu_seconds,
 )
 from broker.spec import Market, Priority, SpotPolicy
+from broker.state.model import Attempt, AttemptState, Job, JobState, Node, Pool, Team
 
 USAGE_HORIZON_HALF_LIVES = 6  # older usage weighs < 2% and is not read
 

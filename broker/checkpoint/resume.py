@@ -5,7 +5,7 @@ newest committed step (on a tie, the copy already in the target store), and make
 intact copy of it is in the target store (the store of the pool the attempt will run in):
 
 - already there: verify every file's checksum;
-- elsewhere: copy it (broker.transfer: server-side or streamed, retried, verified) and
+- elsewhere: copy it (broker.checkpoint.transfer: server-side or streamed, retried, verified) and
   price the bytes that crossed with the per-provider egress rates in pricing/;
 - damaged (or its copy fails): fall back to the next older committed step, and say so.
 
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.checkpoints import CheckpointStore, Manifest, store_root_of
+from broker.checkpoint.checkpoints import CheckpointStore, Manifest, store_root_of
+from broker.checkpoint.transfer import CopyFailed, CopyResult, SourceDamaged, copy_checkpoint
 from broker.errors import CheckpointError
-from broker.transfer import CopyFailed, CopyResult, SourceDamaged, copy_checkpoint
 from pricing.egress import Location, egress_usd
 
 EventSpec = tuple[str, str, dict[str, Any]]

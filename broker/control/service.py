@@ -12,8 +12,8 @@ import signal
 import threading
 
 from broker.clock import Clock
-from broker.engine import CycleReport, Engine
-from broker.store import Store
+from broker.control.engine import CycleReport, Engine
+from broker.state.store import Store
 from providers.local import LocalProcesses
 
 log = logging.getLogger("onepool.broker")

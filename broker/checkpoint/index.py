@@ -13,9 +13,9 @@ from pathlib import Path
 
 from sqlmodel import Session, col, select
 
-from broker.checkpoints import CheckpointStore, Manifest, job_prefix, store_root_of
-from broker.model import Attempt, AttemptState, Checkpoint, CheckpointState, Job
+from broker.checkpoint.checkpoints import CheckpointStore, Manifest, job_prefix, store_root_of
 from broker.spec import ClusterConfig
+from broker.state.model import Attempt, AttemptState, Checkpoint, CheckpointState, Job
 from pricing.egress import Location, provider_of
 
 LIVED = (CheckpointState.COMMITTED, CheckpointState.DAMAGED, CheckpointState.DELETED)

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 from sqlmodel import Session, col, select
 
-from broker.checkpoints import CheckpointStore, store_root_of
-from broker.ckpt_index import attempt_prefix
+from broker.checkpoint.checkpoints import CheckpointStore, store_root_of
+from broker.checkpoint.index import attempt_prefix
 from broker.errors import CheckpointError
-from broker.events import record
-from broker.model import Attempt, AttemptState, Checkpoint, CheckpointState, Job
+from broker.state.events import record
+from broker.state.model import Attempt, AttemptState, Checkpoint, CheckpointState, Job
 
 log = logging.getLogger("onepool.retention")
 C, D, P = CheckpointState.COMMITTED, CheckpointState.DAMAGED, CheckpointState.PARTIAL

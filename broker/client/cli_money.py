@@ -20,10 +20,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from broker.costs import COST_BY
 from broker.errors import SpecError
+from broker.state.costs import COST_BY
 
-DASHBOARD_APP = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+DASHBOARD_APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 
 
 def parse_since(v: str | None) -> float | None:
@@ -51,7 +51,7 @@ def _json(data: Any) -> None:
 
 
 def register(app: typer.Typer, client: Callable[[], Any], out: Console) -> None:
-    """Add the money commands to `app`; `client()` returns a broker.sdk.Client."""
+    """Add the money commands to `app`; `client()` returns a broker.client.sdk.Client."""
     budget_app = typer.Typer(no_args_is_help=True, help="Job and team budgets.")
     app.add_typer(budget_app, name="budget")
 

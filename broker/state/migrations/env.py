@@ -1,4 +1,4 @@
-"""Alembic environment: runs against the engine handed in by broker.store (or the URL)."""
+"""Alembic environment: runs against the engine handed in by broker.state.store (or the URL)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from alembic import context
 from sqlalchemy import create_engine
 from sqlmodel import SQLModel
 
-import broker.model  # noqa: F401  (registers the tables)
+import broker.state.model  # noqa: F401  (registers the tables)
 
 config = context.config
 target_metadata = SQLModel.metadata

@@ -6,7 +6,7 @@ from typing import Any
 
 from sqlmodel import Session
 
-from broker.model import Event
+from broker.state.model import Event
 
 
 def record(s: Session, now: float, kind: str, message: str, *, job_id: int | None = None,

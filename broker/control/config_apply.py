@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlmodel import Session, select
 
 from broker.errors import NotConfigured
-from broker.model import Node, Pool, Setting, Team
 from broker.spec import ClusterConfig, parse_config
+from broker.state.model import Node, Pool, Setting, Team
 
 CONFIG_KEY = "config"
 
@@ -35,7 +35,7 @@ def apply_config(s: Session, cfg: ClusterConfig) -> None:
         row.market, row.active = p.market.value, True
         s.add(row)
         s.flush()
-        if p.rented:  # rented nodes are launched and ended by broker.capacity_manager
+        if p.rented:  # rented nodes are launched and ended by broker.control.capacity_manager
             continue
         for i in range(max(p.nodes, _node_count(s, p.name))):
             nid = f"{p.name}-{i}"

@@ -23,8 +23,8 @@ from typing import Literal
 
 from sqlmodel import Session, col, select
 
-from broker.model import Attempt, EndReason, Job
-from broker.views import LostWorkRow
+from broker.state.model import Attempt, EndReason, Job
+from broker.state.views import LostWorkRow
 
 By = Literal["team", "job", "cause"]
 

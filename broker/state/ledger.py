@@ -28,8 +28,8 @@ from collections import defaultdict
 
 from sqlmodel import Session, col, or_, select
 
-from broker.model import Attempt, Job, LedgerEntry, Node, NodeMeter, Pool, PriceChange
 from broker.spec import BrokerSettings, ClusterConfig, Market
+from broker.state.model import Attempt, Job, LedgerEntry, Node, NodeMeter, Pool, PriceChange
 
 __all__ = ["accrue", "node_down", "node_up", "price_changed", "price_in_force", "usd_per_gpu_hour"]
 

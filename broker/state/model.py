@@ -88,7 +88,7 @@ class Node(SQLModel, table=True):
     pool: str = Field(foreign_key="pool.name", index=True, max_length=63)
     gpus: int
     state: str = Field(default="up", max_length=16, index=True)  # see NodeState
-    # Rented nodes only (broker.capacity_manager):
+    # Rented nodes only (broker.control.capacity_manager):
     token: str | None = Field(default=None, max_length=64)  # the idempotency token, set before launch
     instance_id: str | None = Field(default=None, max_length=128)
     for_job_id: int | None = None  # the job it was launched for
@@ -156,7 +156,7 @@ class Attempt(SQLModel, table=True):
     last_checkpoint_at: float | None = None
     lost_gpu_s: float = 0.0
     gpus: int = 0
-    # Checkpoint telemetry (see broker.telemetry).
+    # Checkpoint telemetry (see broker.checkpoint.telemetry).
     checkpoint_uri: str | None = None  # the job prefix this attempt writes to (its pool's store)
     cause: str | None = Field(default=None, max_length=64)  # why it ended, if not completed
     restore_bytes: int = 0  # size of the checkpoint it resumed from
@@ -202,7 +202,7 @@ class Event(SQLModel, table=True):
     data: dict = _json(dict)
 
 
-# -- money (issue 6): see pricing/ledger.py -------------------------------------------------
+# -- money (issue 6): see broker/state/ledger.py -------------------------------------------------
 class NodeMeter(SQLModel, table=True):
     """One node's time on the meter: from `started_at` (on-prem: first seen; rented: launch)
     to `ended_at` (retired or terminated; None while up). `metered_to` is how far the ledger

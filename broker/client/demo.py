@@ -7,7 +7,7 @@ on SIGTERM and requeue keeping their place, the urgent job runs, the victims res
 their checkpoints (step counter continuing), and everything finishes.
 
 The A100 pool keeps its checkpoints in a SIMULATED S3 bucket (moto's server on 127.0.0.1,
-see broker.demo_s3), the L4 pool in a local folder. The victims resume on the L4 pool once
+see broker.client.demo_s3), the L4 pool in a local folder. The victims resume on the L4 pool once
 it frees up, so the broker copies their newest checkpoint out of "S3", verifies it, and
 charges them AWS's egress price for the bytes.
 
@@ -35,13 +35,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from broker.demo_s3 import BUCKET, simulated_s3
+from broker.client.demo_s3 import BUCKET, simulated_s3
+from broker.client.sdk import FINAL, Client
 from broker.errors import OnepoolError
-from broker.sdk import FINAL, Client
-from broker.store import home_dir
+from broker.state.store import home_dir
 
 MARKER = ".demo-home"
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_numpy.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_numpy.py"
 
 DEMO_CONFIG: dict[str, Any] = {
     "pools": [
@@ -103,7 +103,7 @@ def _run(h: Path, say: Any, timeout: float) -> dict[str, Any]:
     c = Client(h)
     c.apply(_config())
     broker_log = open(h / "broker.log", "wb")  # noqa: SIM115  (closed in finally)
-    proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "--home", str(h), "broker"],
+    proc = subprocess.Popen([sys.executable, "-m", "broker.client.cli", "--home", str(h), "broker"],
                             stdout=broker_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     say(f"[bold]onepool demo[/bold]: broker pid {proc.pid}, home {h}")
     seen = 0

@@ -1,6 +1,6 @@
 """Rented capacity: the engine's hands for plan.launches / plan.terminations, interruption
 notices, idle tracking and start-up reconciliation. Called from marked hooks in
-broker.engine (reconcile, and twice per cycle: sync() before the snapshot, apply() after
+broker.control.engine (reconcile, and twice per cycle: sync() before the snapshot, apply() after
 the plan).
 
 Jobs placed on a rented node still run as LOCAL processes here (the engine's Executor is
@@ -13,7 +13,7 @@ provider.launch(token). A broker that dies between the call and writing the inst
 finds the row on restart and calls launch again with the same token: the provider returns
 the instance the first call made (ClientToken / request_id / a tag search).
 
-Node lifecycle (broker.model.NodeState): launching -> up -> [draining] -> terminating ->
+Node lifecycle (broker.state.model.NodeState): launching -> up -> [draining] -> terminating ->
 terminated. An interruption notice drains the node: its attempts checkpoint now and requeue
 (Engine.interrupt); once empty it is terminated. A node the cloud lost while the database
 thought it alive is ended and its attempts end LOST (requeued). An instance tagged by this
@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING
 
 from sqlmodel import Session, col, select
 
-from broker.events import record
-from broker.model import Attempt, AttemptState, EndReason, Node, NodeState, Setting
 from broker.policy import NodeView, Plan, Snapshot
+from broker.state.events import record
+from broker.state.model import Attempt, AttemptState, EndReason, Node, NodeState, Setting
 from pricing.catalog import Catalog
 from providers.base import (
     TAG_POOL,
@@ -53,7 +53,7 @@ from providers.base import (
 from providers.bootstrap import user_data
 
 if TYPE_CHECKING:
-    from broker.engine import Engine
+    from broker.control.engine import Engine
     from broker.spec import PoolSpec
 
 log = logging.getLogger("onepool.capacity")

@@ -18,18 +18,19 @@ from dataclasses import dataclass, field
 
 from sqlmodel import Session, col, select
 
-from broker import budgets, ckpt_index, retention
-from broker.capacity_manager import CapacityManager
-from broker.checkpoints import job_prefix
+from broker.checkpoint import index as ckpt_index
+from broker.checkpoint.checkpoints import job_prefix
+from broker.checkpoint.resume import RestorePoint, fetch_restore_point
+from broker.checkpoint.telemetry import cause_of
 from broker.clock import Clock
-from broker.config_apply import applied_config
-from broker.events import record
-from broker.model import Attempt, AttemptState, EndReason, Job, JobState, Node
+from broker.control import budgets, retention
+from broker.control.capacity_manager import CapacityManager
+from broker.control.config_apply import applied_config
+from broker.control.snapshots import build_snapshot
 from broker.policy import Placement, Plan, PolicyConfig, Preemption, plan
-from broker.resume import RestorePoint, fetch_restore_point
-from broker.snapshots import build_snapshot
-from broker.store import Store
-from broker.telemetry import cause_of
+from broker.state.events import record
+from broker.state.model import Attempt, AttemptState, EndReason, Job, JobState, Node
+from broker.state.store import Store
 from providers.base import Executor, RankState
 from providers.local import LocalProcesses
 

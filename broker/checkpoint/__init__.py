@@ -1,0 +1,1 @@
+"""Checkpoints in object storage: the commit protocol, the index, resume, transfer, uploads, telemetry."""

@@ -1,0 +1,1 @@
+"""What users run: the SDK, the CLI and the demo."""

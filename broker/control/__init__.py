@@ -1,0 +1,1 @@
+"""The leader's cycle and its hands: engine, capacity, budgets, retention, snapshots, config."""

@@ -1,0 +1,1 @@
+"""Persistent state: tables, the store and its migrations, events, read views, costs, the ledger."""
