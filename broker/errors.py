@@ -28,6 +28,20 @@ class InvalidState(OnepoolError):
     """The request does not apply to the object's current state (e.g. cancel a finished job)."""
 
 
+class Unauthorized(OnepoolError):
+    """No valid credential came with the request (missing, unknown, revoked or expired token).
+    Get a token from an admin (`onepool token create`) and set ONEPOOL_TOKEN."""
+
+
+class Forbidden(OnepoolError, PermissionError):
+    """The caller is known but its role or team does not allow this. Ask an admin."""
+
+
+class Unavailable(OnepoolError):
+    """The onepool server could not be reached or did not answer in time. Retry later; check
+    ONEPOOL_URL and that `onepool server` runs."""
+
+
 class NotConfigured(OnepoolError):
     """No pools or teams are known yet: apply an onepool.yaml first (`onepool apply -c FILE`)."""
 

@@ -81,6 +81,8 @@ class PoolSpec(_Strict):
     launch_latency_s: float = Field(default=120.0, ge=0.0)
     idle_timeout_s: float = Field(default=600.0, ge=0.0)  # give an idle rented node back after
     interruption_rate_per_h: float | None = Field(default=None, ge=0.0)  # default: the catalog's
+    # A rented node whose agent has not joined this long after the launch request is given back.
+    boot_timeout_s: float = Field(default=900.0, gt=0.0, le=86400.0)
     # A REFERENCE to credentials, never a secret: an AWS profile name, a GCP service-account
     # file path, or for libcloud "env:VAR1,VAR2" naming environment variables holding them.
     credentials: str | None = None
@@ -89,10 +91,10 @@ class PoolSpec(_Strict):
 
     @model_validator(mode="after")
     def _rented(self) -> PoolSpec:
-        if self.provider == "local":
+        if self.provider in ("local", "agent"):
             if self.max_nodes is not None:
                 raise ValueError("max_nodes: only rented pools (provider aws, gcp, libcloud) grow; "
-                                 "set nodes for a local pool")
+                                 f"set nodes for a {self.provider} pool")
             return self
         if self.market == Market.ONPREM:
             raise ValueError(f"market: a {self.provider} pool is on_demand or spot (got onprem)")
@@ -159,6 +161,23 @@ class BrokerSettings(_Strict):
     # its budget gets ("spot_only": queued spot-only if a spot pool fits the budget, else refused).
     idle_charged_to: Literal["pool", "launcher"] = "pool"
     over_budget_submission: Literal["refuse", "spot_only"] = "spot_only"
+    # Agents (issue 9). The URL at which agents on rented instances reach `onepool server`
+    # (required when a pool rents nodes); a node whose agent has not been heard from for
+    # `node_lost_after_s` is lost (its attempts requeue; a rented instance is terminated);
+    # agents call in at least every `agent_heartbeat_s`. `agent_package` is the pip
+    # requirement the boot script installs when the image has no `onepool` command.
+    server_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
+    node_lost_after_s: float = Field(default=30.0, ge=3.0, le=3600.0)
+    agent_heartbeat_s: float = Field(default=5.0, ge=0.5, le=600.0)
+    agent_package: str | None = Field(default=None, min_length=1, max_length=500)
+
+    @model_validator(mode="after")
+    def _agent_timing(self) -> BrokerSettings:
+        if self.agent_heartbeat_s * 3 > self.node_lost_after_s:
+            raise ValueError(f"node_lost_after_s: must be at least 3 x agent_heartbeat_s "
+                             f"({3 * self.agent_heartbeat_s:g}s), so one slow heartbeat does not "
+                             f"lose a node (got {self.node_lost_after_s:g})")
+        return self
 
     @field_validator("checkpoint_store")
     @classmethod
@@ -181,6 +200,15 @@ class ClusterConfig(_Strict):
     pools: list[PoolSpec] = Field(min_length=1)
     teams: list[TeamSpec] = Field(min_length=1)
     broker: BrokerSettings = BrokerSettings()
+
+    @model_validator(mode="after")
+    def _agents_reach_server(self) -> ClusterConfig:
+        rented = [p.name for p in self.pools if p.rented]
+        if rented and not self.broker.server_url:
+            raise ValueError(f"broker.server_url: required when a pool rents nodes ({', '.join(rented)}): "
+                             "the URL at which their agents reach `onepool server`, e.g. "
+                             "http://10.0.0.5:8421 (got none)")
+        return self
 
     @model_validator(mode="after")
     def _unique_names(self) -> ClusterConfig:

@@ -11,6 +11,7 @@ An Executor runs the processes of one attempt, one per rank (node). Its contract
   a process started by a crashed broker before starting one).
 - status() tells RUNNING, EXITED (with the exit code) or LOST (gone without an exit code).
 - signal() of a process that is gone returns quietly.
+- `node` names the node the rank was placed on (executors that run ranks elsewhere use it).
 
 A Provider rents capacity (nodes) for rented pools; see `Provider` for its contract.
 """
@@ -57,7 +58,7 @@ Handle = dict[str, Any]
 
 class Executor(Protocol):
     def start(self, attempt_id: int, rank: int, argv: list[str], env: dict[str, str],
-              *, recover: bool = False) -> Handle: ...
+              *, recover: bool = False, node: str | None = None) -> Handle: ...
 
     def status(self, handle: Handle) -> RankStatus: ...
 

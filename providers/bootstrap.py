@@ -1,25 +1,57 @@
-"""The user-data bootstrap a rented node boots with: it starts the job runner with its env.
+"""The user data a rented node boots with: a shell script that starts `onepool agent`, which
+joins the broker with a one-time join token and from then on runs the ranks placed there.
 
-In this environment jobs placed on a rented node still run as LOCAL processes (the
-Executor is providers.local.LocalProcesses; there is no remote host): the cloud instance is
-the capacity and billing object. On a real node this script is what would start the
-runner, with the same ONEPOOL_* env contract the local executor passes (see broker.control.engine).
-The node agent it execs (`onepool node-agent`) is not part of this build: no remote host
-exists here, so the script is carried (and tested for its contents) but never executed.
+The script installs onepool first when the image has no `onepool` command (from
+`broker.agent_package`, a pip requirement such as a wheel URL in your bucket); an image with
+onepool baked in starts at once. Everything the agent needs is in the script: the server's
+URL, the join token (one use, expiring), the node's identity and its expected GPUs.
+Environment variables already set when the script runs win over the script's defaults
+(ONEPOOL_AGENT_HOME: the agent's state folder; ONEPOOL_METADATA_URL: the metadata service).
 """
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 
-RUNNER = "onepool node-agent"
+
+@dataclass(frozen=True)
+class Boot:
+    """What a node needs to join. `metadata` is the cloud whose metadata service the agent
+    watches for interruption notices (aws | gcp | none)."""
+
+    server_url: str
+    join_token: str
+    node_id: str
+    pool: str
+    provider: str
+    gpus: int
+    gpu_type: str
+    metadata: str = "none"
+    agent_package: str | None = None
 
 
-def user_data(broker_id: str, pool: str, node_id: str, broker_url: str = "") -> str:
-    """A cloud-init shell script: export the node's identity, start the runner agent."""
-    env = {"ONEPOOL_BROKER_ID": broker_id, "ONEPOOL_POOL": pool, "ONEPOOL_NODE_ID": node_id,
-           "ONEPOOL_BROKER_URL": broker_url}
-    lines = ["#!/bin/bash", "set -euo pipefail"]
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-    lines += [f"exec {RUNNER}"]
-    return "\n".join(lines) + "\n"
+def user_data(b: Boot) -> str:
+    """A cloud-init shell script that installs (if needed) and execs the agent."""
+    q = shlex.quote
+    pkg = b.agent_package or ""
+    return f"""#!/bin/bash
+# onepool node bootstrap: start the onepool agent, which joins the broker as node {b.node_id}.
+set -euo pipefail
+export ONEPOOL_NODE_ID={q(b.node_id)} ONEPOOL_POOL={q(b.pool)} ONEPOOL_PROVIDER={q(b.provider)}
+export ONEPOOL_AGENT_HOME="${{ONEPOOL_AGENT_HOME:-/var/lib/onepool-agent}}"
+export ONEPOOL_BOOTED_FROM_USER_DATA=1
+if ! command -v onepool >/dev/null 2>&1; then
+  if [ -z {q(pkg)} ]; then
+    echo "onepool: this image has no onepool command and broker.agent_package is not set" >&2
+    exit 1
+  fi
+  python3 -m venv /opt/onepool
+  /opt/onepool/bin/pip install --quiet {q(pkg) if pkg else "''"}
+  export PATH=/opt/onepool/bin:$PATH
+fi
+mkdir -p "$ONEPOOL_AGENT_HOME"
+exec onepool agent --server {q(b.server_url)} --join-token {q(b.join_token)} \\
+  --state-dir "$ONEPOOL_AGENT_HOME" --gpus {b.gpus} --gpu-type {q(b.gpu_type)} \\
+  --metadata {q(b.metadata)}
+"""

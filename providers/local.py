@@ -22,6 +22,7 @@ from providers.base import Handle, RankState, RankStatus
 
 ATTEMPT_ENV = "ONEPOOL_ATTEMPT_ID"
 RANK_ENV = "ONEPOOL_RANK"
+RUNS_ENV = "ONEPOOL_RUNS_DIR"  # which LocalProcesses started it (attempt ids are per broker)
 
 
 class LocalProcesses:
@@ -39,7 +40,7 @@ class LocalProcesses:
         return self.runs_dir / f"attempt-{attempt_id}" / f"rank-{rank}"
 
     def start(self, attempt_id: int, rank: int, argv: list[str], env: dict[str, str],
-              *, recover: bool = False) -> Handle:
+              *, recover: bool = False, node: str | None = None) -> Handle:
         """Start the rank unless it was started already; return its handle.
 
         With recover=True (after a broker crash) it also looks for a live process carrying
@@ -51,7 +52,8 @@ class LocalProcesses:
         if found is not None:
             return found
         d.mkdir(parents=True, exist_ok=True)
-        full_env = {**os.environ, **env, ATTEMPT_ENV: str(attempt_id), RANK_ENV: str(rank)}
+        full_env = {**os.environ, **env, ATTEMPT_ENV: str(attempt_id), RANK_ENV: str(rank),
+                    RUNS_ENV: str(self.runs_dir)}
         with open(d / "output.log", "ab") as log:
             p = subprocess.Popen(
                 [sys.executable, "-m", "providers.local_runner", str(d), "--", *argv],
@@ -62,6 +64,10 @@ class LocalProcesses:
         threading.Thread(target=self._reap, args=(p,), daemon=True).start()
         return {"rank": rank, "pid": p.pid, "create_time": psutil.Process(p.pid).create_time(),
                 "run_dir": str(d)}
+
+    def find(self, attempt_id: int, rank: int) -> Handle | None:
+        """The handle of a rank started before (alive or exited), or None; never starts one."""
+        return self._existing(self.run_dir(attempt_id, rank), attempt_id, rank, recover=True)
 
     def _reap(self, p: subprocess.Popen[bytes]) -> None:
         p.wait()
@@ -88,7 +94,8 @@ class LocalProcesses:
                     env = proc.environ()
                 except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
                     continue
-                if env.get(ATTEMPT_ENV) == str(attempt_id) and env.get(RANK_ENV) == str(rank):
+                if (env.get(ATTEMPT_ENV) == str(attempt_id) and env.get(RANK_ENV) == str(rank)
+                        and env.get(RUNS_ENV) == str(self.runs_dir)):
                     if proc.pid == os.getpid():
                         continue
                     leader = _group_leader(proc)
@@ -116,6 +123,20 @@ class LocalProcesses:
 
     def kill(self, handle: Handle) -> None:
         self.signal(handle, signal.SIGKILL)
+
+    def kill_all(self) -> int:
+        """SIGKILL the process group of every rank under `runs_dir` still alive (a node going
+        away, test teardown). Returns how many it found alive."""
+        n = 0
+        for h in self.runs_dir.glob("attempt-*/rank-*/handle.json"):
+            data = _read_json(h)
+            if data is None:
+                continue
+            handle = {"pid": data["pid"], "create_time": data["create_time"], "run_dir": str(h.parent)}
+            if _alive(handle):
+                n += 1
+                self.signal(handle, signal.SIGKILL)
+        return n
 
 
 def _alive(handle: Handle) -> bool:

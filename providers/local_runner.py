@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -27,6 +28,36 @@ def write_json(path: Path, data: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(path)
+
+
+def _wait(child: subprocess.Popen[bytes]) -> int:
+    """The child's exit status. Under a node agent (ONEPOOL_AGENT_LEASE names the lease file
+    the agent touches after every sync with the server), a lease older than
+    ONEPOOL_AGENT_FENCE_S stops the child (SIGTERM, ONEPOOL_GRACE_S, SIGKILL): the broker
+    will soon count this node lost and run the work elsewhere, so it must not run here too."""
+    lease = os.environ.get("ONEPOOL_AGENT_LEASE")
+    if not lease:
+        return child.wait()
+    fence_s = float(os.environ.get("ONEPOOL_AGENT_FENCE_S", "20"))
+    grace_s = float(os.environ.get("ONEPOOL_GRACE_S", "30"))
+    while True:
+        try:
+            return child.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            age = time.time() - os.stat(lease).st_mtime
+        except FileNotFoundError:
+            age = float("inf")
+        if age > fence_s:
+            print(f"onepool: no contact with the server for {age:.0f}s (fence {fence_s:g}s): "
+                  "stopping this rank", file=sys.stderr, flush=True)
+            child.send_signal(signal.SIGTERM)
+            try:
+                return child.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                return child.wait()
 
 
 def main(argv: list[str]) -> int:
@@ -44,7 +75,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGUSR1, lambda *_: None)
     try:
         child = subprocess.Popen(cmd)
-        code = child.wait()
+        code = _wait(child)
     except FileNotFoundError:
         print(f"onepool: command not found: {cmd[0]}", file=sys.stderr)
         code = 127

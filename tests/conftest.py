@@ -3,9 +3,7 @@ that cycles an engine until a condition holds (woken by process exits, bounded i
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -67,11 +65,8 @@ def make_cluster(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., tup
 
 def kill_leftovers(runs: Path) -> None:
     """No job process outlives its test: SIGKILL the group of every rank still alive."""
-    procs = LocalProcesses(runs)
-    for h in runs.glob("attempt-*/rank-*/handle.json"):
-        data = json.loads(h.read_text())
-        procs.signal({"pid": data["pid"], "create_time": data["create_time"],
-                      "run_dir": str(h.parent)}, signal.SIGKILL)
+    if runs.exists():
+        LocalProcesses(runs).kill_all()
 
 
 def drive(engine: Engine, until: Callable[[], bool], timeout: float = 30.0,

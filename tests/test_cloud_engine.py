@@ -1,6 +1,8 @@
 """The engine renting AWS spot capacity (moto in-process), with real job processes.
 
-Every test ends with no instance running in moto (tests/conftest.py checks it)."""
+Each instance the broker launches boots its user data on this machine (InstanceBooter): the
+agent it starts joins the test's API server and runs the ranks placed there. Every test ends
+with no instance running in moto (tests/conftest.py checks it)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ import pytest
 from botocore.exceptions import ClientError
 from sqlmodel import select
 
+from broker.client.demo_ec2 import InstanceBooter
 from broker.control.engine import Engine
-from broker.state.model import Node, NodeState
+from broker.state.model import Attempt, Node, NodeState
 from providers.aws import AwsProvider
 from providers.base import TAG_BROKER, TAG_NODE, TAG_POOL
-from tests.conftest import drive, train
+from tests.agents.harness import make_site
+from tests.conftest import drive, kill_leftovers, train
 from tests.providers.harness import failing
 
 AMI = "ami-12345678"
@@ -30,6 +34,25 @@ def spot_pool(name: str = "spot", price: float = 2.0, **kw: Any) -> dict[str, An
 
 
 ONPREM = {"name": "a100", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 1}
+
+
+@pytest.fixture
+def make_cluster(tmp_path, clock, aws_mock):  # type: ignore[no-untyped-def]
+    """make_cluster(**config) -> (client, engine), with an API server for the agents and the
+    instances booted by InstanceBooter (this file's version of tests.conftest.make_cluster)."""
+    sites = []
+
+    def make(**kw: Any):  # type: ignore[no-untyped-def]
+        site = make_site(tmp_path / "home", clock, **kw)
+        sites.append(site)
+        return site.client, site.engine
+
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    with InstanceBooter(lambda: ec2, tmp_path / "instances"):
+        yield make
+    for s in sites:
+        s.api.stop()
+    kill_leftovers(tmp_path / "home" / "runs")
 
 
 def running_instances() -> list[dict[str, Any]]:
@@ -63,6 +86,11 @@ def test_low_job_rents_spot_runs_there_and_the_idle_node_is_given_back(make_clus
     j = c.submit(name="sweep", team="research", command=train(6), gpus_per_node=2, priority="low").id
     drive(eng, lambda: c.get(j).status == "SUCCEEDED")
     assert c.get(j).attempt_list[-1].pool == "spot"
+    with c.store.session() as s:  # it ran through the agent the instance booted
+        [att] = s.exec(select(Attempt).where(Attempt.job_id == j)).all()
+        assert att.handles[0]["kind"] == "agent"
+    [joined] = [e for e in c.events() if e.kind == "agent_joined"]
+    assert joined.data["agent"]["booted_from_user_data"] is True
     [inst] = _all_instances()
     assert inst.get("InstanceLifecycle") == "spot"
     tags = {t["Key"]: t["Value"] for t in inst["Tags"]}

@@ -15,7 +15,8 @@ from providers.registry import make_provider
 def cfg(**pool: Any) -> dict[str, Any]:
     base = {"name": "spot", "provider": "aws", "gpu_type": "A10G", "gpus_per_node": 4, "nodes": 0,
             "max_nodes": 2, "market": "spot", "region": "us-east-1", "instance_type": "g5.12xlarge"}
-    return {"pools": [{**base, **pool}], "teams": [{"name": "t"}]}
+    return {"pools": [{**base, **pool}], "teams": [{"name": "t"}],
+            "broker": {"server_url": "http://10.0.0.5:8421"}}
 
 
 @pytest.mark.parametrize(("pool", "needle"), [
@@ -24,6 +25,7 @@ def cfg(**pool: Any) -> dict[str, Any]:
     ({"market": "onprem"}, "on_demand or spot"),
     ({"nodes": 3}, "must be 0 for a rented pool"),
     ({"provider": "local", "max_nodes": 2}, "only rented pools"),
+    ({"provider": "agent", "max_nodes": 2}, "only rented pools"),
 ])
 def test_bad_rented_pools_say_what_to_fix(pool: dict[str, Any], needle: str) -> None:
     with pytest.raises(SpecError) as e:
@@ -42,6 +44,19 @@ def test_providers_that_cannot_be_built_raise_fatal_saying_why(pool: dict[str, A
     spec = parse_config(cfg(**pool)).pools[0]
     with pytest.raises(Fatal) as e:
         make_provider(spec)
+    assert needle in str(e.value)
+
+
+@pytest.mark.parametrize(("broker", "needle"), [
+    ({}, "broker.server_url: required when a pool rents nodes (spot)"),
+    ({"server_url": "10.0.0.5:8421"}, "server_url"),
+    ({"server_url": "http://x:1", "agent_heartbeat_s": 20}, "at least 3 x agent_heartbeat_s"),
+])
+def test_rented_pools_need_a_server_their_agents_reach(broker: dict[str, Any], needle: str) -> None:
+    data = cfg()
+    data["broker"] = broker
+    with pytest.raises(SpecError) as e:
+        parse_config(data)
     assert needle in str(e.value)
 
 

@@ -19,7 +19,7 @@ def test_demo_json(tmp_path: Path) -> None:
     jobs = {j["name"]: j for j in json.loads(out.stdout)["jobs"]}
     assert set(jobs) == {"sweep-0", "sweep-1", "sweep-2", "sweep-3", "sweep-4", "hotfix-eval"}
     fields = {"name", "priority", "status", "attempts", "preemptions", "wait_s", "lost_gpu_s",
-              "pool", "market",
+              "pool", "market", "attempt_list",
               "resumed_from_step", "checkpoint_stores", "egress_bytes", "egress_usd"}
     assert all(fields <= set(j) for j in jobs.values())
     assert all(j["status"] == "SUCCEEDED" for j in jobs.values())
@@ -41,6 +41,18 @@ def test_demo_json(tmp_path: Path) -> None:
     assert jobs["hotfix-eval"]["market"] == "onprem"
     assert json.loads(out.stdout)["simulated_ec2"]["endpoint"].startswith("http://127.0.0.1:")
     assert json.loads(out.stdout)["instances_left_running"] == 0
+    # Two on-prem hosts run agents; the spot instance's agent started from its user data.
+    agents = json.loads(out.stdout)["agents"]
+    assert {a["node"] for a in agents if not a["booted_from_user_data"]} == {"a100-0", "a100-1"}
+    booted = [a for a in agents if a["booted_from_user_data"]]
+    assert booted and all(a["pool"] == "aws-spot" and a["market"] == "spot" for a in booted)
+    assert len({a["pid"] for a in agents}) == len(agents)  # separate processes
+    pids = {a["node"]: a["pid"] for a in agents}
+    for j in victims:  # preempted on an agent's node, resumed elsewhere
+        first, last = j["attempt_list"][0], j["attempt_list"][-1]
+        assert first["node"].startswith("a100-") and first["agent_pid"] == pids[first["node"]]
+        assert first["end_reason"] == "PREEMPTED" and last["end_reason"] == "COMPLETED"
+    assert any(j["attempt_list"][-1]["node"] in {a["node"] for a in booted} for j in victims)
     # The demo refuses to wipe a home that holds other work.
     other = tmp_path / "other"
     other.mkdir()

@@ -22,6 +22,7 @@ from rich.table import Table
 from broker.errors import OnepoolError, SpecError
 from broker.state.views import JobInfo
 
+FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "BUDGET_EXHAUSTED")
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="onepool: one priority queue over every GPU you can reach.")
 
@@ -47,6 +48,14 @@ def _root(home: HomeOpt = None) -> None:
 
 
 def _client():  # type: ignore[no-untyped-def]
+    """The SDK client: over HTTP when ONEPOOL_URL is set, else on the home's database."""
+    from broker.sdk import Client
+
+    return Client(_state.get("home"))
+
+
+def _embedded():  # type: ignore[no-untyped-def]
+    """The home's database itself (commands that run the broker, the server or the demo)."""
     from broker.client.sdk import Client
 
     return Client(_state.get("home"))
@@ -108,7 +117,10 @@ def submit(
         if bad:
             raise SpecError("job", [f"env: expected KEY=VALUE (got {bad[0]!r})"])
         data["env"] = {**data.get("env", {}), **dict(e.split("=", 1) for e in env)}
-    missing = [k for k in ("name", "team", "command") if not data.get(k)]
+    import os
+
+    required = ("name", "command") if os.environ.get("ONEPOOL_URL") else ("name", "team", "command")
+    missing = [k for k in required if not data.get(k)]  # over HTTP the token's team is the default
     if missing:
         raise SpecError("job", [f"{k}: required (give --{k} or put it in -f FILE)"
                                 if k != "command" else "command: required (after --)"
@@ -223,22 +235,35 @@ def events(job: Annotated[int | None, typer.Argument()] = None, as_json: JsonOpt
 
 
 @app.command()
-def logs(job: int, attempt: Annotated[int | None, typer.Option()] = None,
-         rank: Annotated[int, typer.Option()] = 0) -> None:
-    """Print a job's output (its last attempt unless --attempt N)."""
+def logs(job: int,
+         attempt: Annotated[int | None, typer.Option(help="attempt number (default: the newest)")] = None,
+         rank: Annotated[int, typer.Option(help="rank of a multi-node job")] = 0,
+         follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing new output "
+                                              "(and the next attempts') until the job ends")] = False,
+         poll_s: Annotated[float, typer.Option(hidden=True)] = 0.5) -> None:
+    """Print a job's output (its newest attempt unless --attempt N); -f follows it."""
+    import time
+
     c = _client()
-    info = c.get(job)
-    if not info.attempt_list:
-        raise OnepoolError(f"job {job} has not started yet")
-    a = info.attempt_list[-1] if attempt is None else next(
-        (x for x in info.attempt_list if x.number == attempt), None)
-    if a is None:
-        raise OnepoolError(f"job {job} has no attempt {attempt} "
-                           f"(it has {len(info.attempt_list)})")
-    path = c.store.home / "runs" / f"attempt-{a.id}" / f"rank-{rank}" / "output.log"
-    if not path.exists():
-        raise OnepoolError(f"no output for job {job} attempt {a.number} rank {rank}")
-    sys.stdout.write(path.read_text())
+    chunk = c.logs(job, attempt, rank)
+    while True:
+        sys.stdout.write(chunk.data)
+        sys.stdout.flush()
+        if chunk.data:
+            chunk = c.logs(job, chunk.attempt, rank, chunk.next_offset)
+            continue
+        if not follow:
+            return
+        if chunk.attempt_ended:
+            info = c.get(job)
+            if attempt is None and info.attempts > chunk.attempt:
+                err.print(f"--- attempt {chunk.attempt + 1} ---", highlight=False)
+                chunk = c.logs(job, chunk.attempt + 1, rank)
+                continue
+            if attempt is not None or info.status in FINAL_STATES:
+                return
+        time.sleep(poll_s)
+        chunk = c.logs(job, chunk.attempt, rank, chunk.next_offset)
 
 
 @app.command()
@@ -252,7 +277,7 @@ def broker(config: Annotated[Path | None, typer.Option("-c", "--config",
     from broker.control import service
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    c = _client()
+    c = _embedded()
     if config is not None:
         c.apply(config)
     service.run(c.store, SystemClock(), cycle_s=cycle_s, max_cycles=1 if once else None)
@@ -312,6 +337,10 @@ def simulate(
 from broker.client.cli_money import register as _register_money  # noqa: E402  (issue 6: cost, budget, dashboard)
 
 _register_money(app, lambda: _client(), out)
+
+from broker.client.cli_remote import register as _register_remote  # noqa: E402  (issue 9)
+
+_register_remote(app, _client, _embedded, out, _print_json)
 
 
 def main() -> None:

@@ -1,31 +1,30 @@
-"""`onepool demo`: the whole story on this machine, with real processes, in under a minute.
+"""`onepool demo`: the whole story on this machine, with real processes, in under two minutes.
 
-Two local pools of different GPU types (2 nodes x 2 A100, 1 node x 4 L4). Four low-priority
-training jobs fill all 8 GPUs. An urgent job needing the whole A100 pool (a 2-node gang)
-arrives: the broker preempts the two A100 victims that lose the least work, they checkpoint
-on SIGTERM and requeue keeping their place, the urgent job runs, the victims resume from
-their checkpoints (step counter continuing), and everything finishes.
+The lab's set-up in miniature: `onepool server` (the HTTP API and the broker loop) runs as its
+own process; two on-prem A100 hosts each run `onepool agent` (separate processes, joined with
+one-time tokens); a local L4 pool is the server machine's own slots; and an AWS spot pool
+rents instances in a SIMULATED EC2 (moto's server on 127.0.0.1), each of which "boots" its
+user data on this machine (broker.client.demo_ec2): the script starts the agent that joins
+the server. The demo itself acts as the researchers: it submits through the API with
+per-team tokens.
 
-The A100 pool keeps its checkpoints in a SIMULATED S3 bucket (moto's server on 127.0.0.1,
-see broker.client.demo_s3), the L4 pool in a local folder. The victims resume on the L4 pool once
-it frees up, so the broker copies their newest checkpoint out of "S3", verifies it, and
-charges them AWS's egress price for the bytes.
+Five low-priority training jobs arrive: four fill the A100 hosts and the L4 pool, the fifth
+waits `cloud_after_wait_s` and gets a rented spot node. An urgent job needing both A100
+hosts (a 2-node gang) arrives: the broker preempts the two A100 victims that lose the least
+work, the SIGTERM reaches them through their agents, they checkpoint and requeue keeping
+their place, and resume from their checkpoints: one on the spot node's free GPUs, through
+the other agent. Everything finishes; the idle spot node is given back.
 
-A fifth low-priority job finds every local GPU taken: after `cloud_after_wait_s` the broker
-RENTS an AWS spot node for it (a g5.12xlarge in a SIMULATED EC2: the same moto server, real
-boto3 calls: run_instances with a ClientToken, tags, spot market options), the job runs there
-(as a local process: this machine stands in for the rented host, which is only the capacity
-and billing object), and the idle node is terminated afterwards.
-
-The broker runs as its own process (`onepool broker`), exactly as in production.
+The A100 pool keeps its checkpoints in a SIMULATED S3 bucket (moto again), the other pools in
+a local folder, so a victim resuming elsewhere has its newest checkpoint copied out of "S3",
+verified and charged AWS's egress price.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,8 +35,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from broker.client.demo_s3 import BUCKET, simulated_s3
-from broker.client.sdk import FINAL, Client
+from broker.client.demo_site import DemoSite, free_port
+from broker.client.http import HttpClient
+from broker.client.sdk import FINAL
 from broker.errors import OnepoolError
+from broker.spec import ClusterConfig, parse_config
 from broker.state.store import home_dir
 
 MARKER = ".demo-home"
@@ -45,22 +47,23 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_numpy.py"
 
 DEMO_CONFIG: dict[str, Any] = {
     "pools": [
-        {"name": "a100", "provider": "local", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 2,
+        {"name": "a100", "provider": "agent", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 2,
          "price_per_node_hour": 8.0, "region": "us-east-1",
          "store": f"s3://{BUCKET}/checkpoints"},  # SIMULATED S3 (moto on 127.0.0.1)
         {"name": "l4", "provider": "local", "gpu_type": "L4", "gpus_per_node": 4, "nodes": 1,
          "price_per_node_hour": 3.2},
         # SIMULATED EC2 (moto on 127.0.0.1): price and interruption rate from pricing/data.
         {"name": "aws-spot", "provider": "aws", "gpu_type": "A10G", "gpus_per_node": 4, "nodes": 0,
-         "max_nodes": 2, "market": "spot", "region": "us-east-1", "instance_type": "g5.12xlarge",
-         "image": "ami-0demo0000000000", "launch_latency_s": 0, "idle_timeout_s": 2},
+         "max_nodes": 1, "market": "spot", "region": "us-east-1", "instance_type": "g5.12xlarge",
+         "image": "ami-0demo0000000000", "launch_latency_s": 2, "idle_timeout_s": 2},
     ],
     "teams": [
         {"name": "research", "weight": 1.0, "priority_allowance_gpus": 0},
         {"name": "prod", "weight": 1.0, "priority_allowance_gpus": 4},
     ],
     "broker": {"cycle_s": 0.5, "grace_s": 10, "min_run_s": 20, "keep_checkpoints": 3,
-               "checkpoint_delete_delay_s": 5, "cloud_after_wait_s": 2},
+               "checkpoint_delete_delay_s": 5, "cloud_after_wait_s": 2,
+               "agent_heartbeat_s": 1, "node_lost_after_s": 15},
 }
 
 
@@ -84,82 +87,84 @@ def _train(steps: int) -> list[str]:
 
 def run_demo(home: str | os.PathLike[str] | None, *, timeout: float = 180,
              progress: bool = True) -> dict[str, Any]:
-    """Run the scenario and return {"home", "jobs": [...]} (see the module docstring)."""
+    """Run the scenario and return {"home", "agents", "jobs": [...]} (see the module docstring)."""
     say = Console(stderr=True).print if progress else (lambda *a, **k: None)
     h = prepare_home(home)
     with simulated_s3() as endpoint:
-        say(f"[bold]simulated[/bold] S3 bucket s3://{BUCKET} (moto server at {endpoint}; "
+        say(f"[bold]simulated[/bold] S3 bucket s3://{BUCKET} and EC2 (moto server at {endpoint}; "
             "nothing leaves this machine)")
         out = _run(h, say, timeout)
     out["simulated_s3"] = {"bucket": f"s3://{BUCKET}", "endpoint": endpoint,
                            "note": "moto's S3 server on 127.0.0.1, started by the demo: simulated"}
     out["simulated_ec2"] = {"pool": "aws-spot", "endpoint": endpoint,
-                            "note": "moto's EC2 on 127.0.0.1, started by the demo: simulated; "
-                                    "jobs routed there ran as local processes"}
+                            "note": "moto's EC2 on 127.0.0.1, started by the demo: simulated; each "
+                                    "instance's user data ran on this machine and started its agent"}
     return out
 
 
 def _run(h: Path, say: Any, timeout: float) -> dict[str, Any]:
-    c = Client(h)
-    c.apply(_config())
-    broker_log = open(h / "broker.log", "wb")  # noqa: SIM115  (closed in finally)
-    proc = subprocess.Popen([sys.executable, "-m", "broker.client.cli", "--home", str(h), "broker"],
-                            stdout=broker_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    say(f"[bold]onepool demo[/bold]: broker pid {proc.pid}, home {h}")
-    seen = 0
+    port = free_port()
+    cfg = _config(f"http://127.0.0.1:{port}")
     deadline = time.monotonic() + timeout
-    try:
-        lows = [c.submit(name=f"sweep-{i}", team="research", experiment="lr-sweep",
-                         command=_train(40), gpus_per_node=2, priority="low",
-                         checkpoint_interval_s=1).id for i in range(5)]
-        say("submitted 5 low-priority jobs (2 GPUs each): 4 fill both local pools, the 5th "
-            "will rent simulated AWS spot")
-        while not all(c.get(i).last_step is not None for i in lows[:4]):
-            seen = _echo(c, seen, say)
-            _check(proc, deadline)
-            time.sleep(0.2)
-        urgent = c.submit(name="hotfix-eval", team="prod", experiment="release",
-                          command=_train(48), gpus_per_node=2, nodes=2, gpu_types=["A100"],
-                          priority="urgent", budget_usd=5).id
-        say("submitted an urgent 2-node job needing the whole A100 pool")
+    with DemoSite(h, cfg, port) as site:
+        say(f"[bold]onepool demo[/bold]: server {site.url} (pid {site.procs['server'].pid}), "
+            f"on-prem agents pids {', '.join(str(p.pid) for n, p in site.procs.items() if n != 'server')}"
+            f", home {h}")
+        research, prod, admin = site.client("research"), site.client("prod"), site.client("admin")
+        seen = 0
+
+        def wait(cond: Any) -> None:
+            nonlocal seen
+            while not cond():
+                seen = _echo(admin, seen, say)
+                site.check()
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the demo did not finish in time; see `onepool status`")
+                time.sleep(0.2)
+
+        lows = [research.submit(name=f"sweep-{i}", experiment="lr-sweep", command=_train(40),
+                                gpus_per_node=2, priority="low", checkpoint_interval_s=1).id
+                for i in range(5)]
+        say("team research submitted 5 low-priority jobs (2 GPUs each) over the API: 4 fill the "
+            "A100 hosts and the L4 pool, the 5th rents simulated AWS spot")
+        wait(lambda: all(research.get(i).last_step is not None for i in lows[:4])
+             and research.get(lows[4]).status == "RUNNING")
+        urgent = prod.submit(name="hotfix-eval", experiment="release", command=_train(48),
+                             gpus_per_node=2, nodes=2, gpu_types=["A100"], priority="urgent",
+                             budget_usd=5).id
+        say("team prod submitted an urgent 2-node job needing both A100 hosts")
         ids = [*lows, urgent]
-        while not all(c.get(i).status in FINAL for i in ids):
-            seen = _echo(c, seen, say)
-            _check(proc, deadline)
-            time.sleep(0.2)
-        while _instances_running() and time.monotonic() < deadline:  # idle spot nodes go back
-            seen = _echo(c, seen, say)
-            time.sleep(0.2)
-        _echo(c, seen, say)
+        wait(lambda: all(admin.get(i).status in FINAL for i in ids))
+        with contextlib.suppress(TimeoutError):  # idle spot nodes go back
+            wait(lambda: not _instances_running())
+        _echo(admin, seen, say)
         left = len(_instances_running())
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        broker_log.close()
-    jobs = [c.get(i) for i in ids]
-    market = {p.name: p.market.value for p in _config().pools}
+        agents = site.agents()
+        jobs = [admin.get(i) for i in ids]
+    pid_of = {a["node"]: a["pid"] for a in agents}
+    market = {p.name: p.market.value for p in cfg.pools}
     return {
         "home": str(h),
+        "server": site.url,
         "instances_left_running": left,
+        "agents": agents,
         "jobs": [{"id": j.id, "name": j.name, "priority": j.priority, "status": j.status,
                   "attempts": j.attempts, "preemptions": j.preemptions,
                   "wait_s": round(j.wait_s, 2), "gpu_s": round(j.gpu_s, 1),
                   "lost_gpu_s": round(j.lost_gpu_s, 2), "resumed_from_step": j.resumed_from_step,
                   "pool": j.attempt_list[-1].pool if j.attempt_list else None,
                   "market": market[j.attempt_list[-1].pool] if j.attempt_list else None,
+                  "attempt_list": [{"node": a.alloc[0][0], "agent_pid": pid_of.get(a.alloc[0][0]),
+                                    "end_reason": a.end_reason} for a in j.attempt_list],
                   "checkpoint_stores": j.checkpoint_stores, "egress_bytes": j.egress_bytes,
                   "egress_usd": round(j.egress_usd, 8)}
                  for j in jobs],
     }
 
 
-def _config():  # type: ignore[no-untyped-def]
-    from broker.spec import parse_config
-
-    return parse_config(DEMO_CONFIG, "demo config")
+def _config(server_url: str = "http://127.0.0.1:8421") -> ClusterConfig:
+    data = {**DEMO_CONFIG, "broker": {**DEMO_CONFIG["broker"], "server_url": server_url}}
+    return parse_config(data, "demo config")
 
 
 def _instances_running() -> list[str]:
@@ -171,37 +176,40 @@ def _instances_running() -> list[str]:
     return [i["InstanceId"] for r in resp["Reservations"] for i in r["Instances"]]
 
 
-def _check(proc: subprocess.Popen[bytes], deadline: float) -> None:
-    if proc.poll() is not None:
-        raise OnepoolError(f"the demo broker exited with status {proc.returncode}; "
-                           "see broker.log in the demo home")
-    if time.monotonic() > deadline:
-        raise TimeoutError("the demo did not finish in time; see `onepool status`")
-
-
-def _echo(c: Client, seen: int, say: Any) -> int:
+def _echo(c: HttpClient, seen: int, say: Any) -> int:
     evs = c.events()
     for e in evs[seen:]:
         if e.kind in ("started", "preempting", "preempted", "succeeded", "killed", "failed",
-                      "checkpoint_copied", "node_launching", "node_terminated", "no_capacity"):
-            say(f"  job {e.job_id}: {e.kind:<10} {escape(e.message)}")
+                      "checkpoint_copied", "node_launching", "node_terminated", "no_capacity",
+                      "agent_joined"):
+            who = f"job {e.job_id}" if e.job_id else "broker"
+            say(f"  {who}: {e.kind:<13} {escape(e.message)}")
     return len(evs)
 
 
 def render(result: dict[str, Any], console: Console) -> None:
     t = Table(title="onepool demo: every job, after the urgent one cut in")
     for col in ("job", "class", "status", "attempts", "preempted", "queue wait s", "GPU-s",
-                "GPU-s lost", "resumed from step", "last pool", "market", "stores", "egress $"):
-        t.add_column(col, justify="left" if col in ("job", "class", "status", "last pool", "market")
-                     else "right")
+                "GPU-s lost", "resumed from step", "ran on (agent pid)", "market", "stores", "egress $"):
+        t.add_column(col, justify="left" if col in ("job", "class", "status", "ran on (agent pid)",
+                                                    "market") else "right")
     for j in result["jobs"]:
+        where = " -> ".join(a["node"] + (f" ({a['agent_pid']})" if a["agent_pid"] else " (local)")
+                            for a in j["attempt_list"])
         t.add_row(escape(j["name"]), j["priority"], j["status"], str(j["attempts"]), str(j["preemptions"]),
                   f"{j['wait_s']:.1f}", f"{j['gpu_s']:.0f}", f"{j['lost_gpu_s']:.1f}",
                   "-" if j["resumed_from_step"] is None else str(j["resumed_from_step"]),
-                  j["pool"] or "-", j["market"] or "-",
+                  escape(where) or "-", j["market"] or "-",
                   " -> ".join(u.split("://")[0] for u in j["checkpoint_stores"]),
                   f"{j['egress_usd']:.6f}")
     console.print(t)
+    a = Table(title=f"agents that joined the server at {result.get('server', '?')}")
+    for col in ("node", "pool", "market", "agent pid", "started by"):
+        a.add_column(col)
+    for ag in result.get("agents", []):
+        a.add_row(ag["node"], ag["pool"], ag["market"], str(ag["pid"]),
+                  "the instance's user data" if ag["booted_from_user_data"] else "onepool agent (on-prem)")
+    console.print(a)
     if "simulated_s3" in result:
         sim = result["simulated_s3"]
         console.print(f"{sim['bucket']} is SIMULATED: {sim['note']} ({sim['endpoint']}, gone now)")

@@ -1,4 +1,4 @@
-"""The Python SDK: submit, inspect, cancel and wait for jobs.
+"""The SDK, embedded: submit, inspect, cancel and wait for jobs straight on the database.
 
     from broker.sdk import Client
     c = Client()                                   # $ONEPOOL_HOME or ./.onepool
@@ -6,13 +6,20 @@
                    gpus_per_node=2, priority="high", budget_usd=40)
     c.wait([job.id])
 
-The client writes to the same database the broker reads; the broker picks new jobs up on
-its next cycle. Every method raises SpecError (bad input), NotFound, InvalidState or
-NotConfigured with a message that says what to fix.
+With ONEPOOL_URL set, `broker.sdk.Client()` returns the HTTP client (broker.client.http)
+instead: same methods, same results, same errors. The API server itself runs this class on
+behalf of each request's principal (the member or admin behind its token), so the rules of
+who may do what live here, once, for both modes.
+
+Every method raises SpecError (bad input), NotFound, InvalidState, NotConfigured or
+Forbidden with a message that says what to fix.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -24,32 +31,46 @@ from sqlmodel import col, select
 from broker.checkpoint import telemetry
 from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.index import default_store_root, stores_of
+from broker.client.sdk_admin import AdminMixin
 from broker.clock import Clock, SystemClock
 from broker.control import budgets as budget_rules
 from broker.control.config_apply import applied_config, apply_config
 from broker.errors import InvalidState, NotFound, SpecError
 from broker.spec import ClusterConfig, JobSpec, check_job_fits, load_config, parse_job
 from broker.state import costs as cost_queries
-from broker.state.events import record
+from broker.state.events import acting_as, record
 from broker.state.model import Attempt, Event, Job, JobState
+from broker.state.model_access import IdempotentSubmit
 from broker.state.store import Store
-from broker.state.views import EventInfo, JobInfo, LostWorkRow
+from broker.state.tokens import Principal, local_principal
+from broker.state.views import EventInfo, JobInfo, LogChunk, LostWorkRow
 
 FINAL = {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value}
 STOPPED = FINAL | {JobState.BUDGET_EXHAUSTED.value}  # what wait() returns on
+STATES = [s.value for s in JobState]
+MAX_PAGE = 1000
+MAX_ID = 2**63 - 1  # ids and offsets beyond what a database integer holds do not exist
+LOG_CHUNK = 1 << 20
 
 
-class Client:
+class Client(AdminMixin):
+    """The embedded client. `principal` is who acts (default: the local user, with every
+    right, as whoever can open the database file has them anyway)."""
+
     def __init__(self, home: str | os.PathLike[str] | None = None, *, url: str | None = None,
-                 clock: Clock | None = None, store: Store | None = None) -> None:
+                 clock: Clock | None = None, store: Store | None = None,
+                 principal: Principal | None = None) -> None:
         self.store = store or Store(home, url)
         self.clock = clock or SystemClock()
+        self.principal = principal or local_principal()
 
     # -- configuration ----------------------------------------------------------------------
     def apply(self, config: ClusterConfig | str | Path) -> ClusterConfig:
-        """Apply an onepool.yaml (path or parsed). Raises SpecError for bad content."""
+        """Apply an onepool.yaml (path or parsed). Raises SpecError for bad content,
+        Forbidden for a member."""
+        self.principal.require_admin("applying a config (pools, teams, settings)")
         cfg = config if isinstance(config, ClusterConfig) else load_config(config)
-        with self.store.session() as s:
+        with self.store.session() as s, acting_as(self.principal.actor):
             apply_config(s, cfg)
         return cfg
 
@@ -63,11 +84,16 @@ class Client:
     # -- jobs -------------------------------------------------------------------------------
     def submit(self, spec: JobSpec | dict[str, Any] | None = None, /, *,
                priority: str | None = None, budget_usd: float | None = None,
-               **fields: Any) -> JobInfo:
+               idempotency_key: str | None = None, **fields: Any) -> JobInfo:
         """Queue a job. `spec` (a JobSpec or dict) and keyword fields are merged, keywords win.
 
+        A member submits for its own team (the default team when none is given). With an
+        `idempotency_key`, a retried submit of the same spec returns the job the first one
+        made; the same key with another spec is refused.
+
         Raises SpecError naming the bad field and the allowed values (unknown team, GPU type
-        no pool has, a shape no pool can hold, ...). Nothing is written on error.
+        no pool has, a shape no pool can hold, ...), Forbidden (another team). Nothing is
+        written on error.
         """
         data: dict[str, Any] = {}
         if isinstance(spec, JobSpec):
@@ -81,18 +107,31 @@ class Client:
             data["priority"] = priority
         if budget_usd is not None:
             data["budget_usd"] = budget_usd
+        p = self.principal
+        if not p.is_admin and not data.get("team"):
+            data["team"] = p.team
         cfg = self.config()
         js = parse_job(data)
+        p.require_team(js.team, "submitting a job")
         check_job_fits(js, cfg)
+        digest = hashlib.sha256(json.dumps(js.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+        if idempotency_key is not None:
+            if not 1 <= len(idempotency_key) <= 200:
+                raise SpecError("Idempotency-Key", ["must be 1 to 200 characters"])
+            prior = self._idempotent(idempotency_key, digest)
+            if prior is not None:
+                return self.get(prior)
         now = self.clock.now()
-        with self.store.session() as s:
+        with self.store.session() as s, acting_as(p.actor):
             js, budget_note = budget_rules.check_submission(s, cfg, js, now)  # money (issue 6)
+            workdir = js.workdir or (os.getcwd() if p.kind == "local" else None)
             job = Job(name=js.name, experiment=js.experiment, team=js.team, command=js.command,
-                      env=js.env, workdir=js.workdir or os.getcwd(),
+                      env=js.env, workdir=workdir,
                       gpus_per_node=js.gpus_per_node, nodes=js.nodes, gpu_types=js.gpu_types,
                       priority=js.priority.value, budget_usd=js.budget_usd, spot=js.spot.value,
                       checkpoint_interval_s=js.checkpoint_interval_s,
-                      expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now)
+                      expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now,
+                      submitted_by=p.actor)
             s.add(job)
             s.flush()
             assert job.id is not None
@@ -102,32 +141,70 @@ class Client:
             if budget_note:
                 record(s, now, "budget_spot_only", budget_note, job_id=job.id)
             s.add(job)
+            if idempotency_key is not None:
+                s.add(IdempotentSubmit(principal=p.actor[:64], key=idempotency_key,
+                                       request_sha256=digest, job_id=job.id, created_at=now))
         return self.get(job.id)
 
-    def get(self, job_id: int) -> JobInfo:
-        """The job with its attempts. Raises NotFound."""
+    def _idempotent(self, key: str, digest: str) -> int | None:
         with self.store.session() as s:
-            j = s.get(Job, job_id)
-            if j is None:
-                raise NotFound(f"no job with id {job_id}")
+            row = s.exec(select(IdempotentSubmit).where(
+                IdempotentSubmit.principal == self.principal.actor[:64],
+                IdempotentSubmit.key == key)).first()
+        if row is None:
+            return None
+        if row.request_sha256 != digest:
+            raise SpecError("Idempotency-Key", [f"{key!r} was already used for a different job "
+                                                f"(job {row.job_id}); use a new key"])
+        return row.job_id
+
+    def _job(self, s: Any, job_id: int, what: str) -> Job:
+        j = s.get(Job, job_id) if 0 < job_id <= MAX_ID else None
+        if j is None:
+            raise NotFound(f"no job with id {job_id}")
+        self.principal.require_team(j.team, f"{what} job {job_id}")
+        return j
+
+    def get(self, job_id: int) -> JobInfo:
+        """The job with its attempts. Raises NotFound, Forbidden (another team's job)."""
+        with self.store.session() as s:
+            j = self._job(s, job_id, "reading")
             atts = list(s.exec(select(Attempt).where(Attempt.job_id == job_id)).all())
             return JobInfo.of(j, atts, self.clock.now(), stores=stores_of(s, [job_id]).get(job_id),
                               caused_lost_gpu_s=telemetry.caused_lost_gpu_s(s, [job_id]).get(job_id, 0.0))
 
     def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
-             experiment: str | None = None) -> list[JobInfo]:
-        """Jobs, oldest first, optionally filtered."""
+             experiment: str | None = None, after_id: int = 0,
+             limit: int | None = None) -> list[JobInfo]:
+        """Jobs, oldest first, optionally filtered; a page of at most `limit` (up to 1000)
+        jobs with ids above `after_id`. A member sees its own team's jobs only.
+        Raises SpecError (unknown state, bad limit), Forbidden (another team)."""
+        states = [x.upper() for x in status or []]
+        bad = [x for x in states if x not in STATES]
+        if bad:
+            raise SpecError("status", [f"status: must be one of {', '.join(STATES)} (got {bad[0]!r})"])
+        if not 0 <= after_id <= MAX_ID:
+            raise SpecError("list", [f"after_id: must be between 0 and {MAX_ID} (got {after_id})"])
+        if limit is not None and not 1 <= limit <= MAX_PAGE:
+            raise SpecError("list", [f"limit: must be between 1 and {MAX_PAGE} (got {limit})"])
+        p = self.principal
+        if team is not None:
+            p.require_team(team, "listing jobs of team")
+        elif not p.is_admin:
+            team = p.team
         with self.store.session() as s:
-            q = select(Job).order_by(Job.id)
-            if status:
-                q = q.where(col(Job.state).in_([x.upper() for x in status]))
+            q = select(Job).where(col(Job.id) > after_id).order_by(col(Job.id))
+            if states:
+                q = q.where(col(Job.state).in_(states))
             if team:
                 q = q.where(Job.team == team)
             if experiment:
                 q = q.where(Job.experiment == experiment)
+            if limit is not None:
+                q = q.limit(limit)
             jobs = s.exec(q).all()
             by_job: dict[int, list[Attempt]] = {}
-            ids = [j.id for j in jobs]
+            ids = [j.id for j in jobs if j.id is not None]
             if ids:
                 for a in s.exec(select(Attempt).where(col(Attempt.job_id).in_(ids))).all():
                     by_job.setdefault(a.job_id, []).append(a)
@@ -140,13 +217,11 @@ class Client:
         """Ask the broker to cancel a job (pending: at once; running: SIGTERM, grace, kill).
         A job stopped by its budget (nothing running) is cancelled here and now.
 
-        Raises NotFound, or InvalidState if the job already ended.
+        Raises NotFound, Forbidden, or InvalidState if the job already ended.
         """
         now = self.clock.now()
-        with self.store.session() as s:
-            j = s.get(Job, job_id)
-            if j is None:
-                raise NotFound(f"no job with id {job_id}")
+        with self.store.session() as s, acting_as(self.principal.actor):
+            j = self._job(s, job_id, "cancelling")
             if j.state in FINAL:
                 raise InvalidState(f"job {job_id} already ended ({j.state}); nothing to cancel")
             if j.state == JobState.BUDGET_EXHAUSTED:
@@ -160,45 +235,103 @@ class Client:
         return self.get(job_id)
 
     def events(self, job_id: int | None = None) -> list[EventInfo]:
+        """The event log, oldest first: of one job, or every event the caller may see (a
+        member: its team's jobs). Raises NotFound, Forbidden."""
         with self.store.session() as s:
-            q = select(Event).order_by(Event.id)
+            q = select(Event).order_by(col(Event.id))
             if job_id is not None:
-                if s.get(Job, job_id) is None:
-                    raise NotFound(f"no job with id {job_id}")
+                self._job(s, job_id, "reading events of")
                 q = q.where(Event.job_id == job_id)
+            elif not self.principal.is_admin:
+                q = q.join(Job, col(Job.id) == Event.job_id).where(Job.team == self.principal.team)
             return [EventInfo.of(e) for e in s.exec(q).all()]
+
+    def logs(self, job_id: int, attempt: int | None = None, rank: int = 0,
+             offset: int = 0) -> LogChunk:
+        """Output of one rank of one attempt (default: the job's newest), from byte `offset`,
+        at most 1 MiB per call; `next_offset` continues it. Raises NotFound (no such job,
+        attempt or rank; not started), Forbidden, SpecError (negative offset or rank)."""
+        if not (0 <= offset <= MAX_ID and 0 <= rank <= 4096):
+            raise SpecError("logs", [f"offset and rank: must be >= 0 (got {offset}, {rank})"])
+        with self.store.session() as s:
+            j = self._job(s, job_id, "reading logs of")
+            atts = list(s.exec(select(Attempt).where(Attempt.job_id == job_id)
+                               .order_by(col(Attempt.number))).all())
+            status = j.state
+        if not atts:
+            raise NotFound(f"job {job_id} has not started yet ({status})")
+        a = atts[-1] if attempt is None else next((x for x in atts if x.number == attempt), None)
+        if a is None:
+            raise NotFound(f"job {job_id} has no attempt {attempt} (it has {len(atts)})")
+        if rank >= len(a.alloc):
+            raise NotFound(f"job {job_id} attempt {a.number} has ranks 0..{len(a.alloc) - 1}")
+        path = self.store.home / "runs" / f"attempt-{a.id}" / f"rank-{rank}" / "output.log"
+        raw = b""
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                raw = f.read(LOG_CHUNK)
+        return LogChunk(job_id=job_id, attempt=a.number, attempts=len(atts), rank=rank,
+                        offset=offset, next_offset=offset + len(raw),
+                        data=raw.decode("utf-8", errors="replace"),
+                        attempt_ended=a.ended_at is not None, job_status=status)
 
     def lost_work(self, by: telemetry.By = "team") -> list[LostWorkRow]:
         """Lost GPU-hours, most first: by="team"/"job" charges preemptions to the preempting
-        team/job; by="cause" groups every interruption by its cause. Raises ValueError for
-        another `by`."""
+        team/job; by="cause" groups every interruption by its cause. A member sees job rows
+        of its own team only. Raises SpecError for another `by`."""
+        if by not in ("team", "job", "cause"):
+            raise SpecError("lost", [f"by: must be one of team, job, cause (got {by!r})"])
         with self.store.session() as s:
-            return telemetry.lost_work(s, by)
+            rows = telemetry.lost_work(s, by)
+            if self.principal.is_admin:
+                return rows
+            mine = self._team_job_ids(s)
+            if by == "job":
+                rows = [r for r in rows if int(r.key) in mine]
+            return [r.model_copy(update={"victims": [v for v in r.victims if v in mine]})
+                    for r in rows]
+
+    def _team_job_ids(self, s: Any) -> set[int]:
+        return set(s.exec(select(Job.id).where(Job.team == self.principal.team)).all())
 
     # -- money (issue 6) ----------------------------------------------------------------------
     def costs(self, by: cost_queries.CostBy = "experiment", since: float | None = None,
               until: float | None = None) -> list[cost_queries.CostRow]:
-        """USD, GPU-hours and lost work per experiment, team, pool or job (see broker.state.costs).
-        Raises ValueError for another `by`."""
+        """USD, GPU-hours and lost work per experiment, team, pool or job (see
+        broker.state.costs). A member sees experiment and job rows of its own team only.
+        Raises SpecError for another `by`."""
+        if by not in cost_queries.COST_BY:
+            raise SpecError("cost", [f"by: must be one of {', '.join(cost_queries.COST_BY)} "
+                                     f"(got {by!r})"])
         with self.store.session() as s:
-            return cost_queries.costs(s, by, since, until)
+            rows = cost_queries.costs(s, by, since, until)
+            if self.principal.is_admin or by in ("team", "pool"):
+                return rows
+            jobs = s.exec(select(Job.id, Job.experiment).where(Job.team == self.principal.team)).all()
+            keys = {str(i) for i, _ in jobs} if by == "job" else {e for _, e in jobs}
+            return [r for r in rows if r.key in keys]
 
     def set_budget(self, amount_usd: float, *, job_id: int | None = None,
                    team: str | None = None) -> str:
         """Set a job's budget (a BUDGET_EXHAUSTED job resumes) or override a team's window
-        budget. Give exactly one of job_id, team. Returns what happened."""
+        budget. Give exactly one of job_id, team. Admins only. Returns what happened."""
+        self.principal.require_admin("changing budgets")
         if (job_id is None) == (team is None):
             raise SpecError("budget", ["give a job id or a team (exactly one)"])
+        if not math.isfinite(amount_usd) or amount_usd < 0:
+            raise SpecError("budget", [f"amount: must be a finite number of USD >= 0 (got {amount_usd})"])
         now = self.clock.now()
-        with self.store.session() as s:
+        with self.store.session() as s, acting_as(self.principal.actor):
             if job_id is not None:
                 return budget_rules.set_job_budget(s, job_id, amount_usd, now)
             return budget_rules.set_team_budget(s, applied_config(s), team or "", amount_usd, now)
 
     def budgets(self) -> list[budget_rules.TeamBudget]:
-        """Every team's window budget now: amount, spent, state (none/ok/low/exhausted)."""
+        """Every team's window budget now (a member: its own team's): amount, spent, state."""
         with self.store.session() as s:
-            return budget_rules.team_budgets(s, applied_config(s), self.clock.now())
+            rows = budget_rules.team_budgets(s, applied_config(s), self.clock.now())
+        return rows if self.principal.is_admin else [b for b in rows if b.team == self.principal.team]
 
     def wait(self, job_ids: Iterable[int], timeout: float = 3600.0,
              poll_s: float = 0.2) -> list[JobInfo]:

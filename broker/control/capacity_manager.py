@@ -3,10 +3,11 @@ notices, idle tracking and start-up reconciliation. Called from marked hooks in
 broker.control.engine (reconcile, and twice per cycle: sync() before the snapshot, apply() after
 the plan).
 
-Jobs placed on a rented node still run as LOCAL processes here (the engine's Executor is
-providers.local.LocalProcesses; there is no remote host in this environment): the cloud
-instance is the capacity and billing object. Its user data carries the bootstrap that would
-start the runner on a real host (providers.bootstrap).
+A rented node boots `onepool agent` from its user data (providers.bootstrap), with a join
+token derived from its launch token. The node is up when its agent joins (not when the cloud
+says the instance runs): ranks placed there run on the instance, through its agent. A node
+whose agent has not joined `boot_timeout_s` after the launch request is given back, and one
+whose agent falls silent is terminated before its work is placed again.
 
 Never twice. A launch first commits a LAUNCHING node row holding a fresh token, then calls
 provider.launch(token). A broker that dies between the call and writing the instance id
@@ -38,19 +39,19 @@ from sqlmodel import Session, col, select
 from broker.policy import NodeView, Plan, Snapshot
 from broker.state.events import record
 from broker.state.model import Attempt, AttemptState, EndReason, Node, NodeState, Setting
+from broker.state.tokens import derived_join_token
 from pricing.catalog import Catalog
 from providers.base import (
     TAG_POOL,
     Fatal,
     Instance,
-    InstanceState,
     LaunchRequest,
     NoCapacity,
     Provider,
     ProviderError,
     Transient,
 )
-from providers.bootstrap import user_data
+from providers.bootstrap import Boot, user_data
 
 if TYPE_CHECKING:
     from broker.control.engine import Engine
@@ -137,8 +138,9 @@ class CapacityManager:
                 elif n.instance_id not in live:
                     if n.state != NodeState.LAUNCHING or now - (n.launched_at or now) >= LOST_GRACE_S:
                         self._lost(n.id, now)  # (a fresh launch may not be listed yet)
-                elif n.state == NodeState.LAUNCHING and live[n.instance_id].state == InstanceState.RUNNING:
-                    self._set(n.id, state=NodeState.UP, ready_at=now, idle_since=now)
+                elif (n.state == NodeState.LAUNCHING
+                      and now - (n.launched_at or now) >= self.pools[pool].boot_timeout_s):
+                    self._terminate_node(n.id, now, "agent_never_joined")
             self._interruptions(pool, now)
         self._idle_and_drained(now)
 
@@ -196,9 +198,14 @@ class CapacityManager:
             s.add(n)
             record(s, now, "node_lost", f"node {n.id} ({n.instance_id}) is gone from {n.pool}",
                    pool=n.pool, node=n.id)
-            for a in self._attempts_on(s, node_id):
-                for h in a.handles:  # the processes would have died with the node
-                    self.engine.executor.signal(h, signal.SIGKILL)
+            attempts = [a.id for a in self._attempts_on(s, node_id)]
+            handles = [h for a in self._attempts_on(s, node_id) for h in a.handles]
+        for h in handles:  # the processes would have died with the node
+            self.engine.executor.signal(h, signal.SIGKILL)
+        with self.engine.store.session() as s:
+            for aid in attempts:
+                a = s.get(Attempt, aid)
+                assert a is not None
                 a.cause = a.cause or "node_lost"
                 self.engine._end(s, a, now, EndReason.LOST, None)
 
@@ -288,10 +295,16 @@ class CapacityManager:
             n = s.get(Node, node_id)
             assert n is not None and n.token is not None
             spec = self.pools[n.pool]
+            settings = self.engine.settings
+            join = derived_join_token(s, n.id, n.token, now, spec.boot_timeout_s + spec.launch_latency_s)
+            boot = Boot(server_url=settings.server_url or "", join_token=join, node_id=n.id,
+                        pool=n.pool, provider=spec.provider, gpus=spec.gpus_per_node,
+                        gpu_type=spec.gpu_type, agent_package=settings.agent_package,
+                        metadata=spec.provider if spec.provider in ("aws", "gcp") else "none")
             req = LaunchRequest(token=n.token, broker_id=self.broker_id, pool=n.pool, node_id=n.id,
                                 job_id=n.for_job_id, instance_type=spec.instance_type or "",
                                 market=spec.market.value, zone=spec.zone, image=spec.image,
-                                user_data=user_data(self.broker_id, n.pool, n.id))
+                                user_data=user_data(boot))
         try:
             inst = self.provider(n.pool).launch(req)
         except Transient as e:
@@ -310,10 +323,23 @@ class CapacityManager:
                 record(s, now, row.end_reason, f"{n.pool}: {e}; pool closed to launches for "
                        f"{backoff:g}s", job_id=n.for_job_id, pool=n.pool, node=node_id)
             return False
-        up = inst.state == InstanceState.RUNNING and spec.launch_latency_s == 0
-        self._set(node_id, instance_id=inst.instance_id, zone=inst.zone,
-                  **({"state": NodeState.UP, "ready_at": now, "idle_since": now} if up else {}))
+        self._set_instance(node_id, inst)
         return True
+
+    def _set_instance(self, node_id: str, inst: Instance) -> None:
+        """Record the launch's answer (the node becomes UP when its agent joins)."""
+        self._set(node_id, instance_id=inst.instance_id, zone=inst.zone)
+
+    def agent_lost(self, node_id: str, now: float) -> None:
+        """A rented node's agent fell silent: terminate the instance (its ranks are already
+        LOST). Until the provider confirms, the node stays TERMINATING and the work that ran
+        there is not placed again (broker.control.snapshots)."""
+        if node_id in self._all_nodes():
+            self._terminate_node(node_id, now, "agent_lost")
+
+    def _all_nodes(self) -> set[str]:
+        with self.engine.store.session() as s:
+            return set(s.exec(select(Node.id).where(col(Node.pool).in_(list(self.pools)))).all())
 
     def _terminate_node(self, node_id: str, now: float, reason: str) -> None:
         with self.engine.store.session() as s:

@@ -6,7 +6,7 @@ from sqlmodel import Session, select
 
 from broker.errors import NotConfigured
 from broker.spec import ClusterConfig, parse_config
-from broker.state.model import Node, Pool, Setting, Team
+from broker.state.model import Node, NodeState, Pool, Setting, Team
 
 CONFIG_KEY = "config"
 
@@ -39,13 +39,22 @@ def apply_config(s: Session, cfg: ClusterConfig) -> None:
             continue
         for i in range(max(p.nodes, _node_count(s, p.name))):
             nid = f"{p.name}-{i}"
-            node = s.get(Node, nid) or Node(id=nid, pool=p.name, gpus=p.gpus_per_node)
+            node = s.get(Node, nid) or Node(id=nid, pool=p.name, gpus=p.gpus_per_node,
+                                            state=_first_state(p.provider))
             node.gpus = p.gpus_per_node
-            node.state = "up" if i < p.nodes else "retired"
+            if i >= p.nodes:
+                node.state = NodeState.RETIRED
+            elif node.state == NodeState.RETIRED or p.provider == "local":
+                node.state = _first_state(p.provider)
             s.add(node)
     setting = s.get(Setting, CONFIG_KEY) or Setting(key=CONFIG_KEY)
     setting.value = cfg.model_dump(mode="json")
     s.add(setting)
+
+
+def _first_state(provider: str) -> str:
+    """Local slots are up at once; an agent-served node is up once its agent joins."""
+    return NodeState.WAITING if provider == "agent" else NodeState.UP
 
 
 def _node_count(s: Session, pool: str) -> int:

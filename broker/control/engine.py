@@ -23,18 +23,19 @@ from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.resume import RestorePoint, fetch_restore_point
 from broker.checkpoint.telemetry import cause_of
 from broker.clock import Clock
-from broker.control import budgets, retention
+from broker.control import agents, budgets, retention
 from broker.control.capacity_manager import CapacityManager
 from broker.control.config_apply import applied_config
+from broker.control.executors import Executors
 from broker.control.snapshots import build_snapshot
 from broker.policy import Placement, Plan, PolicyConfig, Preemption, plan
 from broker.state.events import record
-from broker.state.model import Attempt, AttemptState, EndReason, Job, JobState, Node
+from broker.state.model import Attempt, AttemptState, EndReason, Job, JobState, Node, Setting
 from broker.state.store import Store
 from providers.base import Executor, RankState
-from providers.local import LocalProcesses
 
 log = logging.getLogger("onepool.engine")
+LAST_CYCLE = "last_cycle"  # the Setting holding the time of the newest finished cycle
 REQUEUE = (EndReason.PREEMPTED, EndReason.LOST, EndReason.INTERRUPTED)
 CHECKPOINT_NOW = signal.SIGUSR1  # the runtime's "checkpoint now, keep running" request
 
@@ -58,7 +59,7 @@ class Engine:
         with store.session() as s:
             self.config = applied_config(s)
         self.settings = self.config.broker
-        self.executor: Executor = executor or LocalProcesses(store.home / "runs")
+        self.executor: Executor = executor or Executors(store, clock, store.home / "runs")
         self.policy = policy or PolicyConfig(min_run_s=self.settings.min_run_s,
                                              cloud_after_wait_s=self.settings.cloud_after_wait_s)
         self.capacity = CapacityManager(self)  # rented pools (issue 4); providers built lazily
@@ -70,10 +71,12 @@ class Engine:
         now = self.clock.now()
         self.capacity.reconcile(now)  # [issue 4 hook] orphans terminated, lost nodes ended
         with self.store.session() as s:
-            attempts = s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED)).all()
-            for a in attempts:
-                job = s.get(Job, a.job_id)
-                assert job is not None
+            open_ids = [a.id for a in s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED))]
+        for aid in open_ids:  # one transaction each: starting a rank may write (agent ranks)
+            with self.store.session() as s:
+                a = s.get(Attempt, aid)
+                job = s.get(Job, a.job_id) if a is not None else None
+                assert a is not None and job is not None
                 if a.state == AttemptState.LAUNCHING or len(a.handles) < len(a.alloc):
                     self._start_ranks(a, job, recover=True)
                     a.state = AttemptState.RUNNING
@@ -92,6 +95,7 @@ class Engine:
         now = self.clock.now()
         with self.store.session() as s:
             self._cancel_requested(s, now)
+        self._watch_agents(now)
         with self.store.session() as s:
             self._poll(s, now, rep)
         with self.store.session() as s:  # money (issue 6): charge the ledger, enforce budgets
@@ -118,7 +122,23 @@ class Engine:
         for pl in p.placements:
             self._launch(pl, now, rep)
         self.capacity.apply(p, now)  # [issue 4 hook] plan.launches / plan.terminations
+        with self.store.session() as s:  # what `onepool health` and /v1/healthz read
+            row = s.get(Setting, LAST_CYCLE) or Setting(key=LAST_CYCLE)
+            row.value = {"at": now}
+            s.add(row)
         return rep
+
+    def _watch_agents(self, now: float) -> None:
+        """Agents silent too long: their ranks are LOST (the poll below requeues their
+        attempts) and a rented node is terminated. Notices agents reported: the attempts on
+        that node checkpoint now and stop (as for a notice the cloud's queue delivered)."""
+        with self.store.session() as s:
+            seen = agents.watch(s, now, self.settings.node_lost_after_s)
+        for node in seen.rented_lost:
+            self.capacity.agent_lost(node, now)
+        for _node, kind, attempt_ids in seen.notices:
+            for aid in attempt_ids:
+                self.interrupt(aid, kind)
 
     def _cancel_requested(self, s: Session, now: float) -> None:
         for j in s.exec(select(Job).where(col(Job.cancel_requested).is_(True),
@@ -339,7 +359,7 @@ class Engine:
     def _start_ranks(self, a: Attempt, job: Job, *, recover: bool) -> None:
         pool = self.config.pool(a.pool)
         handles = list(a.handles)
-        for rank, (_node, slots) in enumerate(a.alloc):
+        for rank, (node, slots) in enumerate(a.alloc):
             if rank < len(handles):
                 continue
             env = {**job.env,
@@ -354,5 +374,6 @@ class Engine:
                    "CUDA_VISIBLE_DEVICES": ",".join(map(str, slots))}
             if job.workdir:
                 env["ONEPOOL_WORKDIR"] = job.workdir
-            handles.append(self.executor.start(a.id, rank, list(job.command), env, recover=recover))
+            handles.append(self.executor.start(a.id, rank, list(job.command), env, recover=recover,
+                                               node=node))
         a.handles = handles

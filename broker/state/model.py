@@ -81,6 +81,8 @@ class NodeState(StrEnum):
     TERMINATING = "terminating"  # decided; the provider call may or may not have happened
     TERMINATED = "terminated"
     RETIRED = "retired"  # a static node dropped from the config
+    WAITING = "waiting"  # an agent-served on-prem node whose agent has not joined yet
+    LOST = "lost"  # an agent-served on-prem node whose agent stopped calling in (it may return)
 
 
 class Node(SQLModel, table=True):
@@ -129,6 +131,7 @@ class Job(SQLModel, table=True):
     last_step: int | None = None  # newest committed checkpoint step seen
     last_checkpoint_at: float | None = None
     waiting_reason: str | None = None
+    submitted_by: str | None = Field(default=None, max_length=120)  # who submitted it (issue 9)
 
     @property
     def gpus(self) -> int:
@@ -200,6 +203,7 @@ class Event(SQLModel, table=True):
     kind: str = Field(max_length=32)
     message: str = ""
     data: dict = _json(dict)
+    actor: str | None = Field(default=None, max_length=120)  # who made the change (issue 9)
 
 
 # -- money (issue 6): see broker/state/ledger.py -------------------------------------------------

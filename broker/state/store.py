@@ -18,9 +18,12 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 
 
 def home_dir(home: str | os.PathLike[str] | None = None) -> Path:
-    """The broker's home: `home`, else $ONEPOOL_HOME, else ./.onepool (created)."""
+    """The broker's home: `home`, else $ONEPOOL_HOME, else ./.onepool. Created readable by its
+    owner only (job environments may hold secrets)."""
     p = Path(home or os.environ.get("ONEPOOL_HOME") or ".onepool").absolute()
-    p.mkdir(parents=True, exist_ok=True)
+    if not p.exists():
+        p.mkdir(parents=True, mode=0o700)
+        os.chmod(p, 0o700)  # mkdir's mode is masked by the umask
     return p
 
 
@@ -32,6 +35,9 @@ def make_engine(url: str) -> Engine:
     """An engine for `url`. SQLite gets WAL, a busy timeout and foreign keys, so the CLI and
     the broker can share the file."""
     if url.startswith("sqlite"):
+        path = url.removeprefix("sqlite:///")
+        if path and path != ":memory:" and not os.path.exists(path):
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))  # owner only, from the start
         eng = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
         @event.listens_for(eng, "connect")

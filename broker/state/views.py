@@ -101,11 +101,12 @@ class EventInfo(BaseModel):
     kind: str
     message: str
     data: dict
+    actor: str | None = None  # who made it happen: broker, local:USER, token:ID (team role), agent
 
     @classmethod
     def of(cls, e: Event) -> EventInfo:
         return cls(time=e.time, job_id=e.job_id, attempt_id=e.attempt_id, kind=e.kind,
-                   message=e.message, data=e.data)
+                   message=e.message, data=e.data, actor=e.actor)
 
 
 class LostWorkRow(BaseModel):
@@ -116,3 +117,63 @@ class LostWorkRow(BaseModel):
     lost_gpu_hours: float
     attempts: int
     victims: list[int]  # ids of the jobs that lost the work
+
+
+class LogChunk(BaseModel):
+    """Output of one rank from byte `offset`; `next_offset` continues it. `attempt_ended` with
+    no more data means this attempt's output is complete (the job may have a newer attempt)."""
+
+    job_id: int
+    attempt: int
+    attempts: int
+    rank: int
+    offset: int
+    next_offset: int
+    data: str
+    attempt_ended: bool
+    job_status: str
+
+
+class NodeInfo(BaseModel):
+    """A node as users see it: where it is, how many GPUs are free, who serves it."""
+
+    id: str
+    pool: str
+    gpu_type: str
+    market: str
+    state: str
+    gpus: int
+    free_gpus: int
+    executor: str  # local (this machine's slots) | agent
+    agent_seen_s_ago: float | None = None
+    agent: dict = {}
+
+
+class TokenInfo(BaseModel):
+    """An API token without its secret (`token` is set only in the answer that created it)."""
+
+    id: str
+    team: str
+    role: str
+    note: str
+    created_at: float
+    created_by: str
+    revoked_at: float | None
+    token: str | None = None
+
+
+class JoinTokenInfo(BaseModel):
+    node: str
+    pool: str
+    join_token: str
+    expires_at: float
+
+
+class HealthInfo(BaseModel):
+    """Is the broker cycling? `last_cycle_age_s` None: no cycle ever recorded."""
+
+    ok: bool
+    last_cycle_at: float | None
+    last_cycle_age_s: float | None
+    stale_after_s: float
+    message: str

@@ -6,7 +6,8 @@ from alembic import context
 from sqlalchemy import create_engine
 from sqlmodel import SQLModel
 
-import broker.state.model  # noqa: F401  (registers the tables)
+import broker.state.model
+import broker.state.model_access  # noqa: F401
 
 config = context.config
 target_metadata = SQLModel.metadata

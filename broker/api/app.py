@@ -1,0 +1,42 @@
+"""Build the FastAPI app: `create_app(store, clock)`. `onepool server` serves it with uvicorn
+next to the broker loop; tests serve it on 127.0.0.1 or call it in-process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from broker import __version__
+from broker.api import errors, routes_admin, routes_agent, routes_jobs
+from broker.api.context import ApiContext
+from broker.api.mailbox import Mailbox
+from broker.clock import Clock
+from broker.state.store import Store
+
+
+def create_app(store: Store, clock: Clock, *, mailbox: Mailbox | None = None,
+               on_agent_report: Callable[[], None] | None = None,
+               check_s: float = 1.0) -> FastAPI:
+    """The API over `store`. `mailbox` and `on_agent_report` connect it to a broker loop in
+    the same process (agents' polls wake on the engine's writes, the engine on agents'
+    reports); without them each side polls the database."""
+    context = ApiContext(store=store, clock=clock, mailbox=mailbox or Mailbox(), check_s=check_s)
+    if on_agent_report is not None:
+        context.on_agent_report = on_agent_report
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        context.mailbox.bind(asyncio.get_running_loop())
+        yield
+
+    app = FastAPI(title="onepool", version=__version__, lifespan=lifespan,
+                  description="One priority queue over every GPU a group can reach. "
+                              "Send `Authorization: Bearer TOKEN` (from `onepool token create`).")
+    app.state.ctx = context
+    errors.install(app)
+    for r in (routes_jobs.router, routes_admin.router, routes_agent.router):
+        app.include_router(r)
+    return app

@@ -1,0 +1,92 @@
+"""/v1/agent: the node agents' protocol (see broker.control.agents). Agents authenticate with
+the node credential their join returned; nothing here is open to API tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel
+
+from broker.api.context import ApiContext, bearer, ctx
+from broker.control import agents
+from broker.errors import SpecError
+from broker.state.model_access import NodeAgent
+
+router = APIRouter(prefix="/v1/agent", tags=["agent"])
+Ctx = Annotated[ApiContext, Depends(ctx)]
+
+
+class LogAck(BaseModel):
+    offset: int
+
+
+def _agent(c: ApiContext, request: Request) -> NodeAgent:
+    with c.store.session() as s:
+        return c.verifier.node_of_credential(s, bearer(request))
+
+
+@router.post("/join", response_model=agents.JoinReply)
+def join(c: Ctx, req: agents.JoinRequest) -> agents.JoinReply:
+    """Exchange a one-time join token for this node's credential."""
+    with c.store.session() as s:
+        reply = agents.join(s, c.verifier, req, c.clock.now(), c.timing())
+    c.on_agent_report()
+    return reply
+
+
+@router.post("/sync", response_model=agents.SyncReply)
+async def sync(c: Ctx, request: Request, req: agents.SyncRequest) -> agents.SyncReply:
+    """Heartbeat + rank reports; answers at once when there is news for the agent, else holds
+    the request up to `wait_s` (long poll)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + req.wait_s
+    known = set(req.known)
+    first = True
+    while True:
+        reply = await run_in_threadpool(_sync_once, c, request, req, first)
+        if first and (req.ranks or req.acked):
+            c.on_agent_report()
+        first = False
+        left = deadline - loop.time()
+        if reply.retire or agents.news_for(reply, known) or left <= 0:
+            return reply
+        await c.mailbox.wait(reply.node, min(left, c.check_s))
+
+
+def _sync_once(c: ApiContext, request: Request, req: agents.SyncRequest,
+               heartbeat: bool) -> agents.SyncReply:
+    with c.store.session() as s:
+        agent = c.verifier.node_of_credential(s, bearer(request))
+        if not heartbeat:  # later looks of a long poll only read
+            req = agents.SyncRequest(known=req.known, acked=req.acked)
+        reply = agents.sync(s, agent, req, c.clock.now(), c.timing(), heartbeat=heartbeat)
+        if not heartbeat:
+            s.rollback()
+        return reply
+
+
+@router.post("/logs", response_model=LogAck)
+def ship_logs(c: Ctx, request: Request, piece: agents.LogPiece) -> LogAck:
+    """Append a rank's output; answers the offset to continue from."""
+    try:
+        data = base64.b64decode(piece.data_b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise SpecError("logs", ["data_b64: must be base64"]) from None
+    with c.store.session() as s:
+        agent = c.verifier.node_of_credential(s, bearer(request))
+        return LogAck(offset=agents.write_log(c.store.home, s, agent, piece, data))
+
+
+@router.post("/notice", status_code=202)
+def notice(c: Ctx, request: Request, req: agents.NoticeRequest) -> dict[str, str]:
+    """An interruption notice the agent read from its cloud's metadata service."""
+    with c.store.session() as s:
+        agent = c.verifier.node_of_credential(s, bearer(request))
+        agents.notice(s, agent, req, c.clock.now())
+    c.on_agent_report()
+    return {"status": "recorded"}

@@ -1,0 +1,122 @@
+"""/v1 routes for jobs, money and lost work: each is one SDK call made as the token's
+principal, so the rules of who may do what are the SDK's (broker.client.sdk)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Header, Path, Query
+from pydantic import BaseModel, Field
+
+from broker.api.context import client
+from broker.client.sdk import MAX_ID, MAX_PAGE, Client
+from broker.control.budgets import TeamBudget
+from broker.errors import SpecError
+from broker.spec import JobSpec
+from broker.state.costs import CostRow
+from broker.state.views import EventInfo, JobInfo, LogChunk, LostWorkRow
+
+router = APIRouter(prefix="/v1")
+ClientDep = Annotated[Client, Depends(client)]
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="a job id")]
+Count = Annotated[int, Query(ge=0, le=MAX_ID)]
+
+
+def _job_schema() -> dict[str, Any]:
+    schema = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+    schema.pop("$defs", None)
+    schema["required"] = [r for r in schema.get("required", []) if r != "team"]
+    schema["description"] = ("The job spec (see `onepool submit --help`); `team` defaults to "
+                             "the token's team.")
+    return schema
+
+
+class JobPage(BaseModel):
+    jobs: list[JobInfo]
+    next_after_id: int | None = Field(description="pass as after_id for the next page; null: no more")
+
+
+class BudgetBody(BaseModel):
+    usd: float  # validated by the SDK (finite, >= 0), with the same message in both modes
+
+
+class Message(BaseModel):
+    message: str
+
+
+@router.post("/jobs", status_code=201, response_model=JobInfo, tags=["jobs"],
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": _job_schema()}}}})
+def submit(c: ClientDep, body: Annotated[Any, Body()] = None,
+           idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JobInfo:
+    """Queue a job. With an `Idempotency-Key` header, a retry returns the first job."""
+    if not isinstance(body, dict):
+        raise SpecError("job", ["(root): must be a JSON object of job fields"])
+    return c.submit(body, idempotency_key=idempotency_key)
+
+
+@router.get("/jobs", response_model=JobPage, tags=["jobs"])
+def list_jobs(c: ClientDep, status: Annotated[list[str] | None, Query()] = None,
+              team: str | None = None, experiment: str | None = None,
+              after_id: Count = 0,
+              limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> JobPage:
+    """Jobs, oldest first, a page at a time (a member: its team's only)."""
+    jobs = c.list(status=status, team=team, experiment=experiment, after_id=after_id, limit=limit)
+    return JobPage(jobs=jobs, next_after_id=jobs[-1].id if len(jobs) == limit else None)
+
+
+@router.get("/jobs/{job_id}", response_model=JobInfo, tags=["jobs"])
+def get_job(c: ClientDep, job_id: JobId) -> JobInfo:
+    return c.get(job_id)
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobInfo, tags=["jobs"])
+def cancel(c: ClientDep, job_id: JobId) -> JobInfo:
+    return c.cancel(job_id)
+
+
+@router.get("/jobs/{job_id}/events", response_model=list[EventInfo], tags=["jobs"])
+def job_events(c: ClientDep, job_id: JobId) -> list[EventInfo]:
+    return c.events(job_id)
+
+
+@router.get("/events", response_model=list[EventInfo], tags=["jobs"])
+def events(c: ClientDep) -> list[EventInfo]:
+    """Every event the token may see."""
+    return c.events(None)
+
+
+@router.get("/jobs/{job_id}/logs", response_model=LogChunk, tags=["jobs"])
+def logs(c: ClientDep, job_id: JobId, attempt: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+         rank: Annotated[int, Query(ge=0, le=4096)] = 0, offset: Count = 0) -> LogChunk:
+    """A rank's output from byte `offset` (at most 1 MiB); continue at `next_offset`."""
+    return c.logs(job_id, attempt, rank, offset)
+
+
+@router.put("/jobs/{job_id}/budget", response_model=Message, tags=["money"])
+def set_job_budget(c: ClientDep, job_id: JobId, b: BudgetBody) -> Message:
+    """Set a job's budget (admins)."""
+    return Message(message=c.set_budget(b.usd, job_id=job_id))
+
+
+@router.get("/costs", response_model=list[CostRow], tags=["money"])
+def costs(c: ClientDep, by: str = "experiment", since: float | None = None,
+          until: float | None = None) -> list[CostRow]:
+    return c.costs(by, since, until)  # type: ignore[arg-type]
+
+
+@router.get("/lost", response_model=list[LostWorkRow], tags=["money"])
+def lost(c: ClientDep, by: str = "team") -> list[LostWorkRow]:
+    return c.lost_work(by)  # type: ignore[arg-type]
+
+
+@router.get("/budgets", tags=["money"])
+def budgets(c: ClientDep) -> list[TeamBudget]:
+    return c.budgets()
+
+
+@router.put("/budgets/teams/{team}", response_model=Message, tags=["money"])
+def set_team_budget(c: ClientDep, team: str, b: BudgetBody) -> Message:
+    """Override a team's window budget (admins)."""
+    return Message(message=c.set_budget(b.usd, team=team))
+

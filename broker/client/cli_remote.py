@@ -1,0 +1,152 @@
+"""`onepool server`, `onepool agent`, `onepool token ...`, `onepool node ...`: running onepool
+across machines (issue 9). Registered on the main app like the money commands."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[], Any], out: Console,
+             print_json: Callable[[Any], None]) -> None:
+    token_app = typer.Typer(no_args_is_help=True, help="API tokens: who may act, for which team.")
+    node_app = typer.Typer(no_args_is_help=True, help="Nodes and the agents that serve them.")
+    app.add_typer(token_app, name="token")
+    app.add_typer(node_app, name="node")
+
+    @app.command()
+    def server(
+        host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="port to listen on", min=1, max=65535)] = 8421,
+        config: Annotated[Path | None, typer.Option("-c", "--config",
+                                                    help="apply this onepool.yaml first")] = None,
+        no_broker: Annotated[bool, typer.Option("--no-broker", help="serve the API only (another "
+                                                "process runs the broker loop)")] = False,
+    ) -> None:
+        """Serve the HTTP API (/v1, tokens) and run the broker loop beside it."""
+        from broker.api.server import serve
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        c = embedded()
+        if config is not None:
+            c.apply(config)
+        out.print(f"onepool server: http://{host}:{port}/v1 (OpenAPI at /docs), home {c.store.home}",
+                  markup=False)
+        serve(c.store, host, port, broker=not no_broker)
+
+    @app.command()
+    def agent(
+        server: Annotated[str, typer.Option("--server", envvar="ONEPOOL_SERVER",
+                                            help="the onepool server's URL")],
+        join_token: Annotated[str | None, typer.Option(
+            "--join-token", envvar="ONEPOOL_JOIN_TOKEN",
+            help="one-time token from `onepool node join-token NODE` (not needed once joined)")] = None,
+        gpus: Annotated[int | None, typer.Option(help="GPUs to offer (default: nvidia-smi's count)",
+                                                 min=1, max=64)] = None,
+        gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="GPU type to report "
+                                                     "(default: nvidia-smi's name)")] = None,
+        state_dir: Annotated[Path, typer.Option("--state-dir", envvar="ONEPOOL_AGENT_HOME",
+                                                help="where the agent keeps its credential and "
+                                                "its ranks' folders")] = Path.home() / ".onepool-agent",
+        metadata: Annotated[str, typer.Option(help="cloud metadata service to watch for "
+                                              "interruption notices: aws|gcp|none")] = "none",
+        metadata_url: Annotated[str | None, typer.Option(
+            "--metadata-url", envvar="ONEPOOL_METADATA_URL",
+            help="the metadata service's base URL (default: the cloud's)")] = None,
+    ) -> None:
+        """Run the node agent: join the server, then run the ranks placed on this node."""
+        from broker.agent.agent import main as agent_main
+        from broker.agent.hardware import detect
+        from broker.agent.metadata import watcher
+        from broker.errors import SpecError
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        try:
+            found = detect(gpus, gpu_type)
+            w = watcher(metadata, metadata_url)
+        except ValueError as e:
+            raise SpecError("agent", [str(e)]) from None
+        sys.exit(agent_main(server, join_token, state_dir, found, w))
+
+    @token_app.command("create")
+    def token_create(
+        team: Annotated[str, typer.Option(help="the team the token acts for")],
+        role: Annotated[str, typer.Option(help="member (its team only) | admin (everything)")] = "member",
+        note: Annotated[str, typer.Option(help="what the token is for")] = "",
+        as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    ) -> None:
+        """Create a token and print it (shown this once; it is stored hashed)."""
+        info = client().create_token(team, role, note)
+        if as_json:
+            print_json({"token": info.token, "id": info.id, "team": info.team, "role": info.role})
+        else:
+            out.print(f"token {info.id} ({info.role} of team {info.team}); keep it secret, it is "
+                      f"not shown again:\n{info.token}", markup=False)
+
+    @token_app.command("revoke")
+    def token_revoke(token_id: Annotated[str, typer.Argument(help="the token's id")],
+                     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+        """Revoke a token: every later request with it is refused."""
+        info = client().revoke_token(token_id)
+        if as_json:
+            print_json(info.model_dump())
+        else:
+            out.print(f"token {info.id} of team {info.team} revoked", markup=False)
+
+    @token_app.command("list")
+    def token_list(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+        """Every token (never their secrets)."""
+        rows = client().tokens()
+        if as_json:
+            print_json([r.model_dump() for r in rows])
+            return
+        t = Table(title="tokens")
+        for col in ("id", "team", "role", "note", "created by", "revoked"):
+            t.add_column(col)
+        for r in rows:
+            t.add_row(r.id, r.team, r.role, escape(r.note), escape(r.created_by),
+                      "yes" if r.revoked_at else "")
+        out.print(t)
+
+    @node_app.command("join-token")
+    def node_join_token(
+        node: Annotated[str, typer.Argument(help="a node of a pool with provider: agent")],
+        ttl_s: Annotated[float, typer.Option("--ttl-s", help="seconds it stays valid")] = 3600.0,
+        as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    ) -> None:
+        """A one-time token for `onepool agent --join-token` on that node's host."""
+        info = client().join_token(node, ttl_s)
+        if as_json:
+            print_json(info.model_dump())
+        else:
+            server = os.environ.get("ONEPOOL_URL", "http://SERVER:8421")
+            out.print(f"on the host of node {info.node} (pool {info.pool}), within {ttl_s:g}s:\n"
+                      f"onepool agent --server {server} --join-token {info.join_token}", markup=False)
+
+    @node_app.command("list")
+    def node_list(pool: Annotated[str | None, typer.Option(help="only this pool")] = None,
+                  as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+        """Nodes, their free GPUs and their agents."""
+        rows = client().nodes(pool)
+        if as_json:
+            print_json([r.model_dump() for r in rows])
+            return
+        t = Table(title="nodes")
+        for col in ("node", "pool", "GPU", "market", "state", "GPUs", "free", "runs on",
+                    "agent seen s ago", "host"):
+            t.add_column(col)
+        for r in rows:
+            seen = "" if r.agent_seen_s_ago is None else f"{r.agent_seen_s_ago:.0f}"
+            t.add_row(r.id, r.pool, r.gpu_type, r.market, r.state, str(r.gpus), str(r.free_gpus),
+                      r.executor, seen, escape(str(r.agent.get("hostname", ""))))
+        out.print(t)

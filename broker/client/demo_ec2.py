@@ -1,0 +1,152 @@
+"""SIMULATED instances for a SIMULATED EC2 (moto): this machine plays the part of the
+instances the broker launches there.
+
+Every instance tagged by the broker that EC2 lists as pending or running "boots": its user
+data (the real bootstrap from providers.bootstrap, read back from EC2) runs as a shell script
+here, which starts `onepool agent`, exactly as cloud-init would on the instance. When EC2
+stops listing the instance as alive (terminated by the broker, or by a test playing the
+cloud), everything the instance ran dies with it: the agent and every rank it started.
+
+Per instance, the script gets ONEPOOL_AGENT_HOME (its own folder, standing for the
+instance's disk), PATH with this environment's `onepool`, and optionally
+ONEPOOL_METADATA_URL (a fake metadata service) and a command prefix such as
+`ip netns exec NS` (its own network stack).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from providers.base import TAG_BROKER, TAG_NODE
+from providers.local import LocalProcesses
+
+log = logging.getLogger("onepool.demo_ec2")
+
+
+@dataclass
+class Booted:
+    instance_id: str
+    node: str
+    home: Path
+    proc: subprocess.Popen[bytes]
+
+
+class InstanceBooter:
+    """Watches EC2 (a boto3 client factory) and boots/kills instances as they come and go."""
+
+    def __init__(self, ec2: Callable[[], Any], workdir: Path, *, broker_id: str | None = None,
+                 metadata_url: Callable[[str], str | None] = lambda iid: None,
+                 prefix: Callable[[str], list[str]] = lambda iid: [], poll_s: float = 0.2) -> None:
+        self.ec2 = ec2
+        self.workdir = Path(workdir)
+        self.broker_id = broker_id
+        self.metadata_url, self.prefix, self.poll_s = metadata_url, prefix, poll_s
+        self.booted: dict[str, Booted] = {}
+        self.history: list[Booted] = []
+        self.skipped: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> InstanceBooter:
+        self._thread = threading.Thread(target=self._run, name="instance-booter", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with self._lock:
+            for b in list(self.booted.values()):
+                self._kill(b)
+            self.booted.clear()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.tick()
+            except Exception:
+                log.exception("instance booter: scan failed")
+
+    def _alive(self) -> dict[str, dict[str, str]]:
+        filters = [{"Name": "instance-state-name", "Values": ["pending", "running"]}]
+        if self.broker_id:
+            filters.append({"Name": f"tag:{TAG_BROKER}", "Values": [self.broker_id]})
+        out = {}
+        for page in self.ec2().get_paginator("describe_instances").paginate(Filters=filters):
+            for r in page["Reservations"]:
+                for i in r["Instances"]:
+                    tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
+                    if TAG_NODE in tags:
+                        out[i["InstanceId"]] = tags
+        return out
+
+    def tick(self) -> None:
+        """One scan: boot new instances, kill the ones EC2 no longer lists as alive."""
+        alive = self._alive()
+        with self._lock:
+            for iid in [i for i in self.booted if i not in alive]:
+                self._kill(self.booted.pop(iid))
+            for iid, tags in alive.items():
+                if iid not in self.booted and iid not in self.skipped:
+                    b = self._boot(iid, tags[TAG_NODE])
+                    if b is None:
+                        self.skipped.add(iid)
+                        continue
+                    self.booted[iid] = b
+                    self.history.append(b)
+
+    def _boot(self, iid: str, node: str) -> Booted | None:
+        """Run the instance's user data; None if it has none (it boots nothing of ours)."""
+        raw = self.ec2().describe_instance_attribute(InstanceId=iid, Attribute="userData")
+        if not raw.get("UserData", {}).get("Value"):
+            return None
+        script = base64.b64decode(raw["UserData"]["Value"]).decode()
+        home = self.workdir / iid
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "user-data.sh").write_text(script)
+        env = {**os.environ, "ONEPOOL_AGENT_HOME": str(home / "agent"),
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env.pop("ONEPOOL_URL", None)
+        env.pop("ONEPOOL_TOKEN", None)
+        url = self.metadata_url(iid)
+        if url:
+            env["ONEPOOL_METADATA_URL"] = url
+        bash = shutil.which("bash") or "/bin/bash"
+        log_file = open(home / "console.log", "ab")  # noqa: SIM115  (the child holds it)
+        proc = subprocess.Popen([*self.prefix(iid), bash, str(home / "user-data.sh")], env=env,
+                                stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        log_file.close()
+        log.info("instance %s (node %s) booted its user data: pid %d", iid, node, proc.pid)
+        return Booted(iid, node, home, proc)
+
+    @staticmethod
+    def _kill(b: Booted) -> None:
+        """The instance is gone: so is everything on it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(b.proc.pid, signal.SIGKILL)
+        b.proc.wait(timeout=10)
+        runs = b.home / "agent" / "runs"
+        if runs.exists():
+            LocalProcesses(runs).kill_all()
+        log.info("instance %s (node %s) is gone: its agent and ranks were killed", b.instance_id, b.node)
+
+    def kill_agent(self, iid: str) -> None:
+        """SIGKILL only the agent of an instance (its ranks stay, as on a real host)."""
+        with self._lock:
+            b = self.booted[iid]
+        os.killpg(b.proc.pid, signal.SIGKILL)

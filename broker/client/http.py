@@ -1,0 +1,221 @@
+"""The SDK over HTTP: the same methods as the embedded client (broker.client.sdk.Client), the
+same return types and the same exceptions with the same messages, through the API of an
+`onepool server` (ONEPOOL_URL) with a token (ONEPOOL_TOKEN).
+
+Every submit carries an Idempotency-Key (yours, or a fresh one per call), so the retries
+made on a dropped connection or a 5xx never create a second job.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from broker.control.budgets import BudgetError, TeamBudget
+from broker.errors import (
+    CheckpointError,
+    Forbidden,
+    InvalidState,
+    NotConfigured,
+    NotFound,
+    OnepoolError,
+    SpecError,
+    Unauthorized,
+    Unavailable,
+)
+from broker.spec import ClusterConfig, JobSpec, load_config
+from broker.state.costs import CostRow
+from broker.state.views import (
+    EventInfo,
+    HealthInfo,
+    JobInfo,
+    JoinTokenInfo,
+    LogChunk,
+    LostWorkRow,
+    NodeInfo,
+    TokenInfo,
+)
+
+STOPPED = {"SUCCEEDED", "FAILED", "CANCELLED", "BUDGET_EXHAUSTED"}
+_ERRORS: dict[str, type[OnepoolError]] = {c.__name__: c for c in (
+    NotFound, InvalidState, NotConfigured, Unauthorized, Forbidden, BudgetError, CheckpointError,
+    OnepoolError)}
+
+
+class _Retry(Exception):
+    """A failure worth retrying (connection dropped, 5xx)."""
+
+
+def _raise_for(r: httpx.Response) -> None:
+    if r.status_code < 400:
+        return
+    try:
+        err = r.json()["error"]
+        kind, msg = err["type"], err["message"]
+    except (ValueError, KeyError, TypeError):
+        raise OnepoolError(f"server answered {r.status_code}: {r.text[:300]}") from None
+    if kind == "SpecError":
+        raise SpecError(err.get("source", "request"), list(err.get("problems", [msg])))
+    raise _ERRORS.get(kind, OnepoolError)(msg)
+
+
+class HttpClient:
+    """`HttpClient(url, token)`; raises Unavailable when the server cannot be reached."""
+
+    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
+                                 transport=transport or httpx.HTTPTransport(retries=2))
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> HttpClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @retry(retry=retry_if_exception_type(_Retry), stop=stop_after_attempt(4),
+           wait=wait_exponential(multiplier=0.2, max=2.0), reraise=True)
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.TransportError as e:
+            if method != "GET" and "Idempotency-Key" not in kw.get("headers", {}):
+                raise Unavailable(f"cannot reach the onepool server at {self.url}: {e}") from None
+            raise _Retry(str(e)) from None
+        if r.status_code >= 500 and (method == "GET" or "Idempotency-Key" in kw.get("headers", {})):
+            raise _Retry(f"{r.status_code}")
+        _raise_for(r)
+        return None if r.status_code == 204 else r.json()
+
+    def _req(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            return self._call(method, path, **kw)
+        except _Retry as e:
+            raise Unavailable(f"the onepool server at {self.url} did not answer ({e}); "
+                              "is `onepool server` running? check ONEPOOL_URL") from None
+
+    # -- configuration ----------------------------------------------------------------------
+    def apply(self, config: ClusterConfig | str | Path) -> ClusterConfig:
+        cfg = config if isinstance(config, ClusterConfig) else load_config(config)
+        return ClusterConfig.model_validate(self._req("PUT", "/v1/config", json=cfg.model_dump(mode="json")))
+
+    def config(self) -> ClusterConfig:
+        return ClusterConfig.model_validate(self._req("GET", "/v1/config"))
+
+    # -- jobs -------------------------------------------------------------------------------
+    def submit(self, spec: JobSpec | dict[str, Any] | None = None, /, *,
+               priority: str | None = None, budget_usd: float | None = None,
+               idempotency_key: str | None = None, **fields: Any) -> JobInfo:
+        data: dict[str, Any] = {}
+        if isinstance(spec, JobSpec):
+            data = spec.model_dump(mode="json")
+        elif isinstance(spec, dict):
+            data = dict(spec)
+        elif spec is not None:
+            raise SpecError("job", [f"(root): expected a JobSpec or a dict, got {type(spec).__name__}"])
+        data.update(fields)
+        if priority is not None:
+            data["priority"] = priority
+        if budget_usd is not None:
+            data["budget_usd"] = budget_usd
+        key = idempotency_key or f"sdk-{uuid.uuid4()}"
+        return JobInfo.model_validate(self._req("POST", "/v1/jobs", json=data,
+                                                headers={"Idempotency-Key": key}))
+
+    def get(self, job_id: int) -> JobInfo:
+        return JobInfo.model_validate(self._req("GET", f"/v1/jobs/{int(job_id)}"))
+
+    def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
+             experiment: str | None = None, after_id: int = 0,
+             limit: int | None = None) -> list[JobInfo]:
+        out: list[JobInfo] = []
+        while True:
+            params: dict[str, Any] = {"after_id": after_id, "limit": min(limit or 1000, 1000)}
+            if status:
+                params["status"] = list(status)
+            if team:
+                params["team"] = team
+            if experiment:
+                params["experiment"] = experiment
+            page = self._req("GET", "/v1/jobs", params=params)
+            out += [JobInfo.model_validate(j) for j in page["jobs"]]
+            if limit is not None or page["next_after_id"] is None:
+                return out
+            after_id = page["next_after_id"]
+
+    def cancel(self, job_id: int) -> JobInfo:
+        return JobInfo.model_validate(self._req("POST", f"/v1/jobs/{int(job_id)}/cancel"))
+
+    def events(self, job_id: int | None = None) -> list[EventInfo]:
+        path = "/v1/events" if job_id is None else f"/v1/jobs/{int(job_id)}/events"
+        return [EventInfo.model_validate(e) for e in self._req("GET", path)]
+
+    def logs(self, job_id: int, attempt: int | None = None, rank: int = 0,
+             offset: int = 0) -> LogChunk:
+        params = {"rank": rank, "offset": offset, **({"attempt": attempt} if attempt else {})}
+        return LogChunk.model_validate(self._req("GET", f"/v1/jobs/{int(job_id)}/logs", params=params))
+
+    def lost_work(self, by: str = "team") -> list[LostWorkRow]:
+        return [LostWorkRow.model_validate(r) for r in self._req("GET", "/v1/lost", params={"by": by})]
+
+    def costs(self, by: str = "experiment", since: float | None = None,
+              until: float | None = None) -> list[CostRow]:
+        params = {"by": by, **({"since": since} if since is not None else {}),
+                  **({"until": until} if until is not None else {})}
+        return [CostRow.model_validate(r) for r in self._req("GET", "/v1/costs", params=params)]
+
+    def set_budget(self, amount_usd: float, *, job_id: int | None = None,
+                   team: str | None = None) -> str:
+        if (job_id is None) == (team is None):
+            raise SpecError("budget", ["give a job id or a team (exactly one)"])
+        path = f"/v1/jobs/{int(job_id)}/budget" if job_id is not None else f"/v1/budgets/teams/{team}"
+        return str(self._req("PUT", path, json={"usd": amount_usd})["message"])
+
+    def budgets(self) -> list[TeamBudget]:
+        return [TeamBudget(**b) for b in self._req("GET", "/v1/budgets")]
+
+    def wait(self, job_ids: Iterable[int], timeout: float = 3600.0,
+             poll_s: float = 0.5) -> list[JobInfo]:
+        ids = list(job_ids)
+        deadline = time.monotonic() + timeout
+        while True:
+            infos = [self.get(i) for i in ids]
+            if all(i.status in STOPPED for i in infos):
+                return infos
+            if time.monotonic() > deadline:
+                open_ = [f"{i.id} ({i.status})" for i in infos if i.status not in STOPPED]
+                raise TimeoutError(f"jobs still not finished after {timeout:g}s: {', '.join(open_)}")
+            time.sleep(poll_s)
+
+    # -- tokens, nodes, health ---------------------------------------------------------------
+    def create_token(self, team: str, role: str = "member", note: str = "") -> TokenInfo:
+        return TokenInfo.model_validate(self._req("POST", "/v1/tokens",
+                                                  json={"team": team, "role": role, "note": note}))
+
+    def revoke_token(self, token_id: str) -> TokenInfo:
+        return TokenInfo.model_validate(self._req("POST", f"/v1/tokens/{token_id}/revoke"))
+
+    def tokens(self) -> list[TokenInfo]:
+        return [TokenInfo.model_validate(t) for t in self._req("GET", "/v1/tokens")]
+
+    def join_token(self, node: str, ttl_s: float = 3600.0) -> JoinTokenInfo:
+        return JoinTokenInfo.model_validate(self._req("POST", f"/v1/nodes/{node}/join-token",
+                                                      json={"ttl_s": ttl_s}))
+
+    def nodes(self, pool: str | None = None) -> list[NodeInfo]:
+        params = {"pool": pool} if pool else {}
+        return [NodeInfo.model_validate(n) for n in self._req("GET", "/v1/nodes", params=params)]
+
+    def health(self) -> HealthInfo:
+        return HealthInfo.model_validate(self._req("GET", "/v1/healthz"))

@@ -1,0 +1,149 @@
+"""SDK methods about who acts and where work runs: tokens, node join tokens, nodes and health.
+
+Mixed into broker.client.sdk.Client (which provides `store`, `clock`, `principal`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from sqlmodel import col, select
+
+from broker.control.config_apply import applied_config
+from broker.control.engine import LAST_CYCLE
+from broker.errors import InvalidState, NotConfigured, NotFound, SpecError
+from broker.state.events import acting_as, record
+from broker.state.model import Attempt, AttemptState, Node, Pool, Setting
+from broker.state.model_access import ApiToken, NodeAgent
+from broker.state.tokens import create_api_token, new_join_token, revoke_api_token
+from broker.state.views import HealthInfo, JoinTokenInfo, NodeInfo, TokenInfo
+
+if TYPE_CHECKING:
+    from broker.clock import Clock
+    from broker.state.store import Store
+    from broker.state.tokens import Principal
+
+
+
+def _token_info(row: ApiToken, token: str | None = None) -> TokenInfo:
+    return TokenInfo(id=row.id, team=row.team, role=row.role, note=row.note,
+                     created_at=row.created_at, created_by=row.created_by,
+                     revoked_at=row.revoked_at, token=token)
+
+
+class AdminMixin:
+    store: Store
+    clock: Clock
+    principal: Principal
+
+    # -- tokens -------------------------------------------------------------------------------
+    def create_token(self, team: str, role: str = "member", note: str = "") -> TokenInfo:
+        """A new API token for `team` with `role` (member|admin). The answer carries the token
+        itself, the only time it is shown. Admins only; raises Forbidden, SpecError."""
+        now = self.clock.now()
+        with self.store.session() as s, acting_as(self.principal.actor):
+            token, row = create_api_token(s, team, role, self.principal, now, note)
+            record(s, now, "token_created", f"{role} token {row.id} for team {team}",
+                   token_id=row.id, team=team, role=role)
+            return _token_info(row, token)
+
+    def revoke_token(self, token_id: str) -> TokenInfo:
+        """Revoke a token: every later request with it gets 401. Admins only; raises
+        Forbidden, NotFound."""
+        now = self.clock.now()
+        with self.store.session() as s, acting_as(self.principal.actor):
+            row = revoke_api_token(s, token_id, self.principal, now)
+            record(s, now, "token_revoked", f"token {row.id} of team {row.team} revoked",
+                   token_id=row.id, team=row.team)
+            return _token_info(row)
+
+    def tokens(self) -> list[TokenInfo]:
+        """Every token (without secrets). Admins only."""
+        self.principal.require_admin("listing tokens")
+        with self.store.session() as s:
+            return [_token_info(r) for r in s.exec(select(ApiToken).order_by(col(ApiToken.created_at)))]
+
+    # -- nodes served by agents ----------------------------------------------------------------
+    def join_token(self, node: str, ttl_s: float = 3600.0) -> JoinTokenInfo:
+        """A one-time token with which `onepool agent` joins as `node` (a node of a pool with
+        `provider: agent`). A node that already has an agent gets a fresh token: the next
+        join replaces the old agent's credential. Admins only; raises Forbidden, NotFound,
+        SpecError (a node no agent can serve)."""
+        self.principal.require_admin("creating join tokens")
+        if not 0 < ttl_s <= 30 * 86400:
+            raise SpecError("join-token", [f"ttl_s: must be > 0 and at most 30 days (got {ttl_s})"])
+        now = self.clock.now()
+        with self.store.session() as s, acting_as(self.principal.actor):
+            row = s.get(Node, node)
+            if row is None:
+                agent_nodes = s.exec(select(Node.id).join(Pool, col(Pool.name) == Node.pool)
+                                     .where(Pool.provider == "agent")).all()
+                raise NotFound(f"no node {node!r}; nodes served by agents: "
+                               f"{', '.join(agent_nodes) or '(none: add a pool with provider: agent)'}")
+            pool = s.get(Pool, row.pool)
+            if pool is None or pool.provider != "agent":
+                raise SpecError("join-token", [
+                    f"node: {node} is in pool {row.pool} (provider {pool.provider if pool else '?'}); "
+                    "join tokens are for pools with provider: agent (rented nodes get theirs "
+                    "from the broker at launch)"])
+            if row.state == "retired":
+                raise InvalidState(f"node {node} is retired (its pool has fewer nodes now)")
+            token = new_join_token(s, node, now, ttl_s)
+            record(s, now, "join_token_created", f"join token for node {node} (valid {ttl_s:g}s)",
+                   node=node, pool=row.pool)
+            return JoinTokenInfo(node=node, pool=row.pool, join_token=token, expires_at=now + ttl_s)
+
+    def nodes(self, pool: str | None = None) -> list[NodeInfo]:
+        """Nodes that are or may become schedulable, with their free GPUs. Raises NotFound for
+        an unknown pool."""
+        now = self.clock.now()
+        with self.store.session() as s:
+            cfg = applied_config(s)
+            pools = {p.name: p for p in cfg.pools}
+            if pool is not None and pool not in pools:
+                raise NotFound(f"no pool {pool!r}; pools: {', '.join(pools)}")
+            held: dict[str, int] = defaultdict(int)
+            for a in s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED)):
+                for n, slots in a.alloc:
+                    held[n] += len(slots)
+            q = select(Node).where(col(Node.state).not_in(["terminated", "retired"])).order_by(col(Node.id))
+            if pool is not None:
+                q = q.where(Node.pool == pool)
+            rows = s.exec(q).all()
+            agents = {a.node: a for a in s.exec(select(NodeAgent).where(
+                col(NodeAgent.node).in_([n.id for n in rows])))}
+        out = []
+        for n in rows:
+            spec = pools.get(n.pool)
+            if spec is None:
+                continue
+            ag = agents.get(n.id)
+            free = max(0, n.gpus - held[n.id]) if n.state == "up" else 0
+            out.append(NodeInfo(
+                id=n.id, pool=n.pool, gpu_type=spec.gpu_type, market=spec.market.value,
+                state=n.state, gpus=n.gpus, free_gpus=free,
+                executor="local" if spec.provider == "local" else "agent",
+                agent_seen_s_ago=None if ag is None or ag.seen_at is None else max(0.0, now - ag.seen_at),
+                agent=dict(ag.info) if ag is not None else {}))
+        return out
+
+    def health(self) -> HealthInfo:
+        """Whether a broker has cycled recently (within 5 cycles, at least 30 s)."""
+        now = self.clock.now()
+        with self.store.session() as s:
+            row = s.get(Setting, LAST_CYCLE)
+            try:
+                stale = max(30.0, 5 * applied_config(s).broker.cycle_s)
+            except NotConfigured:
+                stale = 30.0
+        at = None if row is None else float(row.value["at"])
+        age = None if at is None else max(0.0, now - at)
+        ok = age is not None and age <= stale
+        if at is None:
+            msg = "no broker has ever cycled on this database"
+        else:
+            msg = f"last cycle {age:.1f}s ago" + (
+                "" if ok else f": the broker looks down (stale after {stale:g}s)")
+        return HealthInfo(ok=ok, last_cycle_at=at, last_cycle_age_s=age, stale_after_s=stale,
+                          message=msg)

@@ -1,0 +1,291 @@
+"""The broker's side of the node-agent protocol (the API's /v1/agent routes call these) and
+the engine's watch over agents.
+
+An agent joins once with a join token and gets a node credential. From then on it calls
+sync() in a loop: each call is a heartbeat, reports the state of every rank it runs, and
+returns what the agent should do now (ranks to run, signals to deliver, ranks to forget or
+kill). The API holds a sync open (long poll) while `has_news` is false.
+
+The engine calls `watch()` every cycle: agents silent for `node_lost_after_s` are lost
+(their ranks are LOST, so their attempts requeue; a rented node is handed to the capacity
+manager to terminate), and interruption notices agents reported are acted on once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+from sqlmodel import Session, col, or_, select
+
+from broker.errors import NotFound, Unauthorized
+from broker.state.events import record
+from broker.state.model import Attempt, AttemptState, Node, NodeState, Pool
+from broker.state.model_access import NodeAgent, NodeNotice, RankAssignment
+from broker.state.model_access import RankState as AState
+from broker.state.tokens import Verifier, redeem_join_token
+
+log = logging.getLogger("onepool.agents")
+LIVE = (AState.ASSIGNED, AState.RUNNING)
+NOTICE_KINDS = ("spot_interruption", "rebalance", "preempted", "maintenance")
+
+
+# -- wire format ------------------------------------------------------------------------------
+class JoinRequest(BaseModel):
+    join_token: str = Field(min_length=1, max_length=200)
+    info: dict[str, Any] = Field(default_factory=dict)  # hostname, pid, gpus, gpu_type, ...
+
+
+class JoinReply(BaseModel):
+    node: str
+    pool: str
+    credential: str
+    heartbeat_s: float
+    fence_s: float  # ranks stop themselves after this long without a successful sync
+
+
+class RankReport(BaseModel):
+    assignment_id: int
+    state: str = Field(pattern="^(running|exited|lost)$")
+    pid: int | None = None
+    exit_code: int | None = Field(default=None, ge=-255, le=255)
+
+
+class SyncRequest(BaseModel):
+    ranks: list[RankReport] = Field(default_factory=list, max_length=4096)
+    acked: dict[int, int] = Field(default_factory=dict)  # assignment id -> highest signal seq done
+    known: list[int] = Field(default_factory=list, max_length=4096)  # assignment ids it runs
+    wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+class Assignment(BaseModel):
+    assignment_id: int
+    attempt_id: int
+    rank: int
+    argv: list[str]
+    env: dict[str, str]
+
+
+class SignalOrder(BaseModel):
+    assignment_id: int
+    seq: int
+    signal: int
+
+
+class SyncReply(BaseModel):
+    node: str
+    assignments: list[Assignment] = []  # every live rank of this node (start the unknown ones)
+    signals: list[SignalOrder] = []  # not yet acknowledged, in order
+    forget: list[int] = []  # ended on the broker's side: stop reporting them
+    kill: list[int] = []  # ended or lost on the broker's side but reported running: SIGKILL
+    retire: bool = False  # the node is gone from the broker: stop everything and exit
+    heartbeat_s: float = 5.0
+    fence_s: float = 20.0
+
+    @property
+    def has_news(self) -> bool:
+        return bool(self.signals or self.forget or self.kill or self.retire)
+
+
+class LogPiece(BaseModel):
+    assignment_id: int
+    offset: int = Field(ge=0)
+    data_b64: str = Field(max_length=2 * 1024 * 1024)
+
+
+class NoticeRequest(BaseModel):
+    kind: str = Field(pattern="^(" + "|".join(NOTICE_KINDS) + ")$")
+    deadline: float | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass
+class Timing:
+    heartbeat_s: float = 5.0
+    lost_after_s: float = 30.0
+
+    @property
+    def fence_s(self) -> float:
+        """Ranks fence themselves before the broker gives their work to another node."""
+        return self.lost_after_s * 2 / 3
+
+
+# -- routes' logic ------------------------------------------------------------------------------
+def join(s: Session, verifier: Verifier, req: JoinRequest, now: float, timing: Timing) -> JoinReply:
+    """Redeem a join token: the node is up (its agent's GPUs, capped at the pool's, are what the
+    policy may place on). Raises Unauthorized."""
+    row, credential = redeem_join_token(s, verifier, req.join_token, now)
+    node = s.get(Node, row.node)
+    if node is None or node.state in (NodeState.RETIRED, NodeState.TERMINATED, NodeState.TERMINATING):
+        raise Unauthorized(f"node {row.node} is no longer part of this broker")
+    pool = s.get(Pool, node.pool)
+    assert pool is not None
+    row.info = {**_clean(req.info), "joined_at": now}
+    s.add(row)
+    reported = req.info.get("gpus")
+    if isinstance(reported, int) and 0 < reported < pool.gpus_per_node:
+        node.gpus = reported
+    if node.state in (NodeState.WAITING, NodeState.LOST, NodeState.LAUNCHING):
+        if node.state == NodeState.LAUNCHING:
+            node.ready_at = now
+        node.state, node.idle_since = NodeState.UP, now
+    s.add(node)
+    record(s, now, "agent_joined", f"agent on {req.info.get('hostname', '?')} joined as node "
+           f"{node.id} ({node.gpus} GPUs, pool {node.pool})", node=node.id, pool=node.pool,
+           agent=row.info)
+    return JoinReply(node=node.id, pool=node.pool, credential=credential,
+                     heartbeat_s=timing.heartbeat_s, fence_s=timing.fence_s)
+
+
+def _clean(info: dict[str, Any]) -> dict[str, Any]:
+    """What of the agent's self-description is kept: short scalars only."""
+    return {str(k)[:40]: v if not isinstance(v, str) else v[:200] for k, v in list(info.items())[:20]
+            if isinstance(v, str | int | float | bool) or v is None}
+
+
+def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Timing, *,
+         heartbeat: bool = True) -> SyncReply:
+    """Record the heartbeat (with heartbeat=False: a read-only look, for a long poll's later
+    checks) and the rank reports; say what the agent should do now."""
+    node = s.get(Node, agent.node)
+    if node is None or node.state in (NodeState.TERMINATED, NodeState.TERMINATING, NodeState.RETIRED):
+        return SyncReply(node=agent.node, retire=True, kill=[r.assignment_id for r in req.ranks
+                                                              if r.state == "running"],
+                         heartbeat_s=timing.heartbeat_s, fence_s=timing.fence_s)
+    if heartbeat:
+        agent.seen_at = now
+    if req.info:
+        agent.info = {**agent.info, **_clean(req.info)}
+    if heartbeat and (agent.lost_at is not None or node.state == NodeState.LOST):
+        agent.lost_at = None
+        if node.state == NodeState.LOST:
+            node.state, node.idle_since = NodeState.UP, now
+            s.add(node)
+            record(s, now, "agent_back", f"node {node.id}'s agent calls in again: up",
+                   node=node.id, pool=node.pool)
+    s.add(agent)
+    ids = {r.assignment_id for r in req.ranks} | set(req.known) | {int(k) for k in req.acked}
+    rows = {r.id: r for r in s.exec(select(RankAssignment).where(
+        RankAssignment.node == agent.node,
+        or_(col(RankAssignment.id).in_(ids), col(RankAssignment.state).in_(list(LIVE))))).all()}
+    kill: list[int] = []
+    forget: list[int] = []
+    for rep in req.ranks:
+        row = rows.get(rep.assignment_id)
+        if row is None:
+            kill.append(rep.assignment_id) if rep.state == "running" else forget.append(rep.assignment_id)
+            continue
+        if row.state in LIVE:
+            if rep.state == "running" and row.state == AState.ASSIGNED:
+                row.state, row.pid, row.started_at = AState.RUNNING, rep.pid, now
+            elif rep.state in ("exited", "lost"):
+                row.state = AState.EXITED if rep.state == "exited" else AState.LOST
+                row.exit_code, row.ended_at = rep.exit_code, now
+            s.add(row)
+        elif rep.state == "running":
+            kill.append(row.id or 0)  # the broker gave up on it (node was lost): stop it
+        if row.state not in LIVE and rep.state != "running":
+            forget.append(row.id or 0)
+    for aid, seq in req.acked.items():
+        row = rows.get(int(aid))
+        if row is not None and seq > row.acked_seq:
+            row.acked_seq = seq
+            s.add(row)
+    live = [r for r in rows.values() if r.state in LIVE]
+    signals = [SignalOrder(assignment_id=r.id or 0, seq=q, signal=sig)
+               for r in live for q, sig in r.signals if q > r.acked_seq]
+    return SyncReply(node=agent.node,
+                     assignments=[Assignment(assignment_id=r.id or 0, attempt_id=r.attempt_id,
+                                             rank=r.rank, argv=r.argv, env=r.env) for r in live],
+                     signals=signals, forget=forget, kill=kill,
+                     heartbeat_s=timing.heartbeat_s, fence_s=timing.fence_s)
+
+
+def news_for(reply: SyncReply, known: set[int]) -> bool:
+    """Whether a sync answer carries anything the agent does not know yet."""
+    return reply.has_news or any(a.assignment_id not in known for a in reply.assignments)
+
+
+def write_log(home: Path, s: Session, agent: NodeAgent, piece: LogPiece, data: bytes) -> int:
+    """Append shipped output at `offset` of the rank's log on the broker (the same place a
+    local rank writes). Returns the log's size after it: the offset the agent continues
+    from (a resend of bytes already written is skipped). Raises NotFound."""
+    row = s.get(RankAssignment, piece.assignment_id)
+    if row is None or row.node != agent.node:
+        raise NotFound(f"no rank assignment {piece.assignment_id} on node {agent.node}")
+    path = home / "runs" / f"attempt-{row.attempt_id}" / f"rank-{row.rank}" / "output.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    size = path.stat().st_size if path.exists() else 0
+    if piece.offset <= size < piece.offset + len(data):
+        with open(path, "ab") as f:
+            f.write(data[size - piece.offset:])
+        size = piece.offset + len(data)
+        row.log_bytes = size
+        s.add(row)
+    return size
+
+
+def notice(s: Session, agent: NodeAgent, req: NoticeRequest, now: float) -> NodeNotice:
+    """Record an interruption notice (once per node and kind); the engine acts on it."""
+    prior = s.exec(select(NodeNotice).where(NodeNotice.node == agent.node,
+                                            NodeNotice.kind == req.kind)).first()
+    if prior is not None:
+        return prior
+    row = NodeNotice(node=agent.node, kind=req.kind, deadline=req.deadline, received_at=now)
+    s.add(row)
+    record(s, now, "interruption_notice", f"{req.kind} reported by the agent of node {agent.node}"
+           + (f" (gone at {req.deadline:.0f})" if req.deadline else ""), node=agent.node,
+           notice=req.kind, source="agent")
+    return row
+
+
+# -- the engine's watch ---------------------------------------------------------------------------
+@dataclass
+class WatchResult:
+    lost_nodes: list[str] = field(default_factory=list)
+    rented_lost: list[str] = field(default_factory=list)
+    notices: list[tuple[str, str, list[int]]] = field(default_factory=list)  # node, kind, attempts
+
+
+def watch(s: Session, now: float, lost_after_s: float) -> WatchResult:
+    """Declare silent agents lost (their unfinished ranks become LOST, so their attempts end
+    and requeue) and collect notices to act on (marked handled). The caller interrupts the
+    notices' attempts and has rented lost nodes terminated."""
+    out = WatchResult()
+    rows = s.exec(select(NodeAgent, Node, Pool).join(Node, col(Node.id) == NodeAgent.node)
+                  .join(Pool, col(Pool.name) == Node.pool)
+                  .where(col(NodeAgent.joined_at).is_not(None), col(NodeAgent.lost_at).is_(None),
+                         col(NodeAgent.seen_at) < now - lost_after_s,
+                         col(Node.state).in_([NodeState.UP, NodeState.DRAINING]))).all()
+    for agent, node, pool in rows:
+        agent.lost_at = now
+        s.add(agent)
+        silent = now - (agent.seen_at or now)
+        record(s, now, "node_lost", f"node {node.id}'s agent has not called in for {silent:.0f}s "
+               f"(limit {lost_after_s:g}s): lost; its work goes back to the queue",
+               node=node.id, pool=node.pool, reason="agent_silent")
+        if pool.provider == "agent":
+            node.state = NodeState.LOST
+            s.add(node)
+            out.lost_nodes.append(node.id)
+        else:
+            out.rented_lost.append(node.id)
+        for r in s.exec(select(RankAssignment).where(RankAssignment.node == node.id,
+                                                     col(RankAssignment.state).in_(list(LIVE)))):
+            r.state, r.ended_at = AState.LOST, now
+            s.add(r)
+    for n in s.exec(select(NodeNotice).where(col(NodeNotice.handled_at).is_(None))).all():
+        n.handled_at = now
+        s.add(n)
+        node_row = s.get(Node, n.node)
+        if node_row is not None and node_row.state == NodeState.UP:
+            node_row.state = NodeState.DRAINING
+            s.add(node_row)
+        attempts = [a.id for a in s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED))
+                    if a.id is not None and any(nd == n.node for nd, _ in a.alloc)]
+        out.notices.append((n.node, n.kind, attempts))
+    return out

@@ -1,0 +1,137 @@
+"""Where an attempt's ranks run: the broker's own slots (providers.local.LocalProcesses) or the
+agent of the node they were placed on (AgentExecutor). `Executors` routes by node.
+
+AgentExecutor keeps the Executor contract of providers.base over the database: start() writes
+a RankAssignment (idempotent per attempt and rank), the agent picks it up on its next sync,
+runs it under the same supervisor as local ranks and reports its state; status() reads what
+the agent reported; signal() appends to the rank's signal list, which the agent delivers in
+order. A rank on a node declared lost is LOST.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import col, select
+
+from broker.clock import Clock
+from broker.state.model import Node, Pool
+from broker.state.model_access import RankAssignment
+from broker.state.model_access import RankState as AState
+from broker.state.store import Store
+from providers.base import Handle, RankState, RankStatus
+from providers.local import LocalProcesses
+
+AGENT = "agent"
+
+
+class AgentExecutor:
+    """Ranks run by node agents, through the database. `notify(node)` is called after a
+    change an agent should see at once (in `onepool server` it wakes that agent's poll)."""
+
+    def __init__(self, store: Store, clock: Clock,
+                 notify: Callable[[str], None] | None = None) -> None:
+        self.store, self.clock = store, clock
+        self.notify = notify or (lambda node: None)
+
+    def start(self, attempt_id: int, rank: int, argv: list[str], env: dict[str, str],
+              *, recover: bool = False, node: str | None = None) -> Handle:
+        """Assign the rank to `node`'s agent unless assigned already; return its handle."""
+        if node is None:
+            raise ValueError("an agent rank needs the node it was placed on")
+        row = self._row(attempt_id, rank)
+        if row is None:
+            try:
+                with self.store.session() as s:
+                    s.add(RankAssignment(attempt_id=attempt_id, rank=rank, node=node, argv=argv,
+                                         env=env, created_at=self.clock.now()))
+            except IntegrityError:  # another broker process assigned it first
+                pass
+            row = self._row(attempt_id, rank)
+            assert row is not None
+        self.notify(row.node)
+        return {"kind": AGENT, "node": row.node, "attempt_id": attempt_id, "rank": rank,
+                "assignment_id": row.id}
+
+    def _row(self, attempt_id: int, rank: int) -> RankAssignment | None:
+        with self.store.session() as s:
+            return s.exec(select(RankAssignment).where(RankAssignment.attempt_id == attempt_id,
+                                                       RankAssignment.rank == rank)).first()
+
+    def status(self, handle: Handle) -> RankStatus:
+        with self.store.session() as s:
+            row = s.get(RankAssignment, handle["assignment_id"])
+        if row is None or row.state == AState.LOST:
+            return RankStatus(RankState.LOST)
+        if row.state == AState.EXITED:
+            return RankStatus(RankState.EXITED, row.exit_code)
+        return RankStatus(RankState.RUNNING)
+
+    def signal(self, handle: Handle, sig: int) -> None:
+        """Queue `sig` for the rank; quietly nothing if it has ended."""
+        with self.store.session() as s:
+            row = s.get(RankAssignment, handle["assignment_id"])
+            if row is None or row.state in (AState.EXITED, AState.LOST):
+                return
+            seq = (row.signals[-1][0] if row.signals else 0) + 1
+            row.signals = [*row.signals, [seq, int(sig)]]
+            s.add(row)
+            node = row.node
+        self.notify(node)
+
+
+class Executors:
+    """The engine's executor: routes each rank to the local slots or to its node's agent.
+
+    A node is served by an agent unless its pool's provider is `local` (the broker's own
+    machine). `wait_for_change` returns when a local rank exits or `changed()` is called
+    (the API calls it when an agent reports)."""
+
+    def __init__(self, store: Store, clock: Clock, runs_dir: str | os.PathLike[str], *,
+                 on_change: Callable[[], None] | None = None,
+                 notify: Callable[[str], None] | None = None) -> None:
+        self._event = threading.Event()
+        self._on_change = on_change
+        self.local = LocalProcesses(runs_dir, on_change=self.changed)
+        self.agents = AgentExecutor(store, clock, notify)
+        self._remote: dict[str, bool] = {}
+
+    def is_remote(self, node: str) -> bool:
+        """Whether `node` is served by an agent (cached: a node never changes pool)."""
+        if node not in self._remote:
+            with self.agents.store.session() as s:
+                row = s.exec(select(Pool.provider).join(Node, col(Node.pool) == Pool.name)
+                             .where(Node.id == node)).first()
+            self._remote[node] = row is not None and row != "local"
+        return self._remote[node]
+
+    def start(self, attempt_id: int, rank: int, argv: list[str], env: dict[str, str],
+              *, recover: bool = False, node: str | None = None) -> Handle:
+        if node is not None and self.is_remote(node):
+            return self.agents.start(attempt_id, rank, argv, env, recover=recover, node=node)
+        return self.local.start(attempt_id, rank, argv, env, recover=recover)
+
+    def _for(self, handle: Handle) -> LocalProcesses | AgentExecutor:
+        return self.agents if handle.get("kind") == AGENT else self.local
+
+    def status(self, handle: Handle) -> RankStatus:
+        return self._for(handle).status(handle)
+
+    def signal(self, handle: Handle, sig: int) -> None:
+        self._for(handle).signal(handle, sig)
+
+    def changed(self) -> None:
+        """Something an engine cycle should look at happened (a rank exited, an agent
+        reported)."""
+        self._event.set()
+        if self._on_change is not None:
+            self._on_change()
+
+    def wait_for_change(self, timeout: float) -> bool:
+        """Block until a local rank exits or changed() is called, or timeout. True if so."""
+        hit = self._event.wait(timeout)
+        self._event.clear()
+        return hit

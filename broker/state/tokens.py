@@ -1,0 +1,245 @@
+"""Who is acting: API tokens, node join tokens and agent credentials.
+
+Every secret has the shape `{prefix}_{id}_{secret}`: the id (12 hex digits) finds the row,
+the whole string is checked against an argon2 hash (argon2-cffi), so the database never holds
+a usable secret. The plaintext is returned once, to whoever created it.
+
+Verifying argon2 costs tens of milliseconds by design. A `Verifier` remembers, per id, the
+SHA-256 of a token that passed (in memory only), so each later request costs one hash and
+one primary-key read (which still sees a revocation at once).
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import hmac
+import re
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+from sqlmodel import Session, select
+
+from broker.errors import Forbidden, NotFound, SpecError, Unauthorized
+from broker.state.model import Setting, Team
+from broker.state.model_access import ApiToken, NodeAgent, Role
+
+API, JOIN, NODE = "op", "opj", "opn"
+_SHAPE = re.compile(r"^(op|opj|opn)_([0-9a-f]{12})_([A-Za-z0-9_-]{20,100})$")
+# Tokens carry 256 random bits, so brute force is not the threat a password hash guards
+# against here; the hash keeps a stolen database from yielding usable tokens. OWASP's
+# minimum argon2id parameters keep the one verification per process and token cheap.
+_HASHER = PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who makes a request. kind: local (the embedded, single-user mode: full rights), member,
+    admin, agent (a node agent: only the agent routes) or broker (the engine itself)."""
+
+    kind: str
+    team: str | None
+    id: str
+
+    @property
+    def is_admin(self) -> bool:
+        return self.kind in ("local", "admin", "broker")
+
+    @property
+    def actor(self) -> str:
+        """How events name it: `token:ID (team role)`, `local:USER`, `agent:NODE`, `broker`."""
+        if self.kind in ("member", "admin"):
+            return f"token:{self.id} ({self.team} {self.kind})"
+        if self.kind == "broker":
+            return "broker"
+        return f"{self.kind}:{self.id}"
+
+    def require_admin(self, what: str) -> None:
+        """Raises Forbidden unless this principal may manage pools, teams, budgets and tokens."""
+        if not self.is_admin:
+            raise Forbidden(f"{what} needs an admin token (this token is a member of team "
+                            f"{self.team})")
+
+    def require_team(self, team: str, what: str) -> None:
+        """Raises Forbidden unless this principal may act on `team`'s jobs."""
+        if not self.is_admin and team != self.team:
+            raise Forbidden(f"{what}: this token acts for team {self.team} only (not {team})")
+
+
+def local_principal() -> Principal:
+    """The embedded mode's principal: whoever can open the database file."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return Principal("local", None, user)
+
+
+BROKER = Principal("broker", None, "broker")
+
+
+def _new(prefix: str) -> tuple[str, str]:
+    tid = secrets.token_hex(6)
+    return tid, f"{prefix}_{tid}_{secrets.token_urlsafe(32)}"
+
+
+def parse(token: str, prefix: str) -> str:
+    """The id inside a token of this kind. Raises Unauthorized if it is not shaped like one."""
+    m = _SHAPE.match(token.strip())
+    if m is None or m.group(1) != prefix:
+        kind = {API: "an API token (op_...)", JOIN: "a join token (opj_...)",
+                NODE: "a node credential (opn_...)"}[prefix]
+        raise Unauthorized(f"not {kind}: check that the whole token was copied")
+    return m.group(2)
+
+
+def hash_secret(token: str) -> str:
+    return _HASHER.hash(token)
+
+
+class Verifier:
+    """Checks tokens against their stored hashes, remembering the ones that passed."""
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self._ok: OrderedDict[str, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+        self._capacity = capacity
+
+    def check(self, tid: str, token: str, stored_hash: str | None) -> bool:
+        """True if `token` matches `stored_hash` (the hash of the token with id `tid`)."""
+        if not stored_hash:
+            return False
+        digest = hashlib.sha256(f"{stored_hash}\0{token}".encode()).digest()
+        with self._lock:
+            known = self._ok.get(tid)
+        if known is not None and hmac.compare_digest(known, digest):
+            return True
+        try:
+            _HASHER.verify(stored_hash, token)
+        except (VerificationError, InvalidHashError):
+            return False
+        with self._lock:
+            self._ok[tid] = digest
+            self._ok.move_to_end(tid)
+            while len(self._ok) > self._capacity:
+                self._ok.popitem(last=False)
+        return True
+
+    def api_principal(self, s: Session, token: str | None) -> Principal:
+        """The member or admin behind an API token. Raises Unauthorized (missing, malformed,
+        unknown, revoked)."""
+        if not token:
+            raise Unauthorized("this API needs a token: send `Authorization: Bearer TOKEN` "
+                               "(set ONEPOOL_TOKEN; an admin creates one with `onepool token create`)")
+        tid = parse(token, API)
+        row = s.get(ApiToken, tid)
+        if row is None or not self.check(tid, token, row.hash):
+            raise Unauthorized(f"token {tid} is not known to this server")
+        if row.revoked_at is not None:
+            raise Unauthorized(f"token {tid} was revoked; ask an admin for a new one")
+        return Principal(row.role, row.team, row.id)
+
+    def node_of_credential(self, s: Session, credential: str | None) -> NodeAgent:
+        """The agent row a node credential belongs to. Raises Unauthorized."""
+        if not credential:
+            raise Unauthorized("agent routes need the node credential the join returned")
+        cid = parse(credential, NODE)
+        row = s.exec(select(NodeAgent).where(NodeAgent.credential_id == cid)).first()
+        if row is None or not self.check(cid, credential, row.credential_hash):
+            raise Unauthorized("node credential not known to this server (the node may have "
+                               "been retired): join again with a new join token")
+        return row
+
+
+# -- API tokens -----------------------------------------------------------------------------------
+def create_api_token(s: Session, team: str, role: str, by: Principal, now: float,
+                     note: str = "") -> tuple[str, ApiToken]:
+    """Create a token for `team` with `role`; returns (plaintext, row). Only admins (or the
+    embedded mode) may. Raises Forbidden, SpecError (unknown team or role)."""
+    by.require_admin("creating tokens")
+    roles = [r.value for r in Role]
+    if role not in roles:
+        raise SpecError("token", [f"role: must be one of {', '.join(roles)} (got {role!r})"])
+    teams = [t.name for t in s.exec(select(Team).order_by(Team.name)).all()]
+    if team not in teams:
+        allowed = ", ".join(teams) or "(none: apply an onepool.yaml first)"
+        raise SpecError("token", [f"team: must be one of {allowed} (got {team!r})"])
+    if len(note) > 200:
+        raise SpecError("token", ["note: at most 200 characters"])
+    tid, token = _new(API)
+    row = ApiToken(id=tid, team=team, role=role, hash=hash_secret(token), note=note,
+                   created_at=now, created_by=by.actor)
+    s.add(row)
+    return token, row
+
+
+def revoke_api_token(s: Session, tid: str, by: Principal, now: float) -> ApiToken:
+    """Revoke a token (idempotent). Raises Forbidden, NotFound."""
+    by.require_admin("revoking tokens")
+    row = s.get(ApiToken, tid)
+    if row is None:
+        raise NotFound(f"no token with id {tid!r}")
+    if row.revoked_at is None:
+        row.revoked_at, row.revoked_by = now, by.actor
+        s.add(row)
+    return row
+
+
+# -- node join tokens -----------------------------------------------------------------------------
+def new_join_token(s: Session, node: str, now: float, ttl_s: float) -> str:
+    """A fresh one-time join token for `node` (replacing any unused one); returns it."""
+    tid, token = _new(JOIN)
+    _store_join(s, node, tid, token, now + ttl_s)
+    return token
+
+
+def derived_join_token(s: Session, node: str, seed: str, now: float, ttl_s: float) -> str:
+    """The join token of a rented node, derived from its launch token `seed` and this broker's
+    secret, so a launch retried after a crash (same client token, so the same instance and
+    user data) carries the same join token. Stores its hash if not stored yet."""
+    key = _broker_secret(s)
+    mac = hmac.new(key, f"join\0{node}\0{seed}".encode(), hashlib.sha256).hexdigest()
+    tid, token = mac[:12], f"{JOIN}_{mac[:12]}_{mac[12:56]}"
+    row = s.get(NodeAgent, node)
+    if row is None or row.join_id != tid:
+        _store_join(s, node, tid, token, now + ttl_s)
+    return token
+
+
+def _store_join(s: Session, node: str, tid: str, token: str, expires_at: float) -> None:
+    row = s.get(NodeAgent, node) or NodeAgent(node=node)
+    row.join_id, row.join_hash, row.join_expires_at = tid, hash_secret(token), expires_at
+    s.add(row)
+
+
+def _broker_secret(s: Session) -> bytes:
+    row = s.get(Setting, "broker_secret")
+    if row is None:
+        row = Setting(key="broker_secret", value={"hex": secrets.token_hex(32)})
+        s.add(row)
+        s.flush()
+    return bytes.fromhex(str(row.value["hex"]))
+
+
+def redeem_join_token(s: Session, verifier: Verifier, token: str, now: float) -> tuple[NodeAgent, str]:
+    """Exchange a join token for a node credential: the token is used up, the node's previous
+    credential (if any) stops working. Returns (row, credential). Raises Unauthorized
+    (malformed, unknown, used or expired)."""
+    tid = parse(token, JOIN)
+    row = s.exec(select(NodeAgent).where(NodeAgent.join_id == tid)).first()
+    if row is None or not verifier.check(tid, token, row.join_hash):
+        raise Unauthorized("join token not known to this server, or already used: each join "
+                           "token works once (create another with `onepool node join-token NODE`)")
+    if row.join_expires_at is not None and now > row.join_expires_at:
+        raise Unauthorized(f"join token for node {row.node} expired; create another with "
+                           f"`onepool node join-token {row.node}`")
+    cid, credential = _new(NODE)
+    row.join_id, row.join_hash, row.join_expires_at = None, None, None
+    row.credential_id, row.credential_hash = cid, hash_secret(credential)
+    row.joined_at, row.seen_at, row.lost_at = now, now, None
+    s.add(row)
+    return row, credential

@@ -1,0 +1,140 @@
+"""Agents on on-prem hosts: separate processes, each in its own network namespace where this
+machine allows it, reaching the API over TCP. The engine is driven by the test on an injected
+clock; everything else is real (processes, sockets, checkpoints, SQL)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from tests.agents.harness import (
+    Netns,
+    Site,
+    agents_cleanup,
+    alive,
+    make_site,
+    netns,
+    spawn_agent,
+    wait_for,
+)
+from tests.conftest import drive, kill_leftovers, train
+
+pytestmark = pytest.mark.e2e
+POOL = {"name": "onprem", "provider": "agent", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 2}
+
+
+@pytest.fixture
+def hosts() -> Iterator[list[Netns]]:
+    """Two namespaces standing for two GPU hosts."""
+    with ExitStack() as st:
+        yield [st.enter_context(netns()), st.enter_context(netns())]
+
+
+@pytest.fixture
+def site(tmp_path: Path, clock, hosts: list[Netns]) -> Iterator[Site]:  # type: ignore[no-untyped-def]
+    s = make_site(tmp_path / "home", clock, host=hosts[0].host_ip, pools=[POOL],
+                  node_lost_after_s=6, agent_heartbeat_s=1, grace_s=10)
+    yield s
+    s.api.stop()
+    kill_leftovers(tmp_path / "home" / "runs")
+
+
+def join(site: Site, node: str, tmp: Path, host: Netns, agents: list) -> object:  # type: ignore[type-arg]
+    token = site.client.join_token(node).join_token
+    a = spawn_agent(site.url, tmp / f"agent-{node}", join_token=token, prefix=host.prefix)
+    agents.append(a)
+    wait_for(f"{node} joined", lambda: any(n.id == node and n.state == "up" for n in site.client.nodes()))
+    return a
+
+
+def test_agent_in_its_own_network_joins_runs_a_job_and_ships_its_log(site: Site, tmp_path, hosts):
+    with agents_cleanup() as agents:
+        join(site, "onprem-0", tmp_path, hosts[0], agents)
+        [n] = [n for n in site.client.nodes() if n.id == "onprem-0"]
+        assert n.executor == "agent" and n.free_gpus == 2 and n.agent["gpus"] == 2
+        assert n.agent["hostname"] and n.agent_seen_s_ago is not None
+        c = site.client
+        j = c.submit(name="probe", team="research", command=train(6), gpus_per_node=2).id
+        drive(site.engine, lambda: c.get(j).status == "SUCCEEDED", timeout=60)
+        info = c.get(j)
+        assert info.attempt_list[0].alloc[0][0] == "onprem-0" and info.attempts == 1
+        wait_for("log shipped", lambda: "done: 6 steps" in c.logs(j).data)
+        # The rank ran in the agent's state folder on its "host", not in the broker's runs.
+        assert (agents[0].state_dir / "runs" / f"attempt-{info.attempt_list[0].id}" / "rank-0").is_dir()
+
+
+def test_preemption_reaches_the_rank_on_its_agent_and_it_resumes_from_its_checkpoint(site, tmp_path, hosts):
+    c = site.client
+    with agents_cleanup() as agents:
+        join(site, "onprem-0", tmp_path, hosts[0], agents)
+        low = c.submit(name="low", team="research", command=train(200, step_s=0.05, ckpt_every=5),
+                       gpus_per_node=2, priority="low").id
+        drive(site.engine, lambda: (c.get(low).last_step or -1) >= 5, timeout=60)
+        urgent = c.submit(name="urgent", team="prod", command=train(4), gpus_per_node=2,
+                          priority="urgent").id
+        drive(site.engine, lambda: c.get(urgent).status == "SUCCEEDED", timeout=60)
+        first = c.get(low).attempt_list[0]
+        assert first.end_reason == "PREEMPTED" and first.exit_code == 143  # it checkpointed on SIGTERM
+        c.cancel(low)
+        drive(site.engine, lambda: c.get(low).status == "CANCELLED", timeout=60)
+        resumed = c.get(low).attempt_list[1]
+        assert resumed.restored_step == first.reached_step
+        kinds = [(e.kind, e.actor) for e in c.events(low)]
+        assert ("preempting", "broker") in kinds and ("cancel_requested", f"local:{c.principal.id}") in kinds
+
+
+def test_a_restarted_agent_adopts_its_running_rank(site, tmp_path, hosts):
+    c = site.client
+    with agents_cleanup() as agents:
+        a = join(site, "onprem-0", tmp_path, hosts[0], agents)
+        j = c.submit(name="long", team="research", command=train(60, step_s=0.05), gpus_per_node=2).id
+        drive(site.engine, lambda: (c.get(j).last_step or -1) >= 1, timeout=60)
+        handle = json.loads(next((a.state_dir / "runs").glob("attempt-*/rank-0/handle.json")).read_text())
+        a.kill(signal.SIGKILL)  # no goodbye: the rank keeps running on the host
+        assert alive(handle["pid"])
+        agents.append(spawn_agent(site.url, a.state_dir, prefix=hosts[0].prefix))  # no join token: saved
+        drive(site.engine, lambda: c.get(j).status == "SUCCEEDED", timeout=60)
+        assert c.get(j).attempts == 1  # adopted, not started twice
+        assert "adopted rank 0" in agents[-1].log.read_text()
+
+
+def test_a_killed_agent_loses_its_node_the_rank_fences_itself_and_the_job_resumes_elsewhere_once(
+        site, clock, tmp_path, hosts):
+    c = site.client
+    with agents_cleanup() as agents:
+        a0 = join(site, "onprem-0", tmp_path, hosts[0], agents)
+        join(site, "onprem-1", tmp_path, hosts[1], agents)
+        j = c.submit(name="train", team="research", command=train(80, step_s=0.05, ckpt_every=4),
+                     gpus_per_node=2).id
+        drive(site.engine, lambda: (c.get(j).last_step or -1) >= 4, timeout=60)
+        node = c.get(j).attempt_list[0].alloc[0][0]
+        victim = a0 if node == "onprem-0" else agents[1]
+        pid = json.loads(next((victim.state_dir / "runs").glob("attempt-*/rank-0/handle.json"))
+                         .read_text())["pid"]
+        victim.kill(signal.SIGKILL)
+        # Cut off from the server, the rank stops itself after the fence (2/3 of 6 s).
+        wait_for("rank fenced", lambda: not alive(pid), timeout=20)
+        clock.advance(7)  # the broker's clock: past node_lost_after_s
+        drive(site.engine, lambda: c.get(j).status == "SUCCEEDED", timeout=90)
+        info = c.get(j)
+        assert [a.end_reason for a in info.attempt_list] == ["LOST", "COMPLETED"]
+        assert info.attempt_list[1].alloc[0][0] != node
+        assert info.attempt_list[1].restored_step is not None
+        assert [n.state for n in c.nodes() if n.id == node] == ["lost"]
+        assert "node_lost" in [e.kind for e in c.events()]
+
+
+def test_a_join_token_works_once_and_a_bad_one_stops_the_agent_with_a_reason(site, tmp_path, hosts):
+    token = site.client.join_token("onprem-0").join_token
+    with agents_cleanup() as agents:
+        agents.append(spawn_agent(site.url, tmp_path / "a", join_token=token, prefix=hosts[0].prefix))
+        wait_for("joined", lambda: any(n.state == "up" for n in site.client.nodes()))
+        second = spawn_agent(site.url, tmp_path / "b", join_token=token, prefix=hosts[1].prefix)
+        agents.append(second)
+        assert second.proc.wait(timeout=30) == 3
+        assert "already used" in second.log.read_text()
