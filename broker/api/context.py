@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from broker.api.batcher import SubmitBatcher
 from broker.api.mailbox import Mailbox
 from broker.client.sdk import Client
 from broker.clock import Clock
@@ -26,6 +27,7 @@ class ApiContext:
     clock: Clock
     verifier: Verifier = field(default_factory=Verifier)
     mailbox: Mailbox = field(default_factory=Mailbox)
+    batcher: SubmitBatcher = field(init=False)
     # Called when an agent reported something the engine should act on (a rank exited, a
     # notice): wakes a broker loop in this process. Other processes' brokers see it on
     # their next cycle.
@@ -33,6 +35,9 @@ class ApiContext:
     check_s: float = 1.0  # long polls look at the database at least this often
     _timing: tuple[float, Timing] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.batcher = SubmitBatcher(self.store)
 
     def client(self, principal: Principal) -> Client:
         return Client(store=self.store, clock=self.clock, principal=principal)

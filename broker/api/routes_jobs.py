@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Path, Query
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request
 from pydantic import BaseModel, Field
 
-from broker.api.context import client
+from broker.api.context import client, ctx
 from broker.client.sdk import MAX_ID, MAX_PAGE, Client
 from broker.control.budgets import TeamBudget
 from broker.errors import SpecError
@@ -47,12 +47,13 @@ class Message(BaseModel):
 @router.post("/jobs", status_code=201, response_model=JobInfo, tags=["jobs"],
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/json": {"schema": _job_schema()}}}})
-def submit(c: ClientDep, body: Annotated[Any, Body()] = None,
+def submit(c: ClientDep, request: Request, body: Annotated[Any, Body()] = None,
            idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JobInfo:
     """Queue a job. With an `Idempotency-Key` header, a retry returns the first job."""
     if not isinstance(body, dict):
         raise SpecError("job", ["(root): must be a JSON object of job fields"])
-    return c.submit(body, idempotency_key=idempotency_key)
+    js = c.prepare(body)
+    return ctx(request).batcher.submit(c, js, idempotency_key)
 
 
 @router.get("/jobs", response_model=JobPage, tags=["jobs"])

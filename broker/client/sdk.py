@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from broker.checkpoint import telemetry
 from broker.checkpoint.checkpoints import job_prefix
@@ -107,50 +107,62 @@ class Client(AdminMixin):
             data["priority"] = priority
         if budget_usd is not None:
             data["budget_usd"] = budget_usd
+        js = self.prepare(data)
+        with self.store.session() as s, acting_as(self.principal.actor):
+            return self.submit_in(s, js, idempotency_key)
+
+    def prepare(self, data: dict[str, Any]) -> JobSpec:
+        """The validated spec of a submit (the token's team by default). Raises SpecError,
+        Forbidden."""
         p = self.principal
         if not p.is_admin and not data.get("team"):
-            data["team"] = p.team
-        cfg = self.config()
+            data = {**data, "team": p.team}
         js = parse_job(data)
         p.require_team(js.team, "submitting a job")
+        return js
+
+    def submit_in(self, s: Session, js: JobSpec, idempotency_key: str | None = None) -> JobInfo:
+        """submit() inside the caller's transaction (the API batches concurrent submits into
+        one commit). Raises as submit() does; the caller rolls back what this wrote."""
+        p = self.principal
+        if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
+            raise SpecError("Idempotency-Key", ["must be 1 to 200 characters"])
+        cfg = applied_config(s)
         check_job_fits(js, cfg)
         digest = hashlib.sha256(json.dumps(js.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
         if idempotency_key is not None:
-            if not 1 <= len(idempotency_key) <= 200:
-                raise SpecError("Idempotency-Key", ["must be 1 to 200 characters"])
-            prior = self._idempotent(idempotency_key, digest)
+            prior = self._idempotent(s, idempotency_key, digest)
             if prior is not None:
-                return self.get(prior)
+                return self._info(s, prior)
         now = self.clock.now()
-        with self.store.session() as s, acting_as(p.actor):
-            js, budget_note = budget_rules.check_submission(s, cfg, js, now)  # money (issue 6)
-            workdir = js.workdir or (os.getcwd() if p.kind == "local" else None)
-            job = Job(name=js.name, experiment=js.experiment, team=js.team, command=js.command,
-                      env=js.env, workdir=workdir,
-                      gpus_per_node=js.gpus_per_node, nodes=js.nodes, gpu_types=js.gpu_types,
-                      priority=js.priority.value, budget_usd=js.budget_usd, spot=js.spot.value,
-                      checkpoint_interval_s=js.checkpoint_interval_s,
-                      expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now,
-                      submitted_by=p.actor)
-            s.add(job)
-            s.flush()
-            assert job.id is not None
-            job.checkpoint_uri = job_prefix(self.checkpoint_root(cfg), js.team, js.experiment, job.id)
-            record(s, now, "submitted", f"{js.priority.value} job, {js.nodes}x{js.gpus_per_node} "
-                   f"GPUs, team {js.team}", job_id=job.id)
-            if budget_note:
-                record(s, now, "budget_spot_only", budget_note, job_id=job.id)
-            s.add(job)
-            if idempotency_key is not None:
-                s.add(IdempotentSubmit(principal=p.actor[:64], key=idempotency_key,
-                                       request_sha256=digest, job_id=job.id, created_at=now))
-        return self.get(job.id)
+        js, budget_note = budget_rules.check_submission(s, cfg, js, now)  # money (issue 6)
+        workdir = js.workdir or (os.getcwd() if p.kind == "local" else None)
+        job = Job(name=js.name, experiment=js.experiment, team=js.team, command=js.command,
+                  env=js.env, workdir=workdir,
+                  gpus_per_node=js.gpus_per_node, nodes=js.nodes, gpu_types=js.gpu_types,
+                  priority=js.priority.value, budget_usd=js.budget_usd, spot=js.spot.value,
+                  checkpoint_interval_s=js.checkpoint_interval_s,
+                  expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now,
+                  submitted_by=p.actor)
+        s.add(job)
+        s.flush()
+        assert job.id is not None
+        job.checkpoint_uri = job_prefix(default_store_root(cfg, self.store.home), js.team,
+                                        js.experiment, job.id)
+        record(s, now, "submitted", f"{js.priority.value} job, {js.nodes}x{js.gpus_per_node} "
+               f"GPUs, team {js.team}", job_id=job.id)
+        if budget_note:
+            record(s, now, "budget_spot_only", budget_note, job_id=job.id)
+        s.add(job)
+        if idempotency_key is not None:
+            s.add(IdempotentSubmit(principal=p.actor[:64], key=idempotency_key,
+                                   request_sha256=digest, job_id=job.id, created_at=now))
+        return JobInfo.of(job, [], now, stores=[], caused_lost_gpu_s=0.0)
 
-    def _idempotent(self, key: str, digest: str) -> int | None:
-        with self.store.session() as s:
-            row = s.exec(select(IdempotentSubmit).where(
-                IdempotentSubmit.principal == self.principal.actor[:64],
-                IdempotentSubmit.key == key)).first()
+    def _idempotent(self, s: Session, key: str, digest: str) -> int | None:
+        row = s.exec(select(IdempotentSubmit).where(
+            IdempotentSubmit.principal == self.principal.actor[:64],
+            IdempotentSubmit.key == key)).first()
         if row is None:
             return None
         if row.request_sha256 != digest:
@@ -158,7 +170,7 @@ class Client(AdminMixin):
                                                 f"(job {row.job_id}); use a new key"])
         return row.job_id
 
-    def _job(self, s: Any, job_id: int, what: str) -> Job:
+    def _job(self, s: Session, job_id: int, what: str) -> Job:
         j = s.get(Job, job_id) if 0 < job_id <= MAX_ID else None
         if j is None:
             raise NotFound(f"no job with id {job_id}")
@@ -168,10 +180,13 @@ class Client(AdminMixin):
     def get(self, job_id: int) -> JobInfo:
         """The job with its attempts. Raises NotFound, Forbidden (another team's job)."""
         with self.store.session() as s:
-            j = self._job(s, job_id, "reading")
-            atts = list(s.exec(select(Attempt).where(Attempt.job_id == job_id)).all())
-            return JobInfo.of(j, atts, self.clock.now(), stores=stores_of(s, [job_id]).get(job_id),
-                              caused_lost_gpu_s=telemetry.caused_lost_gpu_s(s, [job_id]).get(job_id, 0.0))
+            return self._info(s, job_id)
+
+    def _info(self, s: Session, job_id: int) -> JobInfo:
+        j = self._job(s, job_id, "reading")
+        atts = list(s.exec(select(Attempt).where(Attempt.job_id == job_id)).all())
+        return JobInfo.of(j, atts, self.clock.now(), stores=stores_of(s, [job_id]).get(job_id),
+                          caused_lost_gpu_s=telemetry.caused_lost_gpu_s(s, [job_id]).get(job_id, 0.0))
 
     def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
              experiment: str | None = None, after_id: int = 0,
@@ -292,7 +307,7 @@ class Client(AdminMixin):
             return [r.model_copy(update={"victims": [v for v in r.victims if v in mine]})
                     for r in rows]
 
-    def _team_job_ids(self, s: Any) -> set[int]:
+    def _team_job_ids(self, s: Session) -> set[int]:
         return set(s.exec(select(Job.id).where(Job.team == self.principal.team)).all())
 
     # -- money (issue 6) ----------------------------------------------------------------------

@@ -209,7 +209,10 @@ def _history_duration(s: Session, team: str, experiment: str) -> float | None:
 def check_submission(s: Session, cfg: ClusterConfig, js: JobSpec, now: float) -> tuple[JobSpec, str | None]:
     """The spec to queue and a note saying why it changed (None: unchanged).
     Raises BudgetError naming the estimate and the budget when it cannot fit."""
-    tb = next((b for b in team_budgets(s, cfg, now) if b.team == js.team), None)
+    team = next((t for t in cfg.teams if t.name == js.team), None)
+    budgeted = team is not None and (team.budget_usd is not None
+                                     or s.get(Setting, OVERRIDE + js.team) is not None)
+    tb = next((b for b in team_budgets(s, cfg, now) if b.team == js.team), None) if budgeted else None
     if tb is not None and tb.state == "exhausted":
         raise BudgetError(f"team {js.team} has spent ${tb.spent:.2f} of its ${tb.amount:.2f} "
                           f"{tb.window} budget; raise it with `onepool budget set --team {js.team} "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import json
+
 from sqlmodel import Session, select
 
 from broker.errors import NotConfigured
@@ -67,4 +70,10 @@ def applied_config(s: Session) -> ClusterConfig:
     if row is None:
         raise NotConfigured("no onepool.yaml has been applied to this broker home yet: "
                             "run `onepool apply -c onepool.yaml` (or start `onepool broker -c ...`)")
-    return parse_config(row.value, "stored config")
+    return _parsed(json.dumps(row.value, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(text: str) -> ClusterConfig:
+    """Validating the stored config costs ~1 ms; it changes rarely (the model is frozen)."""
+    return parse_config(json.loads(text), "stored config")

@@ -164,6 +164,8 @@ class Engine:
     def _poll(self, s: Session, now: float, rep: CycleReport) -> None:
         active = s.exec(select(Attempt).where(
             col(Attempt.state).in_([AttemptState.RUNNING, AttemptState.STOPPING]))).all()
+        if isinstance(self.executor, Executors):
+            self.executor.refresh([a.id for a in active if a.id is not None])
         for a in active:
             st = [self.executor.status(h) for h in a.handles]
             running = [x for x in st if x.state == RankState.RUNNING]

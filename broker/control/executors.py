@@ -36,6 +36,7 @@ class AgentExecutor:
                  notify: Callable[[str], None] | None = None) -> None:
         self.store, self.clock = store, clock
         self.notify = notify or (lambda node: None)
+        self._seen: dict[int, tuple[str, int | None]] | None = None
 
     def start(self, attempt_id: int, rank: int, argv: list[str], env: dict[str, str],
               *, recover: bool = False, node: str | None = None) -> Handle:
@@ -61,13 +62,26 @@ class AgentExecutor:
             return s.exec(select(RankAssignment).where(RankAssignment.attempt_id == attempt_id,
                                                        RankAssignment.rank == rank)).first()
 
-    def status(self, handle: Handle) -> RankStatus:
+    def refresh(self, attempt_ids: list[int]) -> None:
+        """Read the reported state of these attempts' ranks in one query; status() answers from
+        it until the next refresh (the engine calls this once per poll)."""
+        rows: list[tuple[int | None, str, int | None]] = []
         with self.store.session() as s:
-            row = s.get(RankAssignment, handle["assignment_id"])
-        if row is None or row.state == AState.LOST:
+            for i in range(0, len(attempt_ids), 500):
+                rows += s.exec(select(RankAssignment.id, RankAssignment.state, RankAssignment.exit_code)
+                               .where(col(RankAssignment.attempt_id).in_(attempt_ids[i:i + 500]))).all()
+        self._seen = {i: (st, code) for i, st, code in rows if i is not None}
+
+    def status(self, handle: Handle) -> RankStatus:
+        got = self._seen.get(handle["assignment_id"]) if self._seen is not None else None
+        if got is None:
+            with self.store.session() as s:
+                row = s.get(RankAssignment, handle["assignment_id"])
+            got = None if row is None else (row.state, row.exit_code)
+        if got is None or got[0] == AState.LOST:
             return RankStatus(RankState.LOST)
-        if row.state == AState.EXITED:
-            return RankStatus(RankState.EXITED, row.exit_code)
+        if got[0] == AState.EXITED:
+            return RankStatus(RankState.EXITED, got[1])
         return RankStatus(RankState.RUNNING)
 
     def signal(self, handle: Handle, sig: int) -> None:
@@ -122,6 +136,10 @@ class Executors:
 
     def signal(self, handle: Handle, sig: int) -> None:
         self._for(handle).signal(handle, sig)
+
+    def refresh(self, attempt_ids: list[int]) -> None:
+        """Start of a poll: agents' reports are read once for all these attempts' ranks."""
+        self.agents.refresh(attempt_ids)
 
     def changed(self) -> None:
         """Something an engine cycle should look at happened (a rank exited, an agent

@@ -38,7 +38,9 @@ def make_engine(url: str) -> Engine:
         path = url.removeprefix("sqlite:///")
         if path and path != ":memory:" and not os.path.exists(path):
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))  # owner only, from the start
-        eng = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        # The API serves up to 40 requests at once (its thread pool) beside the engine.
+        eng = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
+                            pool_size=8, max_overflow=48)
 
         @event.listens_for(eng, "connect")
         def _pragmas(dbapi_conn, _rec) -> None:  # type: ignore[no-untyped-def]
@@ -49,7 +51,7 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return eng
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=40)
 
 
 def alembic_config(engine: Engine) -> AlembicConfig:
