@@ -11,8 +11,8 @@ import os
 from typing import Any
 
 from broker.client.http import HttpClient
-from broker.client.sdk import FINAL, STOPPED
 from broker.client.sdk import Client as EmbeddedClient
+from broker.client.waits import FINAL, STOPPED
 
 __all__ = ["FINAL", "STOPPED", "Client", "EmbeddedClient", "HttpClient"]
 

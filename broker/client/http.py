@@ -8,7 +8,6 @@ made on a dropped connection or a 5xx never create a second job.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from broker.client.waits import wait_stopped
 from broker.control.budgets import BudgetError, TeamBudget
 from broker.errors import (
     CheckpointError,
@@ -42,7 +42,6 @@ from broker.state.views import (
     TokenInfo,
 )
 
-STOPPED = {"SUCCEEDED", "FAILED", "CANCELLED", "BUDGET_EXHAUSTED"}
 _ERRORS: dict[str, type[OnepoolError]] = {c.__name__: c for c in (
     NotFound, InvalidState, NotConfigured, Unauthorized, Forbidden, BudgetError, CheckpointError,
     OnepoolError)}
@@ -187,16 +186,9 @@ class HttpClient:
 
     def wait(self, job_ids: Iterable[int], timeout: float = 3600.0,
              poll_s: float = 0.5) -> list[JobInfo]:
-        ids = list(job_ids)
-        deadline = time.monotonic() + timeout
-        while True:
-            infos = [self.get(i) for i in ids]
-            if all(i.status in STOPPED for i in infos):
-                return infos
-            if time.monotonic() > deadline:
-                open_ = [f"{i.id} ({i.status})" for i in infos if i.status not in STOPPED]
-                raise TimeoutError(f"jobs still not finished after {timeout:g}s: {', '.join(open_)}")
-            time.sleep(poll_s)
+        """Block until every job has ended (or stopped as BUDGET_EXHAUSTED). Raises
+        TimeoutError naming the ones still open."""
+        return wait_stopped(self.get, job_ids, timeout, poll_s)
 
     # -- tokens, nodes, health ---------------------------------------------------------------
     def create_token(self, team: str, role: str = "member", note: str = "") -> TokenInfo:

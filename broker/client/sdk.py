@@ -21,7 +21,6 @@ import hashlib
 import json
 import math
 import os
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from broker.checkpoint import telemetry
 from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.index import default_store_root, stores_of
 from broker.client.sdk_admin import AdminMixin
+from broker.client.waits import FINAL, wait_stopped
 from broker.clock import Clock, SystemClock
 from broker.control import budgets as budget_rules
 from broker.control.config_apply import applied_config, apply_config
@@ -45,8 +45,6 @@ from broker.state.store import Store
 from broker.state.tokens import Principal, local_principal
 from broker.state.views import EventInfo, JobInfo, LogChunk, LostWorkRow
 
-FINAL = {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value}
-STOPPED = FINAL | {JobState.BUDGET_EXHAUSTED.value}  # what wait() returns on
 STATES = [s.value for s in JobState]
 MAX_PAGE = 1000
 MAX_ID = 2**63 - 1  # ids and offsets beyond what a database integer holds do not exist
@@ -350,18 +348,6 @@ class Client(AdminMixin):
 
     def wait(self, job_ids: Iterable[int], timeout: float = 3600.0,
              poll_s: float = 0.2) -> list[JobInfo]:
-        """Block until every job has ended (or stopped as BUDGET_EXHAUSTED). Raises TimeoutError
-        naming the ones still open.
-
-        Polls the database (the broker may be another process): a wall-clock wait.
-        """
-        ids = list(job_ids)
-        deadline = time.monotonic() + timeout
-        while True:
-            infos = [self.get(i) for i in ids]
-            if all(i.status in STOPPED for i in infos):
-                return infos
-            if time.monotonic() > deadline:
-                open_ = [f"{i.id} ({i.status})" for i in infos if i.status not in STOPPED]
-                raise TimeoutError(f"jobs still not finished after {timeout:g}s: {', '.join(open_)}")
-            time.sleep(poll_s)
+        """Block until every job has ended (or stopped as BUDGET_EXHAUSTED). Raises
+        TimeoutError naming the ones still open."""
+        return wait_stopped(self.get, job_ids, timeout, poll_s)
