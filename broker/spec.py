@@ -58,7 +58,37 @@ Name = Annotated[str, Field(pattern=NAME_RE)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+    """Every input model: unknown fields, NUL bytes and non-finite numbers (inf, nan, 1e400)
+    are refused, naming the field."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True,
+                              allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, v: Any) -> Any:
+        where = _nul_in(v)
+        if where is not None:
+            raise ValueError(f"must not contain a NUL byte (\\x00){where}")
+        return v
+
+
+def _nul_in(v: Any, path: str = "") -> str | None:
+    """Where in `v` (a string, or lists/dicts of them) a NUL byte is: "" for `v` itself,
+    " in KEY" inside a mapping or list; None if there is none."""
+    if isinstance(v, str):
+        return path if "\x00" in v else None
+    if isinstance(v, dict):
+        for k, x in v.items():
+            hit = _nul_in(str(k), f" in key {str(k)!r}") or _nul_in(x, f" in {str(k)!r}")
+            if hit is not None:
+                return hit
+    if isinstance(v, list | tuple):
+        for i, x in enumerate(v):
+            hit = _nul_in(x, f" in item {i}")
+            if hit is not None:
+                return hit
+    return None
 
 
 class PoolSpec(_Strict):
@@ -249,6 +279,8 @@ def _format(err: ValidationError, prefix: str = "") -> list[str]:
             msg = f"must be {NAME_HELP}"
         elif e["type"] == "extra_forbidden":
             msg = "unknown field (check the spelling)"
+        elif e["type"] == "finite_number":
+            msg = "must be a finite number"
         elif msg.startswith("Value error, "):
             msg = msg.removeprefix("Value error, ")
         got = e.get("input")

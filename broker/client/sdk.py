@@ -39,6 +39,16 @@ FINAL = {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.val
 STOPPED = FINAL | {JobState.BUDGET_EXHAUSTED.value}  # what wait() returns on
 
 
+def existing_workdir(workdir: str | None) -> str:
+    """The job's working directory as an absolute path (default: the current directory).
+    Raises SpecError naming `workdir` when it is not an existing directory: a job there
+    could never start."""
+    path = os.path.abspath(os.path.expanduser(workdir)) if workdir else os.getcwd()
+    if not os.path.isdir(path):
+        raise SpecError("job", [f"workdir: must be an existing directory (got {path!r})"])
+    return path
+
+
 class Client:
     def __init__(self, home: str | os.PathLike[str] | None = None, *, url: str | None = None,
                  clock: Clock | None = None, store: Store | None = None) -> None:
@@ -84,11 +94,12 @@ class Client:
         cfg = self.config()
         js = parse_job(data)
         check_job_fits(js, cfg)
+        workdir = existing_workdir(js.workdir)
         now = self.clock.now()
         with self.store.session() as s:
             js, budget_note = budget_rules.check_submission(s, cfg, js, now)  # money (issue 6)
             job = Job(name=js.name, experiment=js.experiment, team=js.team, command=js.command,
-                      env=js.env, workdir=js.workdir or os.getcwd(),
+                      env=js.env, workdir=workdir,
                       gpus_per_node=js.gpus_per_node, nodes=js.nodes, gpu_types=js.gpu_types,
                       priority=js.priority.value, budget_usd=js.budget_usd, spot=js.spot.value,
                       checkpoint_interval_s=js.checkpoint_interval_s,
