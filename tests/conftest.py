@@ -47,6 +47,40 @@ def train(steps: int = 20, step_s: float = 0.05, ckpt_every: int = 2,
     return cmd + (["--done-file", str(done_file)] if done_file else [])
 
 
+# -- the database: SQLite, and PostgreSQL for modules marked `both_dbs` ------------------------
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests in modules marked `pytestmark = pytest.mark.both_dbs` run twice: on SQLite (the
+    broker home's file) and on a fresh database of a real PostgreSQL server."""
+    if metafunc.definition.get_closest_marker("both_dbs") is not None:
+        metafunc.parametrize("db", ["sqlite", "postgresql"], indirect=True)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Any]:
+    """A throwaway PostgreSQL cluster for this test session (tests/postgres.py)."""
+    from tests.postgres import PgServer
+
+    srv = PgServer.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(autouse=True)
+def db(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The backend of this test: "sqlite" (default) or "postgresql", where
+    ONEPOOL_DATABASE_URL names a fresh migrated database (inherited by subprocesses)."""
+    backend = getattr(request, "param", "sqlite")
+    if backend == "sqlite":
+        monkeypatch.delenv("ONEPOOL_DATABASE_URL", raising=False)
+        yield backend
+        return
+    srv = request.getfixturevalue("pg_server")
+    url = srv.fresh_database()
+    monkeypatch.setenv("ONEPOOL_DATABASE_URL", url)
+    yield backend
+    srv.drop_database(url)
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()

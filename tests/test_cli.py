@@ -26,6 +26,8 @@ from broker.client.sdk import Client
 from broker.errors import NotFound, OnepoolError, SpecError
 from broker.state.model import Job
 
+pytestmark = pytest.mark.both_dbs
+
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
 
@@ -59,8 +61,10 @@ def cli_json(home: Path, command: str, *args: str) -> Any:
 
 
 def onepool(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run the real console module in a subprocess (no ONEPOOL_* from the caller's env)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_")}
+    """Run the real console module in a subprocess (no ONEPOOL_* from the caller's env but
+    the database of this test)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ONEPOOL_") or k == "ONEPOOL_DATABASE_URL"}
     return subprocess.run([sys.executable, "-m", "broker.client.cli", "--home", str(home), *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
                           check=False)
@@ -92,10 +96,11 @@ def home(tmp_path: Path, config_path: Path) -> Path:
     return h
 
 
-@pytest.fixture(scope="module")
-def shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A configured home for the error cases, which must not write anything."""
-    h = tmp_path_factory.mktemp("errors") / "home"
+@pytest.fixture
+def shared_home(tmp_path: Path) -> Path:
+    """A configured home (in this test's database) for the error cases, which must not write
+    anything."""
+    h = tmp_path / "home"
     p = h.parent / "onepool.yaml"
     p.write_text(yaml.safe_dump(CONFIG))
     cli(h, "apply", "-c", str(p))

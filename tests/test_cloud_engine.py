@@ -19,6 +19,8 @@ from providers.base import TAG_BROKER, TAG_NODE, TAG_POOL
 from tests.conftest import drive, train
 from tests.providers.harness import failing
 
+pytestmark = pytest.mark.both_dbs
+
 AMI = "ami-12345678"
 
 

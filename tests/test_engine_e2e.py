@@ -134,6 +134,8 @@ def test_cancel_pending_and_running(make_cluster):
 
 ENV_DUMP = """
 import json, os
+
+pytestmark = pytest.mark.both_dbs
 keys = ["ONEPOOL_JOB_ID", "ONEPOOL_ATTEMPT", "ONEPOOL_RANK", "ONEPOOL_WORLD_SIZE",
         "CUDA_VISIBLE_DEVICES", "ONEPOOL_GPU_TYPE", "ONEPOOL_POOL", "MY_VAR"]
 print(json.dumps({k: os.environ.get(k) for k in keys}), flush=True)

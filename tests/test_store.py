@@ -14,6 +14,8 @@ from broker.spec import parse_config
 from broker.state.store import Store
 from tests.conftest import config
 
+pytestmark = pytest.mark.both_dbs
+
 
 def test_migrations_at_head_match_the_models(tmp_path: Path) -> None:
     store = Store(tmp_path)

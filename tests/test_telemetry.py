@@ -110,6 +110,8 @@ def test_lost_work_restart_overhead_and_attribution_match_hand_computation(make_
 ASKER = """
 import time
 from broker import runtime
+
+pytestmark = pytest.mark.both_dbs
 print("ready", flush=True)
 n = 0
 while not runtime.preempted():
