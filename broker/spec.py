@@ -189,6 +189,10 @@ class BrokerSettings(_Strict):
     # its budget gets ("spot_only": queued spot-only if a spot pool fits the budget, else refused).
     idle_charged_to: Literal["pool", "launcher"] = "pool"
     over_budget_submission: Literal["refuse", "spot_only"] = "spot_only"
+    # One leader (issue 10): the leader renews its lease every cycle and at least every
+    # lease_s / 3; a standby takes over lease_s after the leader's last renewal (at once when
+    # the dead leader ran on the same host). Kubernetes' leader election uses 15 s too.
+    lease_s: float = Field(default=15.0, ge=1.0, le=3600)
 
     @field_validator("checkpoint_store")
     @classmethod

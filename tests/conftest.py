@@ -90,12 +90,17 @@ def clock() -> FakeClock:
 def make_cluster(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., tuple[Client, Engine]]]:
     """make_cluster(**config kwargs) -> (client, engine) on a fresh home with a fake clock."""
 
+    engines: list[Engine] = []
+
     def make(**kw: Any) -> tuple[Client, Engine]:
         c = Client(tmp_path / "home", clock=clock)
         c.apply(parse_config(config(**kw)))
-        return c, Engine(c.store, clock)
+        engines.append(Engine(c.store, clock))
+        return c, engines[-1]
 
     yield make
+    for e in engines:
+        e.capacity.close()
     kill_leftovers(tmp_path / "home" / "runs")
 
 

@@ -136,6 +136,7 @@ def test_a_crash_between_launch_and_the_db_write_leaves_exactly_one_instance(mak
     [row] = nodes(c)
     assert row.state == NodeState.LAUNCHING and row.instance_id is None and row.token
     assert len(running_instances()) == 1
+    clock.advance(eng.settings.lease_s)  # the crashed broker's lease runs out
     eng2 = Engine(c.store, clock, eng.executor)  # the restarted broker
     eng2.reconcile()
     drive(eng2, lambda: c.get(j).status == "SUCCEEDED")

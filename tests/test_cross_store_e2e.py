@@ -17,6 +17,8 @@ from pricing.egress import GIB
 from tests.conftest import config, drive, train
 from tests.test_engine_e2e import out_log
 
+pytestmark = pytest.mark.both_dbs
+
 GATE = """
 import os, sys, time
 deadline = time.monotonic() + 60
@@ -122,8 +124,6 @@ def test_flipped_byte_makes_the_resume_fall_back_and_says_so(make_cluster, s3_bu
 SHARDED = """
 from broker import runtime
 from broker.errors import CheckpointError
-
-pytestmark = pytest.mark.both_dbs
 rank = runtime.context().rank
 for step in range(4):
     if not (rank == 1 and step == 2):  # rank 1 never writes its shard of step 2

@@ -18,6 +18,8 @@ from broker.state.model import Attempt, Checkpoint
 from providers.local import LocalProcesses
 from tests.conftest import drive, train
 
+pytestmark = pytest.mark.both_dbs
+
 
 def out_log(c: Any, attempt_id: int, rank: int = 0) -> str:
     return (c.store.home / "runs" / f"attempt-{attempt_id}" / f"rank-{rank}" /
@@ -134,8 +136,6 @@ def test_cancel_pending_and_running(make_cluster):
 
 ENV_DUMP = """
 import json, os
-
-pytestmark = pytest.mark.both_dbs
 keys = ["ONEPOOL_JOB_ID", "ONEPOOL_ATTEMPT", "ONEPOOL_RANK", "ONEPOOL_WORLD_SIZE",
         "CUDA_VISIBLE_DEVICES", "ONEPOOL_GPU_TYPE", "ONEPOOL_POOL", "MY_VAR"]
 print(json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
@@ -176,7 +176,8 @@ class CrashAfterStart(LocalProcesses):
 
 
 def test_crash_between_launch_and_db_write_starts_the_job_once(make_cluster, clock):
-    c, _ = make_cluster()
+    c, first = make_cluster()
+    first.close()  # gives the lease back
     j = c.submit(name="once", team="research", command=train(10)).id
     crashing = Engine(c.store, clock, CrashAfterStart(c.store.home / "runs"))
     with pytest.raises(KeyboardInterrupt):
@@ -184,6 +185,7 @@ def test_crash_between_launch_and_db_write_starts_the_job_once(make_cluster, clo
     with c.store.session() as s:
         a = s.exec(select(Attempt).where(Attempt.job_id == j)).one()
         assert a.state == "LAUNCHING" and a.handles == []
+    clock.advance(crashing.settings.lease_s)  # the crashed broker's lease runs out
     fresh = Engine(c.store, clock)
     fresh.reconcile()
     drive(fresh, lambda: c.get(j).status == "SUCCEEDED")

@@ -15,6 +15,8 @@ from tests.conftest import drive
 from tests.test_cross_store_e2e import gated
 from tests.test_engine_e2e import out_log
 
+pytestmark = pytest.mark.both_dbs
+
 STEPPER = """
 import sys, time
 from pathlib import Path
@@ -110,8 +112,6 @@ def test_lost_work_restart_overhead_and_attribution_match_hand_computation(make_
 ASKER = """
 import time
 from broker import runtime
-
-pytestmark = pytest.mark.both_dbs
 print("ready", flush=True)
 n = 0
 while not runtime.preempted():

@@ -27,6 +27,8 @@ from broker.checkpoint.index import default_store_root, stores_of
 from broker.clock import Clock, SystemClock
 from broker.control import budgets as budget_rules
 from broker.control.config_apply import applied_config, apply_config
+from broker.control.health import Health
+from broker.control.health import health as broker_health
 from broker.errors import InvalidState, NotFound, SpecError
 from broker.spec import ClusterConfig, JobSpec, check_job_fits, load_config, parse_job
 from broker.state import costs as cost_queries
@@ -210,6 +212,12 @@ class Client:
         """Every team's window budget now: amount, spent, state (none/ok/low/exhausted)."""
         with self.store.session() as s:
             return budget_rules.team_budgets(s, applied_config(s), self.clock.now())
+
+    # -- health (issue 10) -------------------------------------------------------------------
+    def health(self) -> Health:
+        """Whether a broker leads and cycles on this database now (broker.control.health)."""
+        with self.store.session() as s:
+            return broker_health(s, self.clock.now())
 
     def wait(self, job_ids: Iterable[int], timeout: float = 3600.0,
              poll_s: float = 0.2) -> list[JobInfo]:

@@ -350,6 +350,9 @@ class CapacityManager:
                 setattr(n, k, v)
             s.add(n)
 
+    def close(self) -> None:
+        """Stop the background workers (nothing to do when none runs)."""
+
     def shutdown(self, now: float) -> None:
         """Terminate every rented node this broker holds (tests, `onepool` teardown)."""
         with self.engine.store.session() as s:

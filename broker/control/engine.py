@@ -26,7 +26,9 @@ from broker.clock import Clock
 from broker.control import budgets, retention
 from broker.control.capacity_manager import CapacityManager
 from broker.control.config_apply import applied_config
+from broker.control.lease import FencedStore, Lease, lease_row
 from broker.control.snapshots import build_snapshot
+from broker.errors import NotLeader
 from broker.policy import Placement, Plan, PolicyConfig, Preemption, plan
 from broker.state.events import record
 from broker.state.model import Attempt, AttemptState, EndReason, Job, JobState, Node
@@ -49,20 +51,39 @@ class CycleReport:
 
 
 class Engine:
-    """Runs cycles over one broker home. Not thread-safe: one engine per home at a time."""
+    """Runs cycles over one broker home. Not thread-safe: one engine per home at a time.
+
+    The engine acts only as the leader: it holds `lease` (taken here when none is given;
+    NotLeader if another broker holds it), and every session it opens is fenced
+    (broker.control.lease): once another broker takes the lease, its writes raise LeaseLost.
+    """
 
     def __init__(self, store: Store, clock: Clock, executor: Executor | None = None,
-                 policy: PolicyConfig | None = None) -> None:
-        self.store = store
+                 policy: PolicyConfig | None = None, lease: Lease | None = None) -> None:
         self.clock = clock
         with store.session() as s:
             self.config = applied_config(s)
         self.settings = self.config.broker
+        self._own_lease = lease is None
+        if lease is None:
+            lease = Lease(store, clock, self.settings.lease_s)
+            if not lease.try_acquire():
+                row = lease_row(store)
+                raise NotLeader(f"broker {row.holder} holds the lease (fencing number {row.fencing}) "
+                                f"for {max(0.0, row.expires_at - clock.now()):.0f}s more")
+        self.lease = lease
+        self.store: Store | FencedStore = FencedStore(store, lease)
         self.executor: Executor = executor or LocalProcesses(store.home / "runs")
         self.policy = policy or PolicyConfig(min_run_s=self.settings.min_run_s,
                                              cloud_after_wait_s=self.settings.cloud_after_wait_s)
         self.capacity = CapacityManager(self)  # rented pools (issue 4); providers built lazily
         self._team_budget_state: dict[str, str] = {}  # money (issue 6): last team budget states
+
+    def close(self) -> None:
+        """Stop background cloud work; give the lease back if this engine took it itself."""
+        self.capacity.close()
+        if self._own_lease:
+            self.lease.release()
 
     # -- start-up ---------------------------------------------------------------------------
     def reconcile(self) -> None:
@@ -89,6 +110,7 @@ class Engine:
     def cycle(self) -> CycleReport:
         """One scheduling round. Returns what it did."""
         rep = CycleReport()
+        self.lease.ensure()  # a broker that was paused longer than its lease stops here
         now = self.clock.now()
         with self.store.session() as s:
             self._cancel_requested(s, now)
