@@ -8,9 +8,13 @@ Errors say what the caller should do next:
 An Executor runs the processes of one attempt, one per rank (node). Its contract:
 - start() is idempotent per (attempt_id, rank): a second call returns the first process's
   handle instead of starting another, also after a broker crash (recover=True searches for
-  a process started by a crashed broker before starting one).
-- status() tells RUNNING, EXITED (with the exit code) or LOST (gone without an exit code).
-- signal() of a process that is gone returns quietly.
+  a process started by a crashed broker before starting one). It raises StartFailed when
+  the rank cannot start for a reason of its own (the attempt fails, the broker goes on).
+- status() tells RUNNING, EXITED (with the exit code) or LOST (gone without an exit code),
+  and ORPHANED while processes of a rank whose supervisor died still live. EXITED and LOST
+  promise that no process of the rank is alive.
+- signal() of a process that is gone returns quietly; SIGKILL kills every process of the
+  rank, wherever it went (its containment).
 
 A Provider rents capacity (nodes) for rented pools; see `Provider` for its contract.
 """
@@ -39,10 +43,18 @@ class Fatal(ProviderError):
     """Retrying cannot help: give up and report it."""
 
 
+class StartFailed(ProviderError):
+    """A rank could not be started for a reason of its own (a working directory that does
+    not exist, a NUL byte in its command): that attempt fails; the broker goes on."""
+
+
 class RankState(StrEnum):
     RUNNING = "running"
     EXITED = "exited"
     LOST = "lost"
+    # Its supervisor is gone but processes of the rank still live: kill them
+    # (signal(SIGKILL)); the rank becomes LOST once none is left.
+    ORPHANED = "orphaned"
 
 
 @dataclass(frozen=True)

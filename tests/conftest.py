@@ -3,9 +3,7 @@ that cycles an engine until a condition holds (woken by process exits, bounded i
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -88,14 +86,16 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def make_cluster(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., tuple[Client, Engine]]]:
-    """make_cluster(**config kwargs) -> (client, engine) on a fresh home with a fake clock."""
+    """make_cluster(containment="auto"|"cgroup"|"group", **config kwargs) -> (client, engine)
+    on a fresh home with a fake clock, running jobs as local processes."""
 
     engines: list[Engine] = []
 
-    def make(**kw: Any) -> tuple[Client, Engine]:
+    def make(containment: str = "auto", **kw: Any) -> tuple[Client, Engine]:
         c = Client(tmp_path / "home", clock=clock)
         c.apply(parse_config(config(**kw)))
-        engines.append(Engine(c.store, clock))
+        procs = LocalProcesses(c.store.home / "runs", containment=containment)
+        engines.append(Engine(c.store, clock, procs))
         return c, engines[-1]
 
     yield make
@@ -105,12 +105,20 @@ def make_cluster(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., tup
 
 
 def kill_leftovers(runs: Path) -> None:
-    """No job process outlives its test: SIGKILL the group of every rank still alive."""
+    """No job process outlives its test: kill every process of every rank still alive (and
+    wait until they are gone, which also removes their cgroups)."""
     procs = LocalProcesses(runs)
-    for h in runs.glob("attempt-*/rank-*/handle.json"):
-        data = json.loads(h.read_text())
-        procs.signal({"pid": data["pid"], "create_time": data["create_time"],
-                      "run_dir": str(h.parent)}, signal.SIGKILL)
+    handles = []
+    for d in runs.glob("attempt-*/rank-*"):
+        h = procs.adopt(int(d.parent.name.split("-")[1]), int(d.name.split("-")[1]))
+        if h is not None:
+            procs.kill(h)
+            handles.append(h)
+    deadline = time.monotonic() + 10
+    while any(procs.status(h).state in ("running", "orphaned") for h in handles):
+        assert time.monotonic() < deadline, "job processes survived SIGKILL"
+        time.sleep(0.02)
+    procs.sweep()
 
 
 def drive(engine: Engine, until: Callable[[], bool], timeout: float = 30.0,

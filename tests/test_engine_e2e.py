@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from sqlmodel import select
 
@@ -202,7 +203,9 @@ def test_vanished_process_is_requeued_and_resumes(make_cluster):
     a = c.get(j).attempt_list[0]
     handle = json.loads(Path(a.alloc and c.store.home / "runs" / f"attempt-{a.id}" / "rank-0"
                              / "handle.json").read_text())
+    group = [psutil.Process(handle["pid"]), *psutil.Process(handle["pid"]).children(recursive=True)]
     os.killpg(handle["pid"], signal.SIGKILL)  # a node failure: no exit status is written
+    psutil.wait_procs(group, timeout=10)  # everything died at once, as with the node
     drive(eng, lambda: c.get(j).status == "SUCCEEDED")
     info = c.get(j)
     assert [x.end_reason for x in info.attempt_list] == ["LOST", "COMPLETED"]

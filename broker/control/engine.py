@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, col, select
 
 from broker.checkpoint import index as ckpt_index
@@ -28,16 +31,21 @@ from broker.control.capacity_manager import CapacityManager
 from broker.control.config_apply import applied_config
 from broker.control.lease import FencedStore, Lease, lease_row
 from broker.control.snapshots import build_snapshot
-from broker.errors import NotLeader
+from broker.errors import LeaseLost, NotLeader
 from broker.policy import Placement, Plan, PolicyConfig, Preemption, plan
 from broker.state.events import record
 from broker.state.model import Attempt, AttemptState, EndReason, Job, JobState, Node
 from broker.state.store import Store
-from providers.base import Executor, RankState
+from providers.base import Executor, RankState, StartFailed
 from providers.local import LocalProcesses
 
 log = logging.getLogger("onepool.engine")
 REQUEUE = (EndReason.PREEMPTED, EndReason.LOST, EndReason.INTERRUPTED)
+STOP_REASONS = {"preempted": EndReason.PREEMPTED, "interrupted": EndReason.INTERRUPTED,
+                "cancelled": EndReason.CANCELLED, "budget": EndReason.BUDGET, "lost": EndReason.LOST}
+BROKER_CAUSES = ("start_failed", "broker_error")  # FAILED for a reason other than its exit code
+# Failures of the broker itself, never contained per attempt: the loop (service.run) handles them.
+BROKER_FAILURES = (LeaseLost, NotLeader, OperationalError)
 CHECKPOINT_NOW = signal.SIGUSR1  # the runtime's "checkpoint now, keep running" request
 
 
@@ -78,6 +86,7 @@ class Engine:
                                              cloud_after_wait_s=self.settings.cloud_after_wait_s)
         self.capacity = CapacityManager(self)  # rented pools (issue 4); providers built lazily
         self._team_budget_state: dict[str, str] = {}  # money (issue 6): last team budget states
+        self._quarantined: set[int] = set()  # attempts that fail even to be failed (skipped)
 
     def close(self) -> None:
         """Stop background cloud work; give the lease back if this engine took it itself."""
@@ -87,24 +96,79 @@ class Engine:
 
     # -- start-up ---------------------------------------------------------------------------
     def reconcile(self) -> None:
-        """After a (re)start: finish half-done launches and re-send pending stop signals."""
+        """After a (re)start: finish half-done launches and re-send pending stop signals.
+        One attempt that cannot be reconciled fails alone (see _contained)."""
         now = self.clock.now()
         self.capacity.reconcile(now)  # [issue 4 hook] orphans terminated, lost nodes ended
+        for aid in self._open_attempts():
+            with self._contained("reconcile", aid), self.store.session() as s:
+                a = s.get(Attempt, aid)
+                job = s.get(Job, a.job_id) if a is not None else None
+                if a is None or job is None or a.state == AttemptState.ENDED:
+                    continue
+                if a.state == AttemptState.LAUNCHING or (a.state == AttemptState.RUNNING
+                                                         and len(a.handles) < len(a.alloc)):
+                    if self._start_or_fail(s, a, job, now, recover=True):
+                        a.state = AttemptState.RUNNING
+                        record(s, now, "reconciled", "launch completed after a broker restart",
+                               job_id=job.id, attempt_id=a.id)
+                    s.add(a)
+                elif a.state == AttemptState.STOPPING:
+                    for h in a.handles:
+                        self.executor.signal(h, signal.SIGKILL if a.stop_reason == "failed"
+                                             else signal.SIGTERM)
+
+    def _open_attempts(self, states: tuple[str, ...] | None = None) -> list[int]:
+        """Ids of attempts not ENDED (or in `states`), minus those quarantined."""
         with self.store.session() as s:
-            attempts = s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED)).all()
-            for a in attempts:
-                job = s.get(Job, a.job_id)
-                assert job is not None
-                if a.state == AttemptState.LAUNCHING or len(a.handles) < len(a.alloc):
-                    self._start_ranks(a, job, recover=True)
-                    a.state = AttemptState.RUNNING
-                    record(s, now, "reconciled", "launch completed after a broker restart",
-                           job_id=job.id, attempt_id=a.id)
+            q = select(Attempt.id).where(Attempt.state != AttemptState.ENDED)
+            if states is not None:
+                q = q.where(col(Attempt.state).in_(states))
+            return [i for i in s.exec(q.order_by(Attempt.id)).all() if i not in self._quarantined]
+
+    # -- containment: one bad attempt never stops the broker -------------------------------
+    @contextmanager
+    def _contained(self, step: str, attempt_id: int | None) -> Iterator[None]:
+        """Run one attempt's step. A failure of the broker itself (lease lost, database
+        unreachable) propagates; any other error is logged with its traceback and ends only
+        that attempt (killed, FAILED, the error in its events), and the cycle goes on."""
+        try:
+            yield
+        except BROKER_FAILURES:
+            raise
+        except Exception as e:
+            log.exception("attempt %s: %s failed", attempt_id, step)
+            if attempt_id is not None:
+                self._fail_attempt(attempt_id, f"{step}: {type(e).__name__}: {e}")
+
+    def _fail_attempt(self, attempt_id: int, why: str) -> None:
+        """Stop an attempt the broker could not handle: SIGKILL, then FAILED once its processes
+        are gone. A second failure ends it at once; a third quarantines it (skipped, holding
+        its GPUs, until this broker restarts)."""
+        now = self.clock.now()
+        try:
+            with self.store.session() as s:
+                a = s.get(Attempt, attempt_id)
+                if a is None or a.state == AttemptState.ENDED:
+                    return
+                record(s, now, "attempt_error", f"attempt {a.number}: the broker failed to {why}; "
+                       "it is stopped and fails", job_id=a.job_id, attempt_id=a.id, error=why[:500])
+                if a.cause == "broker_error":  # failed again while stopping: end it now
+                    self._end(s, a, now, EndReason.FAILED, None, cause="broker_error")
+                    return
+                a.state, a.stop_requested_at, a.stop_reason, a.cause = (
+                    AttemptState.STOPPING, now, "failed", "broker_error")
                 s.add(a)
-        with self.store.session() as s:
-            for a in s.exec(select(Attempt).where(Attempt.state == AttemptState.STOPPING)).all():
-                for h in a.handles:
-                    self.executor.signal(h, signal.SIGTERM)
+            for h in a.handles:
+                try:
+                    self.executor.signal(h, signal.SIGKILL)
+                except Exception:  # a handle the executor cannot read: logged, the rest go on
+                    log.exception("attempt %s: cannot kill rank %s", attempt_id, h)
+        except BROKER_FAILURES:
+            raise
+        except Exception:
+            log.exception("attempt %s: cannot even record its failure; quarantined", attempt_id)
+            self._quarantined.add(attempt_id)
 
     # -- the cycle ------------------------------------------------------------------------
     def cycle(self) -> CycleReport:
@@ -114,8 +178,7 @@ class Engine:
         now = self.clock.now()
         with self.store.session() as s:
             self._cancel_requested(s, now)
-        with self.store.session() as s:
-            self._poll(s, now, rep)
+        self._poll(now, rep)
         with self.store.session() as s:  # money (issue 6): charge the ledger, enforce budgets
             team_budgets = budgets.on_cycle(s, now, self._request_stop, self._team_budget_state)
         with self.store.session() as s:
@@ -152,7 +215,8 @@ class Engine:
                 continue
             for a in s.exec(select(Attempt).where(Attempt.job_id == j.id,
                                                   Attempt.state == AttemptState.RUNNING)):
-                self._request_stop(s, a, now, "cancelled")
+                with self._contained("cancel", a.id):
+                    self._request_stop(s, a, now, "cancelled")
 
     def _request_stop(self, s: Session, a: Attempt, now: float, reason: str,
                       by: int | None = None) -> None:
@@ -163,51 +227,61 @@ class Engine:
         for h in a.handles:
             self.executor.signal(h, signal.SIGTERM)
 
-    def _poll(self, s: Session, now: float, rep: CycleReport) -> None:
-        active = s.exec(select(Attempt).where(
-            col(Attempt.state).in_([AttemptState.RUNNING, AttemptState.STOPPING]))).all()
-        for a in active:
-            st = [self.executor.status(h) for h in a.handles]
-            running = [x for x in st if x.state == RankState.RUNNING]
-            if running:
-                failed = any(x.state == RankState.EXITED and x.exit_code for x in st)
-                if failed and a.state == AttemptState.RUNNING:
-                    self._request_stop(s, a, now, "failed")
-                elif (a.state == AttemptState.STOPPING and a.stop_requested_at is not None
-                      and now - a.stop_requested_at >= self.settings.grace_s):
-                    for h in a.handles:
-                        self.executor.signal(h, signal.SIGKILL)
-                    record(s, now, "killed", f"still running {self.settings.grace_s:g}s after "
-                           "SIGTERM: killed", job_id=a.job_id, attempt_id=a.id)
-                    rep.killed.append(a.job_id)
-                continue
-            codes = [x.exit_code for x in st]
-            all_ok = all(x.state == RankState.EXITED and x.exit_code == 0 for x in st)
-            lost = any(x.state == RankState.LOST for x in st)
-            if all_ok:
-                reason = EndReason.COMPLETED
-            elif a.stop_reason == "preempted":
-                reason = EndReason.PREEMPTED
-            elif a.stop_reason == "interrupted":
-                reason = EndReason.INTERRUPTED
-            elif a.stop_reason == "cancelled":
-                reason = EndReason.CANCELLED
-            elif a.stop_reason == "budget":  # money (issue 6)
-                reason = EndReason.BUDGET
-            elif a.stop_reason == "failed" or not lost:
-                reason = EndReason.FAILED
-            else:
-                reason = EndReason.LOST
-            code = next((c for c in codes if c), 0 if all_ok else None)
-            self._end(s, a, now, reason, code)
-            rep.ended.append((a.job_id, reason.value))
+    def _poll(self, now: float, rep: CycleReport) -> None:
+        for aid in self._open_attempts((AttemptState.RUNNING, AttemptState.STOPPING)):
+            with self._contained("poll", aid), self.store.session() as s:
+                a = s.get(Attempt, aid)
+                if a is not None and a.state in (AttemptState.RUNNING, AttemptState.STOPPING):
+                    self._poll_one(s, a, now, rep)
 
-    def _end(self, s: Session, a: Attempt, now: float, reason: EndReason, code: int | None) -> None:
+    def _poll_one(self, s: Session, a: Attempt, now: float, rep: CycleReport) -> None:
+        st = [self.executor.status(h) for h in a.handles]
+        alive = [x for x in st if x.state in (RankState.RUNNING, RankState.ORPHANED)]
+        orphaned = [h for h, x in zip(a.handles, st, strict=True) if x.state == RankState.ORPHANED]
+        if orphaned:  # a supervisor died: what it left must die before the attempt may end
+            for h in orphaned:
+                self.executor.signal(h, signal.SIGKILL)
+            record(s, now, "orphans_killed", f"the supervisor of rank(s) {[h['rank'] for h in orphaned]} "
+                   "died; the processes it left were killed", job_id=a.job_id, attempt_id=a.id)
+        if alive:
+            failed = any(x.state == RankState.EXITED and x.exit_code for x in st)
+            lost = orphaned or any(x.state == RankState.LOST for x in st)
+            if (failed or lost) and a.state == AttemptState.RUNNING:
+                if lost and not failed:
+                    a.cause = a.cause or "supervisor_lost"
+                self._request_stop(s, a, now, "failed" if failed else "lost")
+            elif (a.state == AttemptState.STOPPING and a.stop_requested_at is not None
+                  and now - a.stop_requested_at >= self.settings.grace_s):
+                for h in a.handles:
+                    self.executor.signal(h, signal.SIGKILL)
+                record(s, now, "killed", f"still running {self.settings.grace_s:g}s after "
+                       "SIGTERM: killed", job_id=a.job_id, attempt_id=a.id)
+                rep.killed.append(a.job_id)
+            return
+        codes = [x.exit_code for x in st]
+        all_ok = len(st) == len(a.alloc) and all(x.state == RankState.EXITED and x.exit_code == 0
+                                                  for x in st)
+        lost = any(x.state == RankState.LOST for x in st)
+        if all_ok:
+            reason = EndReason.COMPLETED
+        elif a.stop_reason in STOP_REASONS:
+            reason = STOP_REASONS[a.stop_reason]
+        elif a.stop_reason == "failed" or not lost:
+            reason = EndReason.FAILED
+        else:
+            reason = EndReason.LOST
+        code = next((c for c in codes if c), 0 if all_ok else None)
+        keep = a.cause if reason == EndReason.FAILED and a.cause in BROKER_CAUSES else None
+        self._end(s, a, now, reason, code, cause=keep)
+        rep.ended.append((a.job_id, reason.value))
+
+    def _end(self, s: Session, a: Attempt, now: float, reason: EndReason, code: int | None,
+             cause: str | None = None) -> None:
         job = s.get(Job, a.job_id)
         assert job is not None
         self._refresh_job_checkpoints(s, job, a, now)
         a.state, a.ended_at, a.end_reason, a.exit_code = AttemptState.ENDED, now, reason, code
-        a.cause = cause_of(a, reason)
+        a.cause = cause or cause_of(a, reason)
         if reason != EndReason.COMPLETED:
             since = a.started_at if a.last_checkpoint_at is None else max(a.started_at,
                                                                           a.last_checkpoint_at)
@@ -290,7 +364,7 @@ class Engine:
 
     # -- acting on the plan -----------------------------------------------------------------
     def _preempt(self, pre: Preemption, now: float, rep: CycleReport) -> None:
-        with self.store.session() as s:
+        with self._contained("preempt", pre.attempt_id), self.store.session() as s:
             a = s.get(Attempt, pre.attempt_id)
             if a is None or a.state != AttemptState.RUNNING:
                 return
@@ -301,14 +375,39 @@ class Engine:
             rep.preempted.append(a.job_id)
 
     def _launch(self, pl: Placement, now: float, rep: CycleReport) -> None:
+        """Start a placement. A failure before its attempt row is committed leaves the job
+        pending (the reason shown as why it waits); after, it fails that attempt alone."""
+        written: list[int] = []
+        try:
+            self._launch_one(pl, now, rep, written)
+        except BROKER_FAILURES:
+            raise
+        except Exception as e:
+            log.exception("job %s: launch failed", pl.job_id)
+            if written:
+                self._fail_attempt(written[0], f"launch: {type(e).__name__}: {e}")
+            else:
+                self._launch_deferred(pl.job_id, now, f"{type(e).__name__}: {e}")
+
+    def _launch_one(self, pl: Placement, now: float, rep: CycleReport, written: list[int]) -> None:
         with self.store.session() as s:
             job = s.get(Job, pl.job_id)
             if job is None or job.state != JobState.PENDING or job.cancel_requested:
+                return
+            if self._previous_alive(s, job, now):
                 return
             slots = self._free_slots(s, pl)
             root = ckpt_index.pool_store_root(self.config, pl.pool, self.store.home)
             target = job_prefix(root, job.team, job.experiment, job.id)
             rp = self._restore_point(s, job, target, now)
+            # Claim the job: a row an API process is changing right now (a cancel, a budget)
+            # is skipped this cycle instead of waited for (PostgreSQL; SQLite has one writer).
+            job = s.exec(select(Job).where(Job.id == pl.job_id, Job.state == JobState.PENDING,
+                                           col(Job.cancel_requested).is_(False))
+                         .with_for_update(skip_locked=True)
+                         .execution_options(populate_existing=True)).first()
+            if job is None:
+                return
             a = Attempt(job_id=job.id, number=job.attempts + 1, pool=pl.pool,
                         alloc=[[node, slots[node]] for node, _ in pl.alloc],
                         priority=pl.priority.value, started_at=now, gpus=sum(g for _, g in pl.alloc),
@@ -327,7 +426,10 @@ class Engine:
             for kind, msg, data in rp.events:
                 record(s, now, kind, msg, job_id=job.id, attempt_id=a.id, **data)
             s.commit()  # LAUNCHING is durable before any process starts
-            self._start_ranks(a, job, recover=False)
+            written.append(a.id or 0)
+            self.lease.ensure()
+            if not self._start_or_fail(s, a, job, now, recover=False):
+                return
             a.state = AttemptState.RUNNING
             where = ", ".join(f"{node}[{','.join(map(str, sl))}]" for node, sl in a.alloc)
             record(s, now, "started", f"attempt {a.number} on {pl.pool}: {where}"
@@ -337,6 +439,51 @@ class Engine:
                    egress_usd=rp.egress_usd)
             s.add(a)
             rep.started.append(job.id)
+
+    def _start_or_fail(self, s: Session, a: Attempt, job: Job, now: float, *, recover: bool) -> bool:
+        """Start the attempt's ranks. False if one cannot start (StartFailed: a working
+        directory that vanished, ...): the started ones are killed and the attempt fails."""
+        try:
+            self._start_ranks(a, job, recover=recover)
+            return True
+        except StartFailed as e:
+            record(s, now, "start_failed", f"attempt {a.number} could not start: {e}",
+                   job_id=job.id, attempt_id=a.id, error=str(e)[:500])
+            a.state, a.stop_requested_at, a.stop_reason, a.cause = (
+                AttemptState.STOPPING, now, "failed", "start_failed")
+            s.add(a)
+            s.commit()
+            for h in a.handles:
+                self.executor.signal(h, signal.SIGKILL)
+            return False
+
+    def _previous_alive(self, s: Session, job: Job, now: float) -> bool:
+        """True (and the leftovers killed) while any process of the job's last attempt lives:
+        a new attempt never starts beside an old one."""
+        prev = s.exec(select(Attempt).where(Attempt.job_id == job.id)
+                      .order_by(col(Attempt.number).desc())).first()
+        if prev is None:
+            return False
+        alive = [h for h in prev.handles
+                 if self.executor.status(h).state in (RankState.RUNNING, RankState.ORPHANED)]
+        for h in alive:
+            self.executor.signal(h, signal.SIGKILL)
+        why = f"waiting for the processes of attempt {prev.number} to end"
+        if alive and job.waiting_reason != why:
+            job.waiting_reason = why
+            record(s, now, "previous_attempt_alive", f"{why}: killed", job_id=job.id,
+                   attempt_id=prev.id)
+            s.add(job)
+        return bool(alive)
+
+    def _launch_deferred(self, job_id: int, now: float, why: str) -> None:
+        with self.store.session() as s:
+            job = s.get(Job, job_id)
+            reason = f"cannot start now ({why[:300]}); retried next cycle"
+            if job is not None and job.state == JobState.PENDING and job.waiting_reason != reason:
+                job.waiting_reason = reason
+                record(s, now, "launch_deferred", reason, job_id=job_id)
+                s.add(job)
 
     def _restore_point(self, s: Session, job: Job, target: str, now: float) -> RestorePoint:
         """The newest intact checkpoint, copied into `target` if it lives elsewhere."""
@@ -377,4 +524,4 @@ class Engine:
             if job.workdir:
                 env["ONEPOOL_WORKDIR"] = job.workdir
             handles.append(self.executor.start(a.id, rank, list(job.command), env, recover=recover))
-        a.handles = handles
+            a.handles = list(handles)  # kept rank by rank: a later rank's failure kills these
