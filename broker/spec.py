@@ -193,6 +193,9 @@ class BrokerSettings(_Strict):
     # lease_s / 3; a standby takes over lease_s after the leader's last renewal (at once when
     # the dead leader ran on the same host). Kubernetes' leader election uses 15 s too.
     lease_s: float = Field(default=15.0, ge=1.0, le=3600)
+    # Rented pools: instances tagged with this broker that no live node claims (a launch
+    # whose node row ended, a leak) are terminated at start and this often.
+    orphan_sweep_s: float = Field(default=300.0, gt=0.0)
 
     @field_validator("checkpoint_store")
     @classmethod

@@ -145,11 +145,21 @@ class Instance:
 
 @dataclass(frozen=True)
 class Interruption:
-    """A notice that the provider will reclaim (or has reclaimed) an instance."""
+    """A notice that the provider will reclaim (or has reclaimed) an instance.
+
+    `key` names the notice at its source (a queue message id, an operation name): the same
+    notice delivered twice has the same key. `receipt` is what ack() needs to delete it."""
 
     instance_id: str
     kind: str  # spot_interruption | rebalance | preempted
     deadline: float | None = None  # epoch seconds when it goes, if known
+    key: str | None = None
+    receipt: str | None = None
+
+    @property
+    def identity(self) -> str:
+        """The notice's key, or one made of its content when the source gives none."""
+        return self.key or f"{self.kind}:{self.instance_id}:{self.deadline}"
 
 
 class Provider(Protocol):
@@ -161,9 +171,13 @@ class Provider(Protocol):
     - every instance carries req.tags() as tags/labels (broker, pool, node and job ids).
     - terminate(instance_id) of an instance that is gone or unknown returns quietly.
     - poll(broker_id) lists the instances tagged with this broker that are not GONE
-      (reconcile uses it to find orphans and lost nodes).
-    - interruptions() returns new notices since the last call (may repeat one; the engine
-      is idempotent), [] if the provider has no such channel.
+      (the broker uses it to find orphans and lost nodes; a listing may miss an instance).
+    - describe(instance_id) looks one instance up by id (not through the listing): None
+      when it is gone or unknown. The broker confirms a node lost, and terminated, with it.
+    - interruptions() returns notices not yet acknowledged (it may return one again: the
+      broker records each by its key, once), [] if the provider has no such channel.
+    - ack(notices) deletes notices the broker has recorded from their queue; acking one
+      twice, or one that has no queue, is quiet. At-least-once: record, then ack.
     - offers() lists what it can rent, with prices when the API gives them.
     - errors: NoCapacity (try another pool), Transient (retried inside with backoff, raised
       only when retries ran out), Fatal (fix the config or credentials). Nothing else
@@ -180,4 +194,8 @@ class Provider(Protocol):
 
     def poll(self, broker_id: str) -> list[Instance]: ...
 
+    def describe(self, instance_id: str) -> Instance | None: ...
+
     def interruptions(self) -> list[Interruption]: ...
+
+    def ack(self, notices: list[Interruption]) -> None: ...

@@ -121,18 +121,20 @@ def test_spot_interruption_checkpoints_requeues_and_resumes(make_cluster, aws_mo
 def test_a_crash_between_launch_and_the_db_write_leaves_exactly_one_instance(make_cluster, clock,
                                                                              aws_mock):
     c, eng = make_cluster(pools=[ONPREM, spot_pool()], cloud_after_wait_s=0)
+    eng.capacity.background = False  # the pool's round runs inside the cycle: its crash is ours
     hog = fill_onprem(c, eng)
     j = c.submit(name="sweep", team="research", command=train(4), gpus_per_node=2, priority="low").id
 
-    class Crash(Exception):
-        pass
+    class Crash(BaseException):
+        """The broker process dies (nothing catches it)."""
 
     def crash(*a: Any, **kw: Any) -> None:
         raise Crash("broker killed after the launch call, before writing its answer")
 
     with pytest.MonkeyPatch.context() as mp, pytest.raises(Crash):
-        mp.setattr(eng.capacity, "_set", crash)
-        eng.cycle()
+        mp.setattr(eng.capacity, "launched", crash)
+        for _ in range(3):  # the plan writes the row; the next round calls launch, then dies
+            eng.cycle()
     [row] = nodes(c)
     assert row.state == NodeState.LAUNCHING and row.instance_id is None and row.token
     assert len(running_instances()) == 1
@@ -142,6 +144,7 @@ def test_a_crash_between_launch_and_the_db_write_leaves_exactly_one_instance(mak
     drive(eng2, lambda: c.get(j).status == "SUCCEEDED")
     assert len({i["InstanceId"] for i in _all_instances()}) == 1
     finish(c, eng2, hog)
+    eng2.close()
 
 
 def _all_instances() -> list[dict[str, Any]]:
@@ -157,13 +160,14 @@ def test_orphans_are_terminated_and_lost_nodes_requeue_their_job(make_cluster, c
                                TagSpecifications=[{"ResourceType": "instance", "Tags": [
                                    {"Key": k, "Value": v} for k, v in tags.items()]}])
     other = ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=1, MaxCount=1)
-    eng.reconcile()
-    live = {i["InstanceId"] for i in running_instances()}
-    assert orphan["Instances"][0]["InstanceId"] not in live
-    assert other["Instances"][0]["InstanceId"] in live  # not ours: left alone
-    ec2.terminate_instances(InstanceIds=[other["Instances"][0]["InstanceId"]])
+    eng.reconcile()  # the spot pool's worker sweeps at once
+    orphan_id = orphan["Instances"][0]["InstanceId"]
+    drive(eng, lambda: orphan_id not in {i["InstanceId"] for i in running_instances()})
+    assert other["Instances"][0]["InstanceId"] in {i["InstanceId"] for i in running_instances()}
+    ec2.terminate_instances(InstanceIds=[other["Instances"][0]["InstanceId"]])  # not ours: left alone
     assert "orphan_terminated" in [e.kind for e in c.events()]
-    # A node the database thinks alive, gone from the cloud: its job ends LOST and requeues.
+    # A node the database thinks alive, gone from the cloud: its job ends LOST and requeues,
+    # once the broker has confirmed the instance gone.
     hog = fill_onprem(c, eng)
     j = c.submit(name="sweep", team="research", command=train(400, step_s=0.05), gpus_per_node=2,
                  priority="low").id
@@ -171,7 +175,9 @@ def test_orphans_are_terminated_and_lost_nodes_requeue_their_job(make_cluster, c
     [inst] = running_instances()
     ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
     drive(eng, lambda: c.get(j).attempt_list[0].end_reason == "LOST")
-    assert "lost" in [n.end_reason for n in nodes(c)]
+    [lost] = [n for n in nodes(c) if n.end_reason == "lost"]
+    assert lost.state == NodeState.TERMINATED and lost.ended_at is not None
+    assert c.get(j).attempt_list[0].cause == "node_lost"
     c.cancel(j)
     drive(eng, lambda: c.get(j).status == "CANCELLED")
     finish(c, eng, hog)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -87,6 +87,7 @@ class Engine:
         self.capacity = CapacityManager(self)  # rented pools (issue 4); providers built lazily
         self._team_budget_state: dict[str, str] = {}  # money (issue 6): last team budget states
         self._quarantined: set[int] = set()  # attempts that fail even to be failed (skipped)
+        self.wake: Callable[[], None] = lambda: None  # the loop's "cycle now" (service.run sets it)
 
     def close(self) -> None:
         """Stop background cloud work; give the lease back if this engine took it itself."""

@@ -87,6 +87,7 @@ def _lead(store: Store, clock: Clock, executor: Executor, lease: Lease, cycle_s:
     engine: Engine | None = None
     try:
         engine = Engine(store, clock, executor, lease=lease)
+        engine.wake = wake.set
         interval = cycle_s or engine.settings.cycle_s
         log.info("leader: fencing number %s, home %s, cycle %.3gs", lease.fencing, store.home, interval)
         reconciled = False
