@@ -12,8 +12,9 @@ all of which survive the death of its supervisor:
   and `cgroup.kill` kills them all, including ones that left the process group;
 - its process group (the supervisor leads a new session; the group id is recorded in the
   handle); a group id cannot be reused while any member lives;
-- the environment tag ONEPOOL_ATTEMPT_ID + ONEPOOL_RANK that every descendant inherits
-  (checked before a process is adopted or killed, so a reused pid is never touched).
+- the environment tag ONEPOOL_RANK_DIR (the rank's run folder, unique across attempts and
+  broker homes) that every descendant inherits (checked before a process is adopted or
+  killed, so a reused pid or another home's job is never touched).
 The supervisor is a child subreaper: orphaned descendants are re-parented to it, and when the
 job's main process exits it kills what is left before it writes the exit status. If the
 supervisor itself dies, status() reports ORPHANED while anything of the rank lives; the
@@ -40,6 +41,7 @@ from providers.base import Handle, RankState, RankStatus, StartFailed
 
 ATTEMPT_ENV = "ONEPOOL_ATTEMPT_ID"
 RANK_ENV = "ONEPOOL_RANK"
+TAG_ENV = "ONEPOOL_RANK_DIR"  # the rank's run folder: unique across attempts and broker homes
 CGROUP_ENV = "ONEPOOL_CGROUP"  # the cgroup the supervisor joins (set by start())
 
 
@@ -111,7 +113,8 @@ class LocalProcesses:
             if found is not None:
                 return found
             cg = self.cgroup_of(d)
-            full_env = {**os.environ, **env, ATTEMPT_ENV: str(attempt_id), RANK_ENV: str(rank)}
+            full_env = {**os.environ, **env, ATTEMPT_ENV: str(attempt_id), RANK_ENV: str(rank),
+                        TAG_ENV: str(d.resolve())}
             full_env.pop(CGROUP_ENV, None)
             cwd = env.get("ONEPOOL_WORKDIR") or None
             try:
@@ -174,7 +177,7 @@ class LocalProcesses:
         if (d / "exit.json").exists():
             return {**base, "pid": -1, "create_time": 0.0, "pgid": -1}
         if recover:
-            for proc in _tagged(attempt_id, rank):
+            for proc in _tagged(d):
                 leader = _group_leader(proc)
                 return {**base, "pid": leader.pid, "create_time": leader.create_time(),
                         "pgid": leader.pid}
@@ -242,9 +245,8 @@ class LocalProcesses:
                     found[pid] = psutil.Process(pid)
                 except psutil.NoSuchProcess:
                     continue
-        attempt = handle.get("attempt_id") or _attempt_of(handle["run_dir"])
         pgid = handle.get("pgid", handle.get("pid", -1))
-        tagged = _tagged(attempt, int(handle["rank"]))
+        tagged = _tagged(Path(handle["run_dir"]))
         found.update({p.pid: p for p in tagged})
         if pgid > 0 and tagged and any(_pgid(p) == pgid for p in tagged):
             # the group is ours (a tagged member is in it): its untagged members are ours too
@@ -255,18 +257,16 @@ class LocalProcesses:
         return [p for pid, p in found.items() if pid != me and _running(p)]
 
 
-def _tagged(attempt_id: int | None, rank: int) -> list[psutil.Process]:
-    """Live processes whose environment names this attempt and rank."""
-    if attempt_id is None:
-        return []
+def _tagged(run_dir: Path) -> list[psutil.Process]:
+    """Live processes whose environment names this rank's run folder."""
+    tag = str(run_dir.resolve())
     out = []
     for proc in psutil.process_iter():
         try:
             env = proc.environ()
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
             continue
-        if (env.get(ATTEMPT_ENV) == str(attempt_id) and env.get(RANK_ENV) == str(rank)
-                and proc.pid != os.getpid() and _running(proc)):
+        if env.get(TAG_ENV) == tag and proc.pid != os.getpid() and _running(proc):
             out.append(proc)
     return out
 
@@ -283,11 +283,6 @@ def _pgid(p: psutil.Process) -> int:
         return os.getpgid(p.pid)
     except (ProcessLookupError, PermissionError):
         return -1
-
-
-def _attempt_of(run_dir: str) -> int | None:
-    name = Path(run_dir).parent.name
-    return int(name.split("-", 1)[1]) if name.startswith("attempt-") else None
 
 
 def _create_time(pid: int) -> float:

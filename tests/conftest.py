@@ -115,9 +115,11 @@ def kill_leftovers(runs: Path) -> None:
             procs.kill(h)
             handles.append(h)
     deadline = time.monotonic() + 10
-    while any(procs.status(h).state in ("running", "orphaned") for h in handles):
-        assert time.monotonic() < deadline, "job processes survived SIGKILL"
-        time.sleep(0.02)
+    while left := [h for h in handles if procs.status(h).state in ("running", "orphaned")]:
+        assert time.monotonic() < deadline, f"job processes survived SIGKILL: {left}"
+        for h in left:
+            procs.kill(h)
+        time.sleep(0.05)
     procs.sweep()
 
 

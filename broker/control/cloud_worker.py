@@ -36,6 +36,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import col, select
 
+from broker.crashpoints import crash_point
 from broker.errors import LeaseLost, NotLeader
 from broker.state.events import record
 from broker.state.model import Node, NodeState, Notice
@@ -131,6 +132,7 @@ class CloudWorker:
         notices = self._call("read interruption notices", lambda: self.cm.provider(self.pool).interruptions())
         if notices:
             self._record(notices, now)
+            crash_point("notice")  # recorded, not acknowledged
             self._call("acknowledge notices", lambda: self.cm.provider(self.pool).ack(notices))
         for n in self._rows((NodeState.LAUNCHING,)):
             if n.instance_id is None:
@@ -227,6 +229,7 @@ class CloudWorker:
             self._refused(node_id, job_id, now, UNEXPECTED_BACKOFF_S, "launch_failed",
                           f"the provider raised {type(e).__name__}: {e}")
             return
+        crash_point("cloud_launch")  # launched, the answer not written yet
         self.cm.launched(node_id, self.pool, inst, now)
 
     def _refused(self, node_id: str, job_id: int | None, now: float, backoff: float, why: str,

@@ -31,6 +31,7 @@ from broker.control.capacity_manager import CapacityManager
 from broker.control.config_apply import applied_config
 from broker.control.lease import FencedStore, Lease, lease_row
 from broker.control.snapshots import build_snapshot
+from broker.crashpoints import crash_point
 from broker.errors import LeaseLost, NotLeader
 from broker.policy import Placement, Plan, PolicyConfig, Preemption, plan
 from broker.state.events import record
@@ -225,6 +226,7 @@ class Engine:
             AttemptState.STOPPING, now, reason, by)
         s.add(a)
         s.commit()  # the intent is durable before the signal
+        crash_point("preempt_grace")
         for h in a.handles:
             self.executor.signal(h, signal.SIGTERM)
 
@@ -251,13 +253,14 @@ class Engine:
                 if lost and not failed:
                     a.cause = a.cause or "supervisor_lost"
                 self._request_stop(s, a, now, "failed" if failed else "lost")
-            elif (a.state == AttemptState.STOPPING and a.stop_requested_at is not None
-                  and now - a.stop_requested_at >= self.settings.grace_s):
-                for h in a.handles:
-                    self.executor.signal(h, signal.SIGKILL)
-                record(s, now, "killed", f"still running {self.settings.grace_s:g}s after "
-                       "SIGTERM: killed", job_id=a.job_id, attempt_id=a.id)
-                rep.killed.append(a.job_id)
+            elif a.state == AttemptState.STOPPING and a.stop_requested_at is not None:
+                crash_point("preempt_grace")
+                if now - a.stop_requested_at >= self.settings.grace_s:
+                    for h in a.handles:
+                        self.executor.signal(h, signal.SIGKILL)
+                    record(s, now, "killed", f"still running {self.settings.grace_s:g}s after "
+                           "SIGTERM: killed", job_id=a.job_id, attempt_id=a.id)
+                    rep.killed.append(a.job_id)
             return
         codes = [x.exit_code for x in st]
         all_ok = len(st) == len(a.alloc) and all(x.state == RankState.EXITED and x.exit_code == 0
@@ -428,6 +431,7 @@ class Engine:
                 record(s, now, kind, msg, job_id=job.id, attempt_id=a.id, **data)
             s.commit()  # LAUNCHING is durable before any process starts
             written.append(a.id or 0)
+            crash_point("launch")
             self.lease.ensure()
             if not self._start_or_fail(s, a, job, now, recover=False):
                 return
@@ -526,3 +530,4 @@ class Engine:
                 env["ONEPOOL_WORKDIR"] = job.workdir
             handles.append(self.executor.start(a.id, rank, list(job.command), env, recover=recover))
             a.handles = list(handles)  # kept rank by rank: a later rank's failure kills these
+            crash_point("launch")

@@ -39,6 +39,7 @@ from sqlalchemy.orm import ORMExecuteState
 from sqlmodel import Session
 
 from broker.clock import Clock
+from broker.crashpoints import crash_point
 from broker.errors import LeaseLost
 from broker.state.model import Lease as LeaseRow
 from broker.state.store import Store
@@ -222,6 +223,7 @@ def _fence(session: Session) -> None:
     session.flush()
     if session.info.pop(WROTE, False):
         lease.check(session.connection())
+        crash_point("db_write")  # written and fenced, not committed
 
 
 def ensure_row(engine: Any) -> None:
