@@ -66,6 +66,7 @@ def main() -> int:
     if args.done_file:
         with open(args.done_file, "a") as f:
             f.write(json.dumps({"job": os.environ.get("ONEPOOL_JOB_ID"), "loss": loss}) + "\n")
+    runtime.done()  # the broker will not run it again, even if its supervisor dies now
     return 0
 
 

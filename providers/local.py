@@ -174,7 +174,7 @@ class LocalProcesses:
             if h is not None:
                 return {**base, "pid": h["pid"], "create_time": h["create_time"],
                         "pgid": h.get("pgid", h["pid"])}
-        if (d / "exit.json").exists():
+        if (d / "exit.json").exists() or (d / "done.json").exists():
             return {**base, "pid": -1, "create_time": 0.0, "pgid": -1}
         if recover:
             for proc in _tagged(d):
@@ -186,7 +186,8 @@ class LocalProcesses:
     def status(self, handle: Handle) -> RankStatus:
         """RUNNING while its supervisor lives; ORPHANED when the supervisor is gone but a
         process of the rank still lives (kill it with signal(SIGKILL)); then EXITED with the
-        code the supervisor recorded, or LOST when it recorded none."""
+        code the supervisor recorded (0 if it recorded none but the job had declared itself
+        done with runtime.done()), or LOST."""
         d = handle["run_dir"]
         if d in self._final:
             return self._final[d]
@@ -198,6 +199,8 @@ class LocalProcesses:
         if cg:
             _rmdir(Path(cg))
         ex = _read_json(Path(d) / "exit.json")
+        if ex is None and (Path(d) / "done.json").exists():
+            ex = {"code": 0}  # the job said it finished (runtime.done()); its supervisor died
         final = RankStatus(RankState.LOST) if ex is None else RankStatus(RankState.EXITED, int(ex["code"]))
         self._final[d] = final
         return final

@@ -4,10 +4,10 @@ It is the leader of the rank's process group (the broker signals the whole group
 joins the rank's cgroup when the broker made one ($ONEPOOL_CGROUP) and becomes a child
 subreaper, so every descendant of the job stays findable (see providers.local). It records
 `handle.json` (pid, create time, group, cgroup) as soon as it starts and `exit.json` (the
-child's exit code) when the child ends, both by atomic rename, so a restarted broker can tell
-a finished rank (exit.json) from a running one (live pid) from a lost one (neither). Before
-writing exit.json it ends whatever the job left behind (SIGTERM, 2 s, SIGKILL): no process
-outlives its rank. It survives the broker: it runs in its own session.
+child's exit code) the moment the child ends, both by atomic rename, so a restarted broker
+can tell a finished rank (exit.json) from a running one (live pid) from a lost one (neither).
+Then it ends whatever the job left behind (SIGTERM, 2 s, SIGKILL) before it exits itself:
+no process outlives its rank. It survives the broker: it runs in its own session.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def main(argv: list[str]) -> int:
         code = 126
     if code < 0:  # killed by a signal: report it the way a shell does
         code = 128 - code
+    write_json(run_dir / "exit.json", {"code": code})  # at once: the status outlives us
     end_leftovers(me)
-    write_json(run_dir / "exit.json", {"code": code})
     return code
 
 

@@ -216,3 +216,26 @@ def test_no_new_attempt_starts_while_a_process_of_the_previous_one_lives(make_cl
     go.touch()
     drive(eng, lambda: c.get(j).status == "SUCCEEDED")
     assert not dup.exists()
+
+
+DONE_THEN_SLOW = """
+import time
+from broker import runtime
+print("results written", flush=True)
+runtime.done()
+time.sleep(600)  # a slow exit: the supervisor dies before it can record the exit code
+"""
+
+
+def test_a_job_that_declared_itself_done_is_not_run_again_when_its_supervisor_dies(make_cluster):
+    c, eng = make_cluster()
+    j = c.submit(name="done", team="research", command=[sys.executable, "-c", DONE_THEN_SLOW]).id
+    drive(eng, lambda: c.get(j).status == "RUNNING")
+    aid = c.get(j).attempt_list[0].id
+    rank = c.store.home / "runs" / f"attempt-{aid}" / "rank-0"
+    drive(eng, lambda: (rank / "done.json").exists())
+    os.kill(json.loads((rank / "handle.json").read_text())["pid"], signal.SIGKILL)
+    drive(eng, lambda: c.get(j).status == "SUCCEEDED")
+    info = c.get(j)
+    assert info.attempts == 1 and info.attempt_list[0].end_reason == "COMPLETED"
+    assert not (rank / "exit.json").exists()  # nobody recorded an exit code: done.json counted
