@@ -52,7 +52,7 @@ from broker.spec import PoolSpec
 from broker.state.events import record
 from broker.state.model import Attempt, AttemptState, EndReason, Node, NodeState, Notice, Setting
 from pricing.catalog import Catalog
-from providers.base import Instance, InstanceState, Provider
+from providers.base import Instance, InstanceState, Provider, RankState
 
 if TYPE_CHECKING:
     from broker.control.engine import Engine
@@ -202,7 +202,9 @@ class CapacityManager:
 
     def _gone_nodes(self, now: float) -> None:
         """Open attempts on a TERMINATED node (its instance confirmed gone): their processes
-        died with it; they end LOST (INTERRUPTED if a notice came first) and requeue."""
+        died with it; they end LOST (INTERRUPTED if a notice came first) and requeue. An
+        attempt whose every rank had already exited 0 completed before the node went: it
+        ends COMPLETED."""
         with self.engine.store.session() as s:
             gone = set(s.exec(select(Node.id).where(col(Node.state) == NodeState.TERMINATED,
                                                     col(Node.pool).in_([*self.pools, *self.retired]))))
@@ -212,6 +214,11 @@ class CapacityManager:
             with self.engine._contained("end the work of a lost node", aid), self.engine.store.session() as s:
                 a = s.get(Attempt, aid)
                 if a is None or a.state == AttemptState.ENDED:
+                    continue
+                st = [self.engine.executor.status(h) for h in a.handles]
+                if len(st) == len(a.alloc) and all(x.state == RankState.EXITED and x.exit_code == 0
+                                                   for x in st):
+                    self.engine._end(s, a, now, EndReason.COMPLETED, 0)
                     continue
                 for h in a.handles:  # the processes would have died with the node
                     self.engine.executor.signal(h, signal.SIGKILL)

@@ -222,7 +222,11 @@ def main() -> int:
     home = Path(tempfile.mkdtemp(prefix="onepool-chaos-"))
     pg = None
     say(f"seed {seed}, {target} kills, database {backend}, home {home}")
+    import logging
+
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
 
     from tests.chaos.proxy import FaultProxy, Faults
 
@@ -347,8 +351,9 @@ def _rented_alive(c: Chaos) -> int:
 def verify(c: Chaos, wall_s: float, seed: int, backend: str) -> tuple[dict[str, int], str]:
     infos = {i.id: i for i in c.client.list()}
     done_file, violations = c.home / "done.jsonl", c.home / "violations.jsonl"
-    done = Counter(int(json.loads(x)["job"]) for x in done_file.read_text().splitlines()) \
-        if done_file.exists() else Counter()
+    lines = [json.loads(x) for x in done_file.read_text().splitlines()] if done_file.exists() else []
+    per_rank = Counter((int(x["job"]), x["rank"]) for x in lines)  # completions of each rank
+    done = Counter({j: max(n for (jj, _), n in per_rank.items() if jj == j) for j, _ in per_rank})
     dup = violations.read_text().splitlines() if violations.exists() else []
     completed_attempts = {j: sum(a.end_reason == "COMPLETED" for a in i.attempt_list)
                           for j, i in infos.items()}
