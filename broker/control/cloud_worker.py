@@ -36,6 +36,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import col, select
 
+from broker.control.guards import BROKER_FAILURES
 from broker.crashpoints import crash_point
 from broker.errors import LeaseLost, NotLeader
 from broker.state.events import record
@@ -63,7 +64,6 @@ FATAL_BACKOFF_S = 3600.0
 UNEXPECTED_BACKOFF_S = 600.0  # a provider raised something outside its contract
 LOST_GRACE_S = 120.0  # a launching instance missing from the listing this long is lost
 ALIVE = (NodeState.LAUNCHING, NodeState.UP, NodeState.DRAINING)
-BROKER_FAILURES = (LeaseLost, NotLeader, OperationalError)
 
 
 @dataclass(frozen=True)
