@@ -8,6 +8,10 @@ loses a job nor runs one twice:
 - a preemption is written STOPPING before the signal; reconcile() signals again;
 - processes outlive the broker; their exit status is on disk, so an attempt that ended while
   no broker ran is ended correctly on the next poll.
+
+Only the leader acts: every session the engine opens is fenced by its lease
+(broker.control.lease), so once another broker takes over, this one's writes raise
+LeaseLost. One attempt's failure stays its own (broker.control.guards).
 """
 
 from __future__ import annotations
