@@ -5,17 +5,19 @@ real provider (FaultyProvider). Every test ends with no instance running (confte
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from typing import Any
 
 import boto3
 import pytest
-from sqlmodel import select
+from sqlalchemy import update
+from sqlmodel import col, select
 
 from broker.control.engine import Engine
 from broker.spec import parse_config
-from broker.state.model import Notice
+from broker.state.model import Node, Notice
 from providers.aws import AwsProvider
 from providers.base import TAG_BROKER, TAG_NODE, TAG_POOL, Instance, Interruption, LaunchRequest, Transient
 from providers.local_nodes import LocalNodes
@@ -259,3 +261,34 @@ def test_an_unexpected_provider_error_closes_that_pool_and_the_broker_goes_on(ma
     drive(eng, lambda: "provider_error" in kinds(c))  # logged, recorded, the loop goes on
     cheap.poll_error = None
     finish(c, eng, hog)
+
+
+def test_work_that_finished_before_its_node_was_confirmed_gone_counts_as_completed(make_cluster, clock,
+                                                                                   tmp_path, aws_mock):
+    c, eng = make_cluster(pools=[ONPREM, spot_pool()], cloud_after_wait_s=0)
+    eng.capacity.background = False
+    hog = fill_onprem(c, eng)
+    gate = tmp_path / "gate"
+    wait = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.02)"
+    cmd = [sys.executable, "-c", wait, str(gate)]
+    j = c.submit(name="quick", team="research", command=cmd, gpus_per_node=2, priority="low").id
+    drive(eng, lambda: c.get(j).status == "RUNNING")
+    a = c.get(j).attempt_list[0]
+    gate.touch()  # it finishes while the broker looks elsewhere...
+    exit_file = c.store.home / "runs" / f"attempt-{a.id}" / "rank-0" / "exit.json"
+    drive_until_file(exit_file)
+    [node] = nodes(c)
+    with c.store.session() as s:  # ... and then its node is confirmed gone
+        s.exec(update(Node).where(col(Node.id) == node.id).values(state="terminated", end_reason="lost"))  # type: ignore[call-overload]
+    eng.capacity.sync(clock.now())
+    info = c.get(j)
+    assert info.status == "SUCCEEDED" and [x.end_reason for x in info.attempt_list] == ["COMPLETED"]
+    boto3.client("ec2", region_name="us-east-1").terminate_instances(InstanceIds=[node.instance_id])
+    finish(c, eng, hog)
+
+
+def drive_until_file(path: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)

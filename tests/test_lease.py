@@ -213,3 +213,24 @@ def test_two_brokers_one_acts_the_standby_takes_over_when_the_leader_is_killed(t
     before = b_log.split("leader: fencing number 2")[0]
     assert "started" not in before and "ended" not in before  # the standby never acted
     assert not c.health().broker_up  # both stopped; b gave the lease back
+
+
+def test_a_job_another_transaction_is_changing_is_skipped_not_waited_for(make_cluster, db):
+    """The launch claims the job row with FOR UPDATE SKIP LOCKED: a row an API process is
+    changing right now (a cancel in flight) is left for the next cycle; the cycle never
+    blocks on it."""
+    if db != "postgresql":
+        pytest.skip("SQLite has one writer at a time: there are no row locks to skip")
+    from sqlalchemy import text
+
+    c, eng = make_cluster()
+    j = c.submit(name="busy", team="research", command=train(2)).id
+    with c.store.engine.connect() as other:
+        tx = other.begin()
+        other.execute(text("SELECT id FROM job WHERE id = :j FOR UPDATE"), {"j": j})
+        t0 = time.monotonic()
+        eng.cycle()
+        assert time.monotonic() - t0 < 5
+        assert c.get(j).status == "PENDING" and c.get(j).attempts == 0
+        tx.rollback()
+    drive(eng, lambda: c.get(j).status == "SUCCEEDED")

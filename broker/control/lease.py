@@ -132,7 +132,7 @@ class Lease:
         """Before acting on the world: renew if the last renewal is lease_s / 3 old or more.
         Raises LeaseLost if another broker took it."""
         if self.fencing is None:
-            raise LeaseLost("this broker never held the lease")
+            raise LeaseLost("this broker does not hold the lease")
         if self.clock.now() - self.renewed_at >= self.lease_s / 3:
             self.renew()
 
@@ -140,7 +140,7 @@ class Lease:
         """The fence, inside the caller's transaction: raises LeaseLost unless the row still
         holds this holder and fencing number (and write-locks it until the commit)."""
         if self.fencing is None:
-            raise LeaseLost("this broker never held the lease")
+            raise LeaseLost("this broker does not hold the lease")
         res = conn.execute(update(T).where(*self._mine()).values(fencing=self.fencing))
         if res.rowcount != 1:
             self._lost(conn)
