@@ -118,7 +118,7 @@ def urgent(c: Chaos) -> bool:
 
 
 FAULTS: dict[str, tuple[float, Callable[[Chaos], bool]]] = {
-    "kill_leader": (3.0, kill_leader),
+    "kill_leader": (2.0, kill_leader),
     "kill_supervisor": (2.0, kill_supervisor),
     "standby": (1.0, standby),
     "pause_leader": (0.5, pause_leader),
@@ -126,5 +126,5 @@ FAULTS: dict[str, tuple[float, Callable[[Chaos], bool]]] = {
     "spot_notice": (1.0, spot_notice),
     "lost_notice": (0.5, lost_notice),
     "submit": (1.5, submit),
-    "urgent": (0.5, urgent),
+    "urgent": (1.0, urgent),
 }

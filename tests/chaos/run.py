@@ -61,6 +61,8 @@ CHEAP, DEAR = "g5.12xlarge", "g6.12xlarge"
 LEASE_S = 3.0
 DRAIN_S = 900.0
 FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+SHAPES = [  # (weight, GPUs per node, nodes, acceptable GPU types) of the random jobs
+    (35, 1, 1, []), (30, 2, 1, []), (15, 4, 1, ["A10G"]), (10, 2, 2, ["A100"]), (10, 4, 1, [])]
 
 
 def say(msg: str) -> None:
@@ -168,28 +170,19 @@ class Chaos:
             self.start_broker(self.arm())
 
     def arm(self) -> str | None:
-        """Half of the brokers carry one armed crash point."""
-        if self.rng.random() < 0.5:
+        """Most brokers carry one armed crash point (the others die from outside)."""
+        if self.rng.random() < 0.3:
             return None
-        return self.rng.choice(["launch:0.15", "db_write:0.01", "preempt_grace:0.1",
-                                "checkpoint_copy:0.3", "cloud_launch:0.4", "notice:0.5"])
+        return self.rng.choice(["launch:0.2", "db_write:0.01", "preempt_grace:0.3",
+                                "checkpoint_copy:0.5", "cloud_launch:0.5", "notice:0.5"])
 
     # -- jobs --------------------------------------------------------------------------------
     def submit(self, n: int = 1, priority: str | None = None) -> None:
+        """Random jobs; urgent ones want the on-prem A100s (so they preempt)."""
         for _ in range(n):
             r = self.rng
-            kind = r.random()
-            gpus, nodes, types = 1, 1, []
-            if kind < 0.35:
-                gpus = 1
-            elif kind < 0.65:
-                gpus = 2
-            elif kind < 0.8:
-                gpus, types = 4, ["A10G"]
-            elif kind < 0.9:
-                gpus, nodes, types = 2, 2, ["A100"]
-            else:
-                gpus = 4
+            gpus, nodes, types = (2, 1, ["A100"]) if priority == "urgent" else r.choices(
+                [shape for _, *shape in SHAPES], [w for w, *_ in SHAPES])[0]
             prio = priority or r.choices(["low", "normal", "high"], [5, 3, 1])[0]
             cmd = [sys.executable, str(WITNESS), str(self.home / "locks"),
                    str(self.home / "violations.jsonl"), "--",
