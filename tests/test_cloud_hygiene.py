@@ -226,17 +226,9 @@ def test_a_hung_cloud_api_does_not_stall_scheduling(make_cluster, tmp_path):
         local = c.submit(name="local", team="research", command=train(3), gpus_per_node=2).id
         rented = c.submit(name="rented", team="research", command=train(3), gpus_per_node=4,
                           gpu_types=["A10G"]).id
-        slowest = 0.0
-
-        def done() -> bool:
-            nonlocal slowest
-            t = time.monotonic()
-            eng.cycle()
-            slowest = max(slowest, time.monotonic() - t)
-            return c.get(local).status == "SUCCEEDED"
-
-        drive(eng, done)
-        assert slowest < 1.0, slowest  # no cycle waited on the hung API
+        # Had a cycle waited on the hung listing, it would never return (the gate opens only
+        # after this): the local job is scheduled, runs and ends by cycles meanwhile.
+        drive(eng, lambda: c.get(local).status == "SUCCEEDED")
         assert c.get(rented).status == "PENDING"  # its pool's worker is stuck, nothing else
     finally:
         prov.gate.set()
@@ -280,7 +272,7 @@ def test_work_that_finished_before_its_node_was_confirmed_gone_counts_as_complet
     [node] = nodes(c)
     with c.store.session() as s:  # ... and then its node is confirmed gone
         s.exec(update(Node).where(col(Node.id) == node.id).values(state="terminated", end_reason="lost"))  # type: ignore[call-overload]
-    eng.capacity.sync(clock.now())
+    drive(eng, lambda: c.get(j).status != "RUNNING")
     info = c.get(j)
     assert info.status == "SUCCEEDED" and [x.end_reason for x in info.attempt_list] == ["COMPLETED"]
     boto3.client("ec2", region_name="us-east-1").terminate_instances(InstanceIds=[node.instance_id])

@@ -82,6 +82,24 @@ def test_a_woken_stale_leader_cannot_write_or_signal(make_cluster, clock):
     new.close()
 
 
+def test_work_left_over_from_an_earlier_term_cannot_write_when_the_process_leads_again(make_cluster,
+                                                                                        clock):
+    c, eng = make_cluster()
+    term1 = eng.store
+    j = c.submit(name="x", team="research", command=["true"]).id
+    clock.advance(LEASE_S + 1)
+    Engine(c.store, clock).close()  # another broker led (term 2) and stopped
+    assert eng.lease.try_acquire() and eng.lease.fencing == 3  # this process leads again
+    with pytest.raises(LeaseLost, match="fencing number 1"), term1.session() as s:
+        job = s.get(Job, j)
+        assert job is not None
+        job.name = "stale"
+        s.add(job)
+    with pytest.raises(LeaseLost):
+        term1.ensure()
+    assert c.get(j).name == "x"
+
+
 def test_reads_and_idle_sessions_of_a_stale_leader_are_not_refused(make_cluster, clock):
     c, old = make_cluster()
     clock.advance(LEASE_S + 1)

@@ -50,9 +50,9 @@ from broker.control.config_apply import RENTED_KEY, applied_config
 from broker.policy import NodeView, Plan, Snapshot
 from broker.spec import PoolSpec
 from broker.state.events import record
-from broker.state.model import Attempt, AttemptState, EndReason, Node, NodeState, Notice, Setting
+from broker.state.model import Attempt, AttemptState, Node, NodeState, Notice, Setting
 from pricing.catalog import Catalog
-from providers.base import Instance, InstanceState, Provider, RankState
+from providers.base import Instance, InstanceState, Provider
 
 if TYPE_CHECKING:
     from broker.control.engine import Engine
@@ -202,29 +202,26 @@ class CapacityManager:
 
     def _gone_nodes(self, now: float) -> None:
         """Open attempts on a TERMINATED node (its instance confirmed gone): their processes
-        died with it; they end LOST (INTERRUPTED if a notice came first) and requeue. An
-        attempt whose every rank had already exited 0 completed before the node went: it
-        ends COMPLETED."""
+        died with it. Each is stopped (reason "lost", unless a notice had already stopped it)
+        and its processes killed; the engine's poll ends it once nothing of it lives: LOST
+        (or INTERRUPTED) and requeued, or COMPLETED if every rank had already exited 0."""
         with self.engine.store.session() as s:
             gone = set(s.exec(select(Node.id).where(col(Node.state) == NodeState.TERMINATED,
                                                     col(Node.pool).in_([*self.pools, *self.retired]))))
             ids = [a.id for a in s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED))
                    if any(node in gone for node, _ in a.alloc)]
         for aid in ids:
-            with self.engine._contained("end the work of a lost node", aid), self.engine.store.session() as s:
+            with self.engine._contained("stop a lost node's work", aid), self.engine.store.session() as s:
                 a = s.get(Attempt, aid)
                 if a is None or a.state == AttemptState.ENDED:
                     continue
-                st = [self.engine.executor.status(h) for h in a.handles]
-                if len(st) == len(a.alloc) and all(x.state == RankState.EXITED and x.exit_code == 0
-                                                   for x in st):
-                    self.engine._end(s, a, now, EndReason.COMPLETED, 0)
-                    continue
+                if a.state in (AttemptState.LAUNCHING, AttemptState.RUNNING):
+                    a.state, a.stop_requested_at, a.stop_reason = AttemptState.STOPPING, now, "lost"
+                    a.cause = a.cause or "node_lost"
+                    s.add(a)
+                    s.commit()
                 for h in a.handles:  # the processes would have died with the node
                     self.engine.executor.signal(h, signal.SIGKILL)
-                reason = EndReason.INTERRUPTED if a.stop_reason == "interrupted" else EndReason.LOST
-                a.cause = a.cause or "node_lost"
-                self.engine._end(s, a, now, reason, None)
 
     def _removed_pools(self, now: float) -> None:
         """Nodes of pools no longer in the config: drained (attempts checkpoint and requeue

@@ -93,7 +93,7 @@ class CloudWorker:
     def wake(self) -> None:
         self._wake.set()
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -122,7 +122,7 @@ class CloudWorker:
         """List, record and ack notices, launch, terminate (confirmed), find lost nodes,
         sweep orphans when due. Provider failures are contained (see _call)."""
         eng = self.cm.engine
-        eng.lease.ensure()
+        eng.store.ensure()
         now = eng.clock.now()
         before = {n.id: n.instance_id for n in self._rows(ALIVE)}
         seen = self._call("list instances", lambda: self.cm.provider(self.pool).poll(self.cm.broker_id))
@@ -139,10 +139,10 @@ class CloudWorker:
                 if not self.cm.open_for_launches(self.pool, now):
                     self._refused_all(now, "the pool is closed to launches after a refusal")
                     break
-                eng.lease.ensure()
+                eng.store.ensure()
                 self._launch(n.id, now)
         for n in self._rows((NodeState.TERMINATING,)):
-            eng.lease.ensure()
+            eng.store.ensure()
             self._terminate(n.id, n.instance_id, n.end_reason or "terminated", eng.clock.now())
         if seen is not None and self.listing is not None:
             self._reconcile_listing(before, now)

@@ -81,7 +81,7 @@ class Engine(AttemptGuards):
                 raise NotLeader(f"broker {row.holder} holds the lease (fencing number {row.fencing}) "
                                 f"for {max(0.0, row.expires_at - clock.now()):.0f}s more")
         self.lease = lease
-        self.store: Store | FencedStore = FencedStore(store, lease)
+        self.store = FencedStore(store, lease)
         self.executor: Executor = executor or LocalProcesses(store.home / "runs")
         self.policy = policy or PolicyConfig(min_run_s=self.settings.min_run_s,
                                              cloud_after_wait_s=self.settings.cloud_after_wait_s)
@@ -124,7 +124,7 @@ class Engine(AttemptGuards):
     def cycle(self) -> CycleReport:
         """One scheduling round. Returns what it did."""
         rep = CycleReport()
-        self.lease.ensure()  # a broker that was paused longer than its lease stops here
+        self.store.ensure()  # a broker that was paused longer than its lease stops here
         now = self.clock.now()
         with self.store.session() as s:
             self._cancel_requested(s, now)
@@ -380,7 +380,7 @@ class Engine(AttemptGuards):
             s.commit()  # LAUNCHING is durable before any process starts
             written.append(a.id or 0)
             crash_point("launch")
-            self.lease.ensure()
+            self.store.ensure()
             if not self._start_or_fail(s, a, job, now, recover=False):
                 return
             a.state = AttemptState.RUNNING

@@ -136,11 +136,12 @@ class Lease:
         if self.clock.now() - self.renewed_at >= self.lease_s / 3:
             self.renew()
 
-    def check(self, conn: Connection) -> None:
+    def check(self, conn: Connection, fencing: int | None) -> None:
         """The fence, inside the caller's transaction: raises LeaseLost unless the row still
-        holds this holder and fencing number (and write-locks it until the commit)."""
-        if self.fencing is None:
-            raise LeaseLost("this broker does not hold the lease")
+        holds this holder and `fencing` (the number of the caller's term), and write-locks
+        it until the commit."""
+        if self.fencing is None or fencing != self.fencing:
+            raise LeaseLost(f"this broker does not hold the lease with fencing number {fencing}")
         res = conn.execute(update(T).where(*self._mine()).values(fencing=self.fencing))
         if res.rowcount != 1:
             self._lost(conn)
@@ -171,11 +172,20 @@ def lease_row(store: Store) -> Any:
 
 
 class FencedStore:
-    """The store as the leader sees it: the same database, but every session that wrote
-    anything checks the lease's fence just before it commits (LeaseLost: rolled back)."""
+    """The store as the leader sees it in one term (one fencing number): the same database,
+    but every session that wrote anything checks the fence just before it commits
+    (LeaseLost: rolled back). A later term of the same process is a new FencedStore, so
+    work left over from an earlier term cannot write."""
 
     def __init__(self, store: Store, lease: Lease) -> None:
-        self.inner, self.lease = store, lease
+        self.inner, self.lease, self.fencing = store, lease, lease.fencing
+
+    def ensure(self) -> None:
+        """Before acting on the world: raises LeaseLost unless this term still leads
+        (renewing the lease when due, see Lease.ensure)."""
+        if self.lease.fencing != self.fencing:
+            raise LeaseLost(f"the term with fencing number {self.fencing} is over")
+        self.lease.ensure()
 
     @property
     def home(self) -> Path:
@@ -193,7 +203,7 @@ class FencedStore:
     def session(self) -> Iterator[Session]:
         """Like Store.session(), fenced."""
         with self.inner.session() as s:
-            s.info[FENCE] = self.lease
+            s.info[FENCE] = self
             yield s
 
     def dispose(self) -> None:
@@ -217,12 +227,12 @@ def _executed(state: ORMExecuteState) -> None:
 
 @event.listens_for(Session, "before_commit")
 def _fence(session: Session) -> None:
-    lease = session.info.get(FENCE)
-    if lease is None:
+    fenced = session.info.get(FENCE)
+    if fenced is None:
         return
     session.flush()
     if session.info.pop(WROTE, False):
-        lease.check(session.connection())
+        fenced.lease.check(session.connection(), fenced.fencing)
         crash_point("db_write")  # written and fenced, not committed
 
 
