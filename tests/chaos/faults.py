@@ -118,13 +118,13 @@ def urgent(c: Chaos) -> bool:
 
 
 FAULTS: dict[str, tuple[float, Callable[[Chaos], bool]]] = {
-    "kill_leader": (2.0, kill_leader),
-    "kill_supervisor": (2.0, kill_supervisor),
+    "kill_leader": (1.0, kill_leader),
+    "kill_supervisor": (1.5, kill_supervisor),
     "standby": (1.0, standby),
     "pause_leader": (0.5, pause_leader),
     "cloud_fault": (2.0, cloud_fault),
     "spot_notice": (1.0, spot_notice),
     "lost_notice": (0.5, lost_notice),
-    "submit": (1.5, submit),
-    "urgent": (1.0, urgent),
+    "submit": (1.0, submit),
+    "urgent": (0.7, urgent),
 }

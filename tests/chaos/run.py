@@ -62,7 +62,8 @@ LEASE_S = 3.0
 DRAIN_S = 900.0
 FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 SHAPES = [  # (weight, GPUs per node, nodes, acceptable GPU types) of the random jobs
-    (35, 1, 1, []), (30, 2, 1, []), (15, 4, 1, ["A10G"]), (10, 2, 2, ["A100"]), (10, 4, 1, [])]
+    (30, 1, 1, []), (20, 2, 1, []), (20, 1, 1, ["A100"]), (10, 4, 1, ["A10G"]),
+    (10, 2, 2, ["A100"]), (10, 4, 1, [])]
 
 
 def say(msg: str) -> None:
@@ -171,9 +172,9 @@ class Chaos:
 
     def arm(self) -> str | None:
         """Most brokers carry one armed crash point (the others die from outside)."""
-        if self.rng.random() < 0.3:
+        if self.rng.random() < 0.2:
             return None
-        return self.rng.choice(["launch:0.2", "db_write:0.01", "preempt_grace:0.3",
+        return self.rng.choice(["launch:0.3", "db_write:0.02", "preempt_grace:0.5",
                                 "checkpoint_copy:0.5", "cloud_launch:0.5", "notice:0.5"])
 
     # -- jobs --------------------------------------------------------------------------------
