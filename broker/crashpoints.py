@@ -31,7 +31,9 @@ ARMED = _armed()
 
 
 def crash_point(name: str) -> None:
-    """Die here (SIGKILL: no cleanup, like a power cut) if `name` is armed and the dice say so."""
+    """Die here (SIGKILL: no cleanup, like a power cut) if `name` is armed and the dice say so.
+    One line on stderr says where."""
     p = ARMED.get(name)
     if p is not None and random.random() < p:
+        os.write(2, f"onepool: crash point {name}: SIGKILL\n".encode())
         os.kill(os.getpid(), signal.SIGKILL)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -145,7 +146,8 @@ class Chaos:
                 continue
             self.brokers.remove(b)
             if rc == -signal.SIGKILL and not b.killed_by_us:
-                self.kills[f"broker at {b.crash_at.split(':')[0] if b.crash_at else '?'}"] += 1
+                where = re.findall(r"crash point (\w+)", b.log.read_text(errors="replace"))
+                self.kills[f"broker at crash point {where[-1] if where else '?'}"] += 1
             elif rc not in (0, -signal.SIGKILL, -signal.SIGTERM):
                 tail = b.log.read_text(errors="replace")[-2000:]
                 self.broker_errors.append(f"broker {b.proc.pid} exited {rc}: {tail}")
@@ -171,11 +173,12 @@ class Chaos:
             self.start_broker(self.arm())
 
     def arm(self) -> str | None:
-        """Most brokers carry one armed crash point (the others die from outside)."""
+        """Most brokers carry two or three armed crash points (the others die from outside)."""
         if self.rng.random() < 0.2:
             return None
-        return self.rng.choice(["launch:0.3", "db_write:0.02", "preempt_grace:0.5",
-                                "checkpoint_copy:0.5", "cloud_launch:0.5", "notice:0.5"])
+        points = ["launch:0.3", "db_write:0.02", "preempt_grace:0.5", "checkpoint_copy:0.5",
+                  "cloud_launch:0.5", "notice:0.5"]
+        return ",".join(self.rng.sample(points, self.rng.randint(2, 3)))
 
     # -- jobs --------------------------------------------------------------------------------
     def submit(self, n: int = 1, priority: str | None = None) -> None:
