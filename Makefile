@@ -4,11 +4,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test chaos lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[cloud,dashboard,dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[cloud,dashboard,postgres,dev]'
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -16,6 +16,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# Not part of `make test`: kills brokers and supervisors CHAOS_KILLS times (default 100) under
+# cloud faults, then checks every job completed once (tests/chaos/run.py).
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos
 
 lint: $(STAMP)
 	$(BIN)/ruff check broker providers pricing tests examples bench

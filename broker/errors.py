@@ -48,3 +48,13 @@ class NotConfigured(OnepoolError):
 
 class CheckpointError(OnepoolError):
     """A checkpoint could not be written or verified. The previous committed one stays valid."""
+
+
+class NotLeader(OnepoolError):
+    """Another broker holds the leader lease on this database. Run this one as a standby
+    (`onepool broker` waits and takes over when the lease expires) or stop the other one."""
+
+
+class LeaseLost(OnepoolError):
+    """This broker is no longer the leader (another took the lease: a higher fencing number).
+    Its write was refused and rolled back; it must stop acting and stand by."""

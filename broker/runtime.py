@@ -34,6 +34,8 @@ Typical use::
             runtime.exit_preempted()       # waits for the upload, exits for requeue
         step += 1
     runtime.wait()                         # the last upload is committed
+    ...write results...
+    runtime.done()                         # finished: never run again, whatever dies now
 
 `save()` serializes arrays at once (training may change them afterwards) and hands the
 upload to a background thread; files given as paths are read by that thread, so leave them
@@ -248,6 +250,19 @@ def wait(timeout: float | None = None) -> None:
     if failed:
         raise CheckpointError("checkpoint upload failed: " + "; ".join(
             f"step {p.step}: {p.error()}" for p in failed))
+
+
+def done() -> None:
+    """This rank's work is finished: call it last, after the job's final side effects (its
+    results written). If the rank's supervisor or node then dies before this process has
+    exited, the broker records the attempt COMPLETED instead of running it again. Outside
+    the broker it does nothing."""
+    d = os.environ.get("ONEPOOL_RANK_DIR")
+    if not d:
+        return
+    tmp = Path(d) / "done.json.tmp"
+    tmp.write_text(f'{{"pid": {os.getpid()}}}')
+    tmp.replace(Path(d) / "done.json")
 
 
 def exit_preempted() -> None:

@@ -58,7 +58,37 @@ Name = Annotated[str, Field(pattern=NAME_RE)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+    """Every input model: unknown fields, NUL bytes and non-finite numbers (inf, nan, 1e400)
+    are refused, naming the field."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True,
+                              allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, v: Any) -> Any:
+        where = _nul_in(v)
+        if where is not None:
+            raise ValueError(f"must not contain a NUL byte (\\x00){where}")
+        return v
+
+
+def _nul_in(v: Any, path: str = "") -> str | None:
+    """Where in `v` (a string, or lists/dicts of them) a NUL byte is: "" for `v` itself,
+    " in KEY" inside a mapping or list; None if there is none."""
+    if isinstance(v, str):
+        return path if "\x00" in v else None
+    if isinstance(v, dict):
+        for k, x in v.items():
+            hit = _nul_in(str(k), f" in key {str(k)!r}") or _nul_in(x, f" in {str(k)!r}")
+            if hit is not None:
+                return hit
+    if isinstance(v, list | tuple):
+        for i, x in enumerate(v):
+            hit = _nul_in(x, f" in item {i}")
+            if hit is not None:
+                return hit
+    return None
 
 
 class PoolSpec(_Strict):
@@ -161,6 +191,13 @@ class BrokerSettings(_Strict):
     # its budget gets ("spot_only": queued spot-only if a spot pool fits the budget, else refused).
     idle_charged_to: Literal["pool", "launcher"] = "pool"
     over_budget_submission: Literal["refuse", "spot_only"] = "spot_only"
+    # One leader (issue 10): the leader renews its lease every cycle and at least every
+    # lease_s / 3; a standby takes over lease_s after the leader's last renewal (at once when
+    # the dead leader ran on the same host). Kubernetes' leader election uses 15 s too.
+    lease_s: float = Field(default=15.0, ge=1.0, le=3600)
+    # Rented pools: instances tagged with this broker that no live node claims (a launch
+    # whose node row ended, a leak) are terminated at start and this often.
+    orphan_sweep_s: float = Field(default=300.0, gt=0.0)
     # Agents (issue 9). The URL at which agents on rented instances reach `onepool server`
     # (required when a pool rents nodes); a node whose agent has not been heard from for
     # `node_lost_after_s` is lost (its attempts requeue; a rented instance is terminated);
@@ -277,6 +314,8 @@ def _format(err: ValidationError, prefix: str = "") -> list[str]:
             msg = f"must be {NAME_HELP}"
         elif e["type"] == "extra_forbidden":
             msg = "unknown field (check the spelling)"
+        elif e["type"] == "finite_number":
+            msg = "must be a finite number"
         elif msg.startswith("Value error, "):
             msg = msg.removeprefix("Value error, ")
         got = e.get("input")

@@ -65,7 +65,9 @@ def main() -> int:
     print(f"done: {args.steps} steps, loss {loss:.3g}", flush=True)
     if args.done_file:
         with open(args.done_file, "a") as f:
-            f.write(json.dumps({"job": os.environ.get("ONEPOOL_JOB_ID"), "loss": loss}) + "\n")
+            f.write(json.dumps({"job": os.environ.get("ONEPOOL_JOB_ID"), "rank": runtime.context().rank,
+                                "attempt": runtime.context().attempt, "loss": loss}) + "\n")
+    runtime.done()  # the broker will not run it again, even if its supervisor dies now
     return 0
 
 

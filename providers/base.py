@@ -8,9 +8,13 @@ Errors say what the caller should do next:
 An Executor runs the processes of one attempt, one per rank (node). Its contract:
 - start() is idempotent per (attempt_id, rank): a second call returns the first process's
   handle instead of starting another, also after a broker crash (recover=True searches for
-  a process started by a crashed broker before starting one).
-- status() tells RUNNING, EXITED (with the exit code) or LOST (gone without an exit code).
-- signal() of a process that is gone returns quietly.
+  a process started by a crashed broker before starting one). It raises StartFailed when
+  the rank cannot start for a reason of its own (the attempt fails, the broker goes on).
+- status() tells RUNNING, EXITED (with the exit code) or LOST (gone without an exit code),
+  and ORPHANED while processes of a rank whose supervisor died still live. EXITED and LOST
+  promise that no process of the rank is alive.
+- signal() of a process that is gone returns quietly; SIGKILL kills every process of the
+  rank, wherever it went (its containment).
 - `node` names the node the rank was placed on (executors that run ranks elsewhere use it).
 
 A Provider rents capacity (nodes) for rented pools; see `Provider` for its contract.
@@ -40,10 +44,18 @@ class Fatal(ProviderError):
     """Retrying cannot help: give up and report it."""
 
 
+class StartFailed(ProviderError):
+    """A rank could not be started for a reason of its own (a working directory that does
+    not exist, a NUL byte in its command): that attempt fails; the broker goes on."""
+
+
 class RankState(StrEnum):
     RUNNING = "running"
     EXITED = "exited"
     LOST = "lost"
+    # Its supervisor is gone but processes of the rank still live: kill them
+    # (signal(SIGKILL)); the rank becomes LOST once none is left.
+    ORPHANED = "orphaned"
 
 
 @dataclass(frozen=True)
@@ -134,11 +146,21 @@ class Instance:
 
 @dataclass(frozen=True)
 class Interruption:
-    """A notice that the provider will reclaim (or has reclaimed) an instance."""
+    """A notice that the provider will reclaim (or has reclaimed) an instance.
+
+    `key` names the notice at its source (a queue message id, an operation name): the same
+    notice delivered twice has the same key. `receipt` is what ack() needs to delete it."""
 
     instance_id: str
     kind: str  # spot_interruption | rebalance | preempted
     deadline: float | None = None  # epoch seconds when it goes, if known
+    key: str | None = None
+    receipt: str | None = None
+
+    @property
+    def identity(self) -> str:
+        """The notice's key, or one made of its content when the source gives none."""
+        return self.key or f"{self.kind}:{self.instance_id}:{self.deadline}"
 
 
 class Provider(Protocol):
@@ -150,9 +172,13 @@ class Provider(Protocol):
     - every instance carries req.tags() as tags/labels (broker, pool, node and job ids).
     - terminate(instance_id) of an instance that is gone or unknown returns quietly.
     - poll(broker_id) lists the instances tagged with this broker that are not GONE
-      (reconcile uses it to find orphans and lost nodes).
-    - interruptions() returns new notices since the last call (may repeat one; the engine
-      is idempotent), [] if the provider has no such channel.
+      (the broker uses it to find orphans and lost nodes; a listing may miss an instance).
+    - describe(instance_id) looks one instance up by id (not through the listing): None
+      when it is gone or unknown. The broker confirms a node lost, and terminated, with it.
+    - interruptions() returns notices not yet acknowledged (it may return one again: the
+      broker records each by its key, once), [] if the provider has no such channel.
+    - ack(notices) deletes notices the broker has recorded from their queue; acking one
+      twice, or one that has no queue, is quiet. At-least-once: record, then ack.
     - offers() lists what it can rent, with prices when the API gives them.
     - errors: NoCapacity (try another pool), Transient (retried inside with backoff, raised
       only when retries ran out), Fatal (fix the config or credentials). Nothing else
@@ -169,4 +195,8 @@ class Provider(Protocol):
 
     def poll(self, broker_id: str) -> list[Instance]: ...
 
+    def describe(self, instance_id: str) -> Instance | None: ...
+
     def interruptions(self) -> list[Interruption]: ...
+
+    def ack(self, notices: list[Interruption]) -> None: ...

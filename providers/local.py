@@ -1,12 +1,31 @@
-"""The embedded default: each rank of an attempt is a real process group on this machine.
+"""The embedded default: each rank of an attempt is a real process tree on this machine,
+under a supervisor (providers.local_runner) that outlives the broker.
 
 GPU slots are handed over through CUDA_VISIBLE_DEVICES; several local pools with different
 GPU types emulate a heterogeneous on-prem cluster on one host. See providers.base for the
 Executor contract this implements.
+
+Containment (no process outlives its attempt). A rank's processes are found three ways,
+all of which survive the death of its supervisor:
+- its cgroup (cgroup v2, where this host lets us create one): the supervisor joins
+  `<cgroup2>/onepool/<rank id>` before it starts the job, every descendant is born inside,
+  and `cgroup.kill` kills them all, including ones that left the process group;
+- its process group (the supervisor leads a new session; the group id is recorded in the
+  handle); a group id cannot be reused while any member lives;
+- the environment tag ONEPOOL_RANK_DIR (the rank's run folder, unique across attempts and
+  broker homes) that every descendant inherits (checked before a process is adopted or
+  killed, so a reused pid or another home's job is never touched).
+The supervisor is a child subreaper: orphaned descendants are re-parented to it, and when the
+job's main process exits it kills what is left before it writes the exit status. If the
+supervisor itself dies, status() reports ORPHANED while anything of the rank lives; the
+engine kills it (signal SIGKILL) and only then ends the attempt, so no new attempt of the job
+starts beside a process of the old one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -18,26 +37,65 @@ from pathlib import Path
 
 import psutil
 
-from providers.base import Handle, RankState, RankStatus
+from providers.base import Handle, RankState, RankStatus, StartFailed
 
 ATTEMPT_ENV = "ONEPOOL_ATTEMPT_ID"
 RANK_ENV = "ONEPOOL_RANK"
-RUNS_ENV = "ONEPOOL_RUNS_DIR"  # which LocalProcesses started it (attempt ids are per broker)
+TAG_ENV = "ONEPOOL_RANK_DIR"  # the rank's run folder: unique across attempts and broker homes
+CGROUP_ENV = "ONEPOOL_CGROUP"  # the cgroup the supervisor joins (set by start())
+
+
+def cgroup_root() -> Path | None:
+    """`<cgroup2 mount><our cgroup>/onepool` if cgroup v2 lets this process create and kill
+    cgroups there (root, or a delegated subtree), else None."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+        own = next((ln.split(":", 2)[2] for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                    if ln.startswith("0::")), "/")
+    except OSError:
+        return None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) > 2 and parts[2] == "cgroup2":
+            root = Path(parts[1]) / own.strip().lstrip("/") / "onepool"
+            try:
+                root.mkdir(exist_ok=True)
+            except OSError:
+                continue
+            if (root / "cgroup.kill").exists() and os.access(root / "cgroup.procs", os.W_OK):
+                return root
+    return None
 
 
 class LocalProcesses:
-    """Runs ranks under providers.local_runner, one folder per rank under `runs_dir`."""
+    """Runs ranks under providers.local_runner, one folder per rank under `runs_dir`.
+
+    containment: "auto" (a cgroup when available, else process group + environment tag),
+    "cgroup" (required: raises StartFailed where unavailable), "group" (never a cgroup).
+    """
 
     def __init__(self, runs_dir: str | os.PathLike[str],
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, containment: str = "auto") -> None:
         self.runs_dir = Path(runs_dir)
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._changed = threading.Event()
         self._on_change = on_change
+        self._final: dict[str, RankStatus] = {}  # run dir -> status once nothing of it lives
+        self._start_lock = threading.Lock()
+        if containment not in ("auto", "cgroup", "group"):
+            raise ValueError(f"containment must be auto, cgroup or group (got {containment!r})")
+        self.cgroups = None if containment == "group" else cgroup_root()
+        if containment == "cgroup" and self.cgroups is None:
+            raise StartFailed("containment: cgroup v2 is not available to this process")
 
     def run_dir(self, attempt_id: int, rank: int) -> Path:
         return self.runs_dir / f"attempt-{attempt_id}" / f"rank-{rank}"
+
+    def cgroup_of(self, run_dir: Path) -> Path | None:
+        if self.cgroups is None:
+            return None
+        return self.cgroups / hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:20]
 
     def start(self, attempt_id: int, rank: int, argv: list[str], env: dict[str, str],
               *, recover: bool = False, node: str | None = None) -> Handle:
@@ -45,29 +103,42 @@ class LocalProcesses:
 
         With recover=True (after a broker crash) it also looks for a live process carrying
         this attempt and rank in its environment, covering a crash between spawn and the
-        runner's first write.
+        supervisor's first write. Raises StartFailed (with the reason) when the rank cannot
+        be started: a working directory that does not exist, a NUL byte in its command or
+        environment, an unusable interpreter.
         """
         d = self.run_dir(attempt_id, rank)
-        found = self._existing(d, attempt_id, rank, recover)
-        if found is not None:
-            return found
-        d.mkdir(parents=True, exist_ok=True)
-        full_env = {**os.environ, **env, ATTEMPT_ENV: str(attempt_id), RANK_ENV: str(rank),
-                    RUNS_ENV: str(self.runs_dir)}
-        with open(d / "output.log", "ab") as log:
-            p = subprocess.Popen(
-                [sys.executable, "-m", "providers.local_runner", str(d), "--", *argv],
-                env=full_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=env.get("ONEPOOL_WORKDIR") or None,
-            )
-        self._children[p.pid] = p
+        with self._start_lock:
+            found = self._existing(d, attempt_id, rank, recover)
+            if found is not None:
+                return found
+            cg = self.cgroup_of(d)
+            full_env = {**os.environ, **env, ATTEMPT_ENV: str(attempt_id), RANK_ENV: str(rank),
+                        TAG_ENV: str(d.resolve())}
+            full_env.pop(CGROUP_ENV, None)
+            cwd = env.get("ONEPOOL_WORKDIR") or None
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                if cg is not None:
+                    cg.mkdir(exist_ok=True)
+                    full_env[CGROUP_ENV] = str(cg)
+                if cwd is not None and not os.path.isdir(cwd):
+                    raise FileNotFoundError(f"working directory {cwd!r} does not exist")
+                with open(d / "output.log", "ab") as log:
+                    p = subprocess.Popen(
+                        [sys.executable, "-m", "providers.local_runner", str(d), "--", *argv],
+                        env=full_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        start_new_session=True, cwd=cwd)
+            except (OSError, ValueError, subprocess.SubprocessError) as e:
+                if cg is not None:
+                    _rmdir(cg)
+                raise StartFailed(f"rank {rank} could not start: {e}") from e
+            self._children[p.pid] = p
+            handle = {"rank": rank, "pid": p.pid, "create_time": _create_time(p.pid), "pgid": p.pid,
+                      "attempt_id": attempt_id, "run_dir": str(d), "cgroup": None if cg is None else str(cg)}
+            _write_json(d / "spawned.json", handle)  # found by a restarted broker, like handle.json
         threading.Thread(target=self._reap, args=(p,), daemon=True).start()
-        return {"rank": rank, "pid": p.pid, "create_time": psutil.Process(p.pid).create_time(),
-                "run_dir": str(d)}
-
-    def find(self, attempt_id: int, rank: int) -> Handle | None:
-        """The handle of a rank started before (alive or exited), or None; never starts one."""
-        return self._existing(self.run_dir(attempt_id, rank), attempt_id, rank, recover=True)
+        return handle
 
     def _reap(self, p: subprocess.Popen[bytes]) -> None:
         p.wait()
@@ -82,64 +153,164 @@ class LocalProcesses:
         self._changed.clear()
         return hit
 
+    def sweep(self) -> None:
+        """Remove the (empty) cgroups of this folder's ranks that have nothing alive."""
+        for d in self.runs_dir.glob("attempt-*/rank-*"):
+            cg = self.cgroup_of(d)
+            h = self.adopt(int(d.parent.name.split("-")[1]), int(d.name.split("-")[1]))
+            if cg is not None and cg.exists() and (h is None or not _alive(h)):
+                _rmdir(cg)
+
+    def adopt(self, attempt_id: int, rank: int) -> Handle | None:
+        """The handle of a rank started earlier (by any broker process), None if it never
+        started."""
+        return self._existing(self.run_dir(attempt_id, rank), attempt_id, rank, recover=True)
+
     def _existing(self, d: Path, attempt_id: int, rank: int, recover: bool) -> Handle | None:
-        h = _read_json(d / "handle.json")
-        if h is not None:
-            return {"rank": rank, "pid": h["pid"], "create_time": h["create_time"], "run_dir": str(d)}
-        if (d / "exit.json").exists():
-            return {"rank": rank, "pid": -1, "create_time": 0.0, "run_dir": str(d)}
+        base = {"rank": rank, "attempt_id": attempt_id, "run_dir": str(d),
+                "cgroup": None if self.cgroup_of(d) is None else str(self.cgroup_of(d))}
+        for name in ("handle.json", "spawned.json"):
+            h = _read_json(d / name)
+            if h is not None:
+                return {**base, "pid": h["pid"], "create_time": h["create_time"],
+                        "pgid": h.get("pgid", h["pid"])}
+        if (d / "exit.json").exists() or (d / "done.json").exists():
+            return {**base, "pid": -1, "create_time": 0.0, "pgid": -1}
         if recover:
-            for proc in psutil.process_iter(["pid", "create_time"]):
-                try:
-                    env = proc.environ()
-                except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-                    continue
-                if (env.get(ATTEMPT_ENV) == str(attempt_id) and env.get(RANK_ENV) == str(rank)
-                        and env.get(RUNS_ENV) == str(self.runs_dir)):
-                    if proc.pid == os.getpid():
-                        continue
-                    leader = _group_leader(proc)
-                    return {"rank": rank, "pid": leader.pid,
-                            "create_time": leader.create_time(), "run_dir": str(d)}
+            for proc in _tagged(d):
+                leader = _group_leader(proc)
+                return {**base, "pid": leader.pid, "create_time": leader.create_time(),
+                        "pgid": leader.pid}
         return None
 
     def status(self, handle: Handle) -> RankStatus:
-        d = Path(handle["run_dir"])
+        """RUNNING while its supervisor lives; ORPHANED when the supervisor is gone but a
+        process of the rank still lives (kill it with signal(SIGKILL)); then EXITED with the
+        code the supervisor recorded (0 if it recorded none but the job had declared itself
+        done with runtime.done()), or LOST."""
+        d = handle["run_dir"]
+        if d in self._final:
+            return self._final[d]
         if _alive(handle):
             return RankStatus(RankState.RUNNING)
-        ex = _read_json(d / "exit.json")
-        if ex is not None:
-            return RankStatus(RankState.EXITED, int(ex["code"]))
-        return RankStatus(RankState.LOST)
+        if self._leftovers(handle):
+            return RankStatus(RankState.ORPHANED)
+        cg = handle.get("cgroup")
+        if cg:
+            _rmdir(Path(cg))
+        ex = _read_json(Path(d) / "exit.json")
+        if ex is None and (Path(d) / "done.json").exists():
+            ex = {"code": 0}  # the job said it finished (runtime.done()); its supervisor died
+        final = RankStatus(RankState.LOST) if ex is None else RankStatus(RankState.EXITED, int(ex["code"]))
+        self._final[d] = final
+        return final
 
     def signal(self, handle: Handle, sig: int) -> None:
-        """Signal the rank's whole process group; quietly nothing if it is gone."""
+        """Signal the rank: its supervisor's process group while the supervisor lives (the
+        job handles SIGTERM/SIGUSR1; the supervisor ignores them). SIGKILL kills everything of
+        the rank wherever it is (cgroup, group, tag). Quietly nothing if it is gone."""
+        if sig == signal.SIGKILL:
+            self.kill(handle)
+            return
         if not _alive(handle):
             return
         try:
-            os.killpg(handle["pid"], sig)
+            os.killpg(handle.get("pgid", handle["pid"]), sig)
         except ProcessLookupError:
             return
 
     def kill(self, handle: Handle) -> None:
-        self.signal(handle, signal.SIGKILL)
+        """SIGKILL every process of the rank: its cgroup, its process group, its tagged ones."""
+        cg = handle.get("cgroup")
+        if cg and (Path(cg) / "cgroup.kill").exists():
+            with contextlib.suppress(OSError):  # gone meanwhile: the sweeps below still run
+                (Path(cg) / "cgroup.kill").write_text("1")
+        if _alive(handle):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(handle.get("pgid", handle["pid"]), signal.SIGKILL)
+        for p in self._leftovers(handle):
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                continue
 
     def kill_all(self) -> int:
-        """SIGKILL the process group of every rank under `runs_dir` still alive (a node going
-        away, test teardown). Returns how many it found alive."""
+        """Kill every rank under `runs_dir` that still has a live process (a node going away,
+        test teardown), as kill() does. Returns how many it found alive."""
         n = 0
-        for h in self.runs_dir.glob("attempt-*/rank-*/handle.json"):
-            data = _read_json(h)
-            if data is None:
+        for d in self.runs_dir.glob("attempt-*/rank-*"):
+            try:
+                h = self.adopt(int(d.parent.name.split("-")[1]), int(d.name.split("-")[1]))
+            except ValueError:
                 continue
-            handle = {"pid": data["pid"], "create_time": data["create_time"], "run_dir": str(h.parent)}
-            if _alive(handle):
+            if h is not None and (_alive(h) or self._leftovers(h)):
                 n += 1
-                self.signal(handle, signal.SIGKILL)
+                self.kill(h)
         return n
+
+    def _leftovers(self, handle: Handle) -> list[psutil.Process]:
+        """Live (non-zombie) processes of the rank other than its supervisor."""
+        found: dict[int, psutil.Process] = {}
+        cg = handle.get("cgroup")
+        if cg:
+            try:
+                pids = [int(x) for x in (Path(cg) / "cgroup.procs").read_text().split()]
+            except (OSError, ValueError):
+                pids = []
+            for pid in pids:
+                try:
+                    found[pid] = psutil.Process(pid)
+                except psutil.NoSuchProcess:
+                    continue
+        pgid = handle.get("pgid", handle.get("pid", -1))
+        tagged = _tagged(Path(handle["run_dir"]))
+        found.update({p.pid: p for p in tagged})
+        if pgid > 0 and tagged and any(_pgid(p) == pgid for p in tagged):
+            # the group is ours (a tagged member is in it): its untagged members are ours too
+            for p in psutil.process_iter():
+                if _pgid(p) == pgid:
+                    found[p.pid] = p
+        me = os.getpid()
+        return [p for pid, p in found.items() if pid != me and _running(p)]
+
+
+def _tagged(run_dir: Path) -> list[psutil.Process]:
+    """Live processes whose environment names this rank's run folder."""
+    tag = str(run_dir.resolve())
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
+            continue
+        if env.get(TAG_ENV) == tag and proc.pid != os.getpid() and _running(proc):
+            out.append(proc)
+    return out
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _pgid(p: psutil.Process) -> int:
+    try:
+        return os.getpgid(p.pid)
+    except (ProcessLookupError, PermissionError):
+        return -1
+
+
+def _create_time(pid: int) -> float:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:  # it already exited: no live process can match this handle
+        return 0.0
 
 
 def _alive(handle: Handle) -> bool:
+    """Whether the rank's supervisor (the handle's pid, at its create time) is alive."""
     pid = handle.get("pid", -1)
     if pid <= 0:
         return False
@@ -157,6 +328,17 @@ def _group_leader(proc: psutil.Process) -> psutil.Process:
         return psutil.Process(os.getpgid(proc.pid))
     except (ProcessLookupError, psutil.NoSuchProcess):
         return proc
+
+
+def _rmdir(cg: Path) -> None:
+    with contextlib.suppress(OSError):  # not empty yet, or already gone: tried again later
+        cg.rmdir()
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
 
 
 def _read_json(path: Path) -> dict | None:

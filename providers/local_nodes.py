@@ -63,13 +63,23 @@ class LocalNodes:
         return [_inst(i, r) for i, r in self._load().items()
                 if r["state"] != "gone" and r["tags"].get(TAG_BROKER) == broker_id]
 
+    def describe(self, instance_id: str) -> Instance | None:
+        rec = self._load().get(instance_id)
+        return None if rec is None or rec["state"] == "gone" else _inst(instance_id, rec)
+
     def interrupt(self, instance_id: str) -> None:
         """Queue a notice, as a cloud would (tests and drills)."""
-        self._notices.append(Interruption(instance_id, "spot_interruption"))
+        n = len(self._notices)
+        self._notices.append(Interruption(instance_id, "spot_interruption", key=f"local-{instance_id}-{n}",
+                                          receipt=str(n)))
 
     def interruptions(self) -> list[Interruption]:
-        out, self._notices = self._notices, []
-        return out
+        """Notices stay queued until acknowledged."""
+        return list(self._notices)
+
+    def ack(self, notices: list[Interruption]) -> None:
+        done = {n.key for n in notices}
+        self._notices = [n for n in self._notices if n.key not in done]
 
 
 def _inst(iid: str, rec: dict) -> Instance:

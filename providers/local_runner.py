@@ -1,14 +1,19 @@
 """The supervisor of one local rank: `python -m providers.local_runner RUN_DIR -- ARGV...`.
 
-It is the leader of the rank's process group (the broker signals the whole group). It
-records `handle.json` (pid, create time) as soon as it starts and `exit.json` (the child's
-exit code) when the child ends, both by atomic rename, so a restarted broker can tell a
-finished rank (exit.json) from a running one (live pid) from a lost one (neither). It
-survives the broker: it runs in its own session.
+It is the leader of the rank's process group (the broker signals the whole group). First it
+joins the rank's cgroup when the broker made one ($ONEPOOL_CGROUP) and becomes a child
+subreaper, so every descendant of the job stays findable (see providers.local). It records
+`handle.json` (pid, create time, group, cgroup) as soon as it starts and `exit.json` (the
+child's exit code) the moment the child ends, both by atomic rename, so a restarted broker
+can tell a finished rank (exit.json) from a running one (live pid) from a lost one (neither).
+Then it ends whatever the job left behind (SIGTERM, 2 s, SIGKILL) before it exits itself:
+no process outlives its rank. It survives the broker: it runs in its own session.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -18,6 +23,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -65,8 +72,11 @@ def main(argv: list[str]) -> int:
         print("usage: python -m providers.local_runner RUN_DIR -- ARGV...", file=sys.stderr)
         return 2
     run_dir, cmd = Path(argv[0]), argv[2:]
+    cgroup = join_cgroup(os.environ.pop("ONEPOOL_CGROUP", None))
+    set_subreaper()
     me = psutil.Process()
-    write_json(run_dir / "handle.json", {"pid": me.pid, "create_time": me.create_time()})
+    write_json(run_dir / "handle.json", {"pid": me.pid, "create_time": me.create_time(),
+                                         "pgid": os.getpgid(0), "cgroup": cgroup})
     # The group gets SIGTERM and SIGUSR1 ("checkpoint now"); the child handles them. This
     # supervisor only waits (a Python handler, unlike SIG_IGN, is reset to the default in
     # the child at exec).
@@ -84,8 +94,48 @@ def main(argv: list[str]) -> int:
         code = 126
     if code < 0:  # killed by a signal: report it the way a shell does
         code = 128 - code
-    write_json(run_dir / "exit.json", {"code": code})
+    write_json(run_dir / "exit.json", {"code": code})  # at once: the status outlives us
+    end_leftovers(me)
     return code
+
+
+def join_cgroup(path: str | None) -> str | None:
+    """Move this process into the cgroup at `path` (its children are born there). Returns
+    the path, or None when there is none or it cannot be joined (the process group and the
+    environment tag still contain the rank)."""
+    if not path:
+        return None
+    try:
+        Path(path, "cgroup.procs").write_text(str(os.getpid()))
+    except OSError as e:
+        print(f"onepool: cannot join cgroup {path} ({e}); contained by process group", file=sys.stderr)
+        return None
+    return path
+
+
+def set_subreaper() -> None:
+    """Orphaned descendants are re-parented to this process instead of init (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: leftovers are still found by process group and environment tag
+
+
+def end_leftovers(me: psutil.Process, grace_s: float = 2.0) -> None:
+    """SIGTERM every remaining descendant, SIGKILL those alive after `grace_s`, reap all."""
+    for _ in range(10):  # a leftover may fork while it is being ended: look again
+        procs = me.children(recursive=True)
+        if not procs:
+            return
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.terminate()
+        _gone, alive = psutil.wait_procs(procs, timeout=grace_s)
+        for p in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(alive, timeout=grace_s)
 
 
 if __name__ == "__main__":

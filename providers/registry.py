@@ -3,7 +3,8 @@
 Pool fields used: region, zone, image, credentials (a reference, never a secret),
 endpoint_url (a local emulator in tests and the demo), options:
 - aws: queue_url (the SQS queue an EventBridge rule feeds spot interruption warnings and
-  rebalance recommendations into).
+  rebalance recommendations into); connect_timeout_s, read_timeout_s (per API call; default
+  5 and 20 seconds).
 - gcp: project (required).
 - libcloud: driver (a libcloud Provider name, e.g. AZURE_ARM, OPENSTACK; required),
   driver_args / driver_kwargs (non-secret), sizes ({size id: [gpu type, gpus]}).
@@ -30,8 +31,9 @@ def make_provider(pool: PoolSpec) -> Provider:
         from providers.aws import AwsProvider
 
         session = boto3.session.Session(profile_name=pool.credentials) if pool.credentials else None
+        timeouts = {k: float(opts[k]) for k in ("connect_timeout_s", "read_timeout_s") if k in opts}
         return AwsProvider(pool.region, session=session, endpoint_url=pool.endpoint_url,
-                           queue_url=opts.get("queue_url"), image=pool.image)
+                           queue_url=opts.get("queue_url"), image=pool.image, **timeouts)
     if pool.provider == "gcp":
         from providers.gcp import GcpProvider
 

@@ -45,6 +45,40 @@ def train(steps: int = 20, step_s: float = 0.05, ckpt_every: int = 2,
     return cmd + (["--done-file", str(done_file)] if done_file else [])
 
 
+# -- the database: SQLite, and PostgreSQL for modules marked `both_dbs` ------------------------
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests in modules marked `pytestmark = pytest.mark.both_dbs` run twice: on SQLite (the
+    broker home's file) and on a fresh database of a real PostgreSQL server."""
+    if metafunc.definition.get_closest_marker("both_dbs") is not None:
+        metafunc.parametrize("db", ["sqlite", "postgresql"], indirect=True)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Any]:
+    """A throwaway PostgreSQL cluster for this test session (tests/postgres.py)."""
+    from tests.postgres import PgServer
+
+    srv = PgServer.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(autouse=True)
+def db(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The backend of this test: "sqlite" (default) or "postgresql", where
+    ONEPOOL_DATABASE_URL names a fresh migrated database (inherited by subprocesses)."""
+    backend = getattr(request, "param", "sqlite")
+    if backend == "sqlite":
+        monkeypatch.delenv("ONEPOOL_DATABASE_URL", raising=False)
+        yield backend
+        return
+    srv = request.getfixturevalue("pg_server")
+    url = srv.fresh_database()
+    monkeypatch.setenv("ONEPOOL_DATABASE_URL", url)
+    yield backend
+    srv.drop_database(url)
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -52,21 +86,43 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def make_cluster(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., tuple[Client, Engine]]]:
-    """make_cluster(**config kwargs) -> (client, engine) on a fresh home with a fake clock."""
+    """make_cluster(containment="auto"|"cgroup"|"group", **config kwargs) -> (client, engine)
+    on a fresh home with a fake clock, running jobs as local processes."""
 
-    def make(**kw: Any) -> tuple[Client, Engine]:
+    engines: list[Engine] = []
+
+    def make(containment: str = "auto", **kw: Any) -> tuple[Client, Engine]:
         c = Client(tmp_path / "home", clock=clock)
         c.apply(parse_config(config(**kw)))
-        return c, Engine(c.store, clock)
+        procs = LocalProcesses(c.store.home / "runs", containment=containment)
+        engines.append(Engine(c.store, clock, procs))
+        return c, engines[-1]
 
     yield make
+    for e in engines:
+        e.capacity.close()
     kill_leftovers(tmp_path / "home" / "runs")
 
 
 def kill_leftovers(runs: Path) -> None:
-    """No job process outlives its test: SIGKILL the group of every rank still alive."""
-    if runs.exists():
-        LocalProcesses(runs).kill_all()
+    """No job process outlives its test: kill every process of every rank still alive (and
+    wait until they are gone, which also removes their cgroups)."""
+    if not runs.exists():
+        return
+    procs = LocalProcesses(runs)
+    handles = []
+    for d in runs.glob("attempt-*/rank-*"):
+        h = procs.adopt(int(d.parent.name.split("-")[1]), int(d.name.split("-")[1]))
+        if h is not None:
+            procs.kill(h)
+            handles.append(h)
+    deadline = time.monotonic() + 10
+    while left := [h for h in handles if procs.status(h).state in ("running", "orphaned")]:
+        assert time.monotonic() < deadline, f"job processes survived SIGKILL: {left}"
+        for h in left:
+            procs.kill(h)
+        time.sleep(0.05)
+    procs.sweep()
 
 
 def drive(engine: Engine, until: Callable[[], bool], timeout: float = 30.0,
@@ -84,6 +140,31 @@ def drive(engine: Engine, until: Callable[[], bool], timeout: float = 30.0,
         if advance:
             engine.clock.advance(advance)  # type: ignore[attr-defined]
         engine.executor.wait_for_change(0.05)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def cloud_cluster(tmp_path: Path, clock: FakeClock, aws_mock: str):  # type: ignore[no-untyped-def]
+    """cloud_cluster(**config kwargs) -> (client, engine), for rented pools in moto: an API
+    server the agents reach, and every instance the broker launches booted from its user
+    data (broker.client.demo_ec2.InstanceBooter)."""
+    import boto3
+
+    from broker.client.demo_ec2 import InstanceBooter
+    from tests.agents.harness import make_site
+
+    sites = []
+
+    def make(**kw: Any) -> tuple[Client, Engine]:
+        site = make_site(tmp_path / "home", clock, **kw)
+        sites.append(site)
+        return site.client, site.engine
+
+    ec2 = boto3.client("ec2", region_name=aws_mock)
+    with InstanceBooter(lambda: ec2, tmp_path / "instances"):
+        yield make
+        for s in sites:
+            s.close()
+    kill_leftovers(tmp_path / "home" / "runs")
 
 
 AWS_REGION = "us-east-1"

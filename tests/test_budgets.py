@@ -12,6 +12,8 @@ from broker.spec import Priority, SpotPolicy
 from broker.state.model import LedgerEntry
 from tests.conftest import drive, train
 
+pytestmark = pytest.mark.both_dbs
+
 ONPREM = {"name": "a100", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 1, "price_per_node_hour": 7.2}
 SPOT = {"name": "spot", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 1, "market": "spot",
         "price_per_node_hour": 2.0}

@@ -26,6 +26,8 @@ from broker.client.sdk import Client
 from broker.errors import NotFound, OnepoolError, SpecError
 from broker.state.model import Job
 
+pytestmark = pytest.mark.both_dbs
+
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
 
@@ -59,8 +61,10 @@ def cli_json(home: Path, command: str, *args: str) -> Any:
 
 
 def onepool(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run the real console module in a subprocess (no ONEPOOL_* from the caller's env)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_")}
+    """Run the real console module in a subprocess (no ONEPOOL_* from the caller's env but
+    the database of this test)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ONEPOOL_") or k == "ONEPOOL_DATABASE_URL"}
     return subprocess.run([sys.executable, "-m", "broker.client.cli", "--home", str(home), *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
                           check=False)
@@ -92,10 +96,11 @@ def home(tmp_path: Path, config_path: Path) -> Path:
     return h
 
 
-@pytest.fixture(scope="module")
-def shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A configured home for the error cases, which must not write anything."""
-    h = tmp_path_factory.mktemp("errors") / "home"
+@pytest.fixture
+def shared_home(tmp_path: Path) -> Path:
+    """A configured home (in this test's database) for the error cases, which must not write
+    anything."""
+    h = tmp_path / "home"
     p = h.parent / "onepool.yaml"
     p.write_text(yaml.safe_dump(CONFIG))
     cli(h, "apply", "-c", str(p))
@@ -307,3 +312,30 @@ def test_apply_bad_config_exits_2(tmp_path: Path) -> None:
                                                         "market": "cloud"}]}))
     assert_user_error(onepool(tmp_path / "home", "apply", "-c", str(bad)),
                       "pools.0.gpu_typ", "unknown field", "pools.0.market", "onprem")
+
+
+# -- health (issue 10) ------------------------------------------------------------------------
+def test_health_and_the_warnings_of_submit_and_status(home: Path) -> None:
+    from broker.clock import SystemClock
+    from broker.control.lease import Lease
+
+    res = runner.invoke(app, ["--home", str(home), "health", "--json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["broker_up"] is False
+    sub = runner.invoke(app, ["--home", str(home), "submit", "--name", "w", "--team", "research",
+                              "--", *NOOP])
+    assert sub.exit_code == 0 and "no broker has run on this database yet" in sub.stderr
+    assert onepool(home, "broker", "--once").returncode == 0  # one cycle, then a clean stop
+    st = runner.invoke(app, ["--home", str(home), "status"])
+    assert st.exit_code == 0 and "broker down since" in flat(st.stderr)
+    assert "states below may be stale" in flat(st.stderr)
+    lease = Lease(Client(home).store, SystemClock(), 60)  # a broker that leads and cycles
+    assert lease.try_acquire()
+    lease.renew(cycled=True)
+    try:
+        st = runner.invoke(app, ["--home", str(home), "status", "--json"])
+        assert st.exit_code == 0 and st.stderr == ""
+        h = cli_json(home, "health")
+        assert h["broker_up"] is True and h["leader"] == lease.holder and h["fencing"] == 2
+        assert "broker up" in flat(cli(home, "health").stdout)
+    finally:
+        lease.release()

@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 from broker.client.cli import app
 from tests.dashboard.seed import seed
 
+pytestmark = pytest.mark.both_dbs
+
 runner = CliRunner()
 
 

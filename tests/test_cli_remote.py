@@ -57,7 +57,7 @@ def lab(tmp_path: Path) -> Iterator[tuple[Path, str, list[subprocess.Popen[bytes
 
     def up() -> bool:
         try:
-            return httpx.get(f"{url}/v1/healthz", timeout=1).json()["ok"]
+            return httpx.get(f"{url}/v1/healthz", timeout=1).json()["broker_up"]
         except httpx.HTTPError:
             return False
 

@@ -14,14 +14,14 @@ import pytest
 from botocore.exceptions import ClientError
 from sqlmodel import select
 
-from broker.client.demo_ec2 import InstanceBooter
 from broker.control.engine import Engine
 from broker.state.model import Attempt, Node, NodeState
 from providers.aws import AwsProvider
 from providers.base import TAG_BROKER, TAG_NODE, TAG_POOL
-from tests.agents.harness import make_site
-from tests.conftest import drive, kill_leftovers, train
+from tests.conftest import drive, train
 from tests.providers.harness import failing
+
+pytestmark = pytest.mark.both_dbs
 
 AMI = "ami-12345678"
 
@@ -34,25 +34,6 @@ def spot_pool(name: str = "spot", price: float = 2.0, **kw: Any) -> dict[str, An
 
 
 ONPREM = {"name": "a100", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 1}
-
-
-@pytest.fixture
-def make_cluster(tmp_path, clock, aws_mock):  # type: ignore[no-untyped-def]
-    """make_cluster(**config) -> (client, engine), with an API server for the agents and the
-    instances booted by InstanceBooter (this file's version of tests.conftest.make_cluster)."""
-    sites = []
-
-    def make(**kw: Any):  # type: ignore[no-untyped-def]
-        site = make_site(tmp_path / "home", clock, **kw)
-        sites.append(site)
-        return site.client, site.engine
-
-    ec2 = boto3.client("ec2", region_name="us-east-1")
-    with InstanceBooter(lambda: ec2, tmp_path / "instances"):
-        yield make
-    for s in sites:
-        s.api.stop()
-    kill_leftovers(tmp_path / "home" / "runs")
 
 
 def running_instances() -> list[dict[str, Any]]:
@@ -80,8 +61,8 @@ def finish(c: Any, eng: Engine, hog: int) -> None:
           and all(n.state == NodeState.TERMINATED for n in nodes(c)))
 
 
-def test_low_job_rents_spot_runs_there_and_the_idle_node_is_given_back(make_cluster, aws_mock):
-    c, eng = make_cluster(pools=[ONPREM, spot_pool()], cloud_after_wait_s=0)
+def test_low_job_rents_spot_runs_there_and_the_idle_node_is_given_back(cloud_cluster, aws_mock):
+    c, eng = cloud_cluster(pools=[ONPREM, spot_pool()], cloud_after_wait_s=0)
     hog = fill_onprem(c, eng)
     j = c.submit(name="sweep", team="research", command=train(6), gpus_per_node=2, priority="low").id
     drive(eng, lambda: c.get(j).status == "SUCCEEDED")
@@ -102,8 +83,8 @@ def test_low_job_rents_spot_runs_there_and_the_idle_node_is_given_back(make_clus
     finish(c, eng, hog)
 
 
-def test_no_capacity_on_the_cheapest_pool_falls_through_to_the_next(make_cluster, aws_mock):
-    c, eng = make_cluster(pools=[ONPREM, spot_pool("cheap", 1.0), spot_pool("dear", 3.0)],
+def test_no_capacity_on_the_cheapest_pool_falls_through_to_the_next(cloud_cluster, aws_mock):
+    c, eng = cloud_cluster(pools=[ONPREM, spot_pool("cheap", 1.0), spot_pool("dear", 3.0)],
                           cloud_after_wait_s=0)
     cheap = AwsProvider("us-east-1", image=AMI)
     err = {"Error": {"Code": "InsufficientInstanceCapacity", "Message": "none left"}}
@@ -118,10 +99,10 @@ def test_no_capacity_on_the_cheapest_pool_falls_through_to_the_next(make_cluster
     finish(c, eng, hog)
 
 
-def test_spot_interruption_checkpoints_requeues_and_resumes(make_cluster, aws_mock):
+def test_spot_interruption_checkpoints_requeues_and_resumes(cloud_cluster, aws_mock):
     sqs = boto3.client("sqs", region_name="us-east-1")
     queue = sqs.create_queue(QueueName="spot-events")["QueueUrl"]
-    c, eng = make_cluster(pools=[ONPREM, spot_pool(options={"queue_url": queue})],
+    c, eng = cloud_cluster(pools=[ONPREM, spot_pool(options={"queue_url": queue})],
                           cloud_after_wait_s=0, grace_s=30)
     hog = fill_onprem(c, eng)
     j = c.submit(name="sweep", team="research", command=train(60, step_s=0.05, ckpt_every=5),
@@ -144,29 +125,33 @@ def test_spot_interruption_checkpoints_requeues_and_resumes(make_cluster, aws_mo
     finish(c, eng, hog)
 
 
-def test_a_crash_between_launch_and_the_db_write_leaves_exactly_one_instance(make_cluster, clock,
+def test_a_crash_between_launch_and_the_db_write_leaves_exactly_one_instance(cloud_cluster, clock,
                                                                              aws_mock):
-    c, eng = make_cluster(pools=[ONPREM, spot_pool()], cloud_after_wait_s=0)
+    c, eng = cloud_cluster(pools=[ONPREM, spot_pool()], cloud_after_wait_s=0)
+    eng.capacity.background = False  # the pool's round runs inside the cycle: its crash is ours
     hog = fill_onprem(c, eng)
     j = c.submit(name="sweep", team="research", command=train(4), gpus_per_node=2, priority="low").id
 
-    class Crash(Exception):
-        pass
+    class Crash(BaseException):
+        """The broker process dies (nothing catches it)."""
 
     def crash(*a: Any, **kw: Any) -> None:
         raise Crash("broker killed after the launch call, before writing its answer")
 
     with pytest.MonkeyPatch.context() as mp, pytest.raises(Crash):
-        mp.setattr(eng.capacity, "_set", crash)
-        eng.cycle()
+        mp.setattr(eng.capacity, "launched", crash)
+        for _ in range(3):  # the plan writes the row; the next round calls launch, then dies
+            eng.cycle()
     [row] = nodes(c)
     assert row.state == NodeState.LAUNCHING and row.instance_id is None and row.token
     assert len(running_instances()) == 1
+    clock.advance(eng.settings.lease_s)  # the crashed broker's lease runs out
     eng2 = Engine(c.store, clock, eng.executor)  # the restarted broker
     eng2.reconcile()
     drive(eng2, lambda: c.get(j).status == "SUCCEEDED")
     assert len({i["InstanceId"] for i in _all_instances()}) == 1
     finish(c, eng2, hog)
+    eng2.close()
 
 
 def _all_instances() -> list[dict[str, Any]]:
@@ -174,21 +159,22 @@ def _all_instances() -> list[dict[str, Any]]:
     return [i for r in resp["Reservations"] for i in r["Instances"]]
 
 
-def test_orphans_are_terminated_and_lost_nodes_requeue_their_job(make_cluster, clock, aws_mock):
-    c, eng = make_cluster(pools=[ONPREM, spot_pool()], cloud_after_wait_s=0)
+def test_orphans_are_terminated_and_lost_nodes_requeue_their_job(cloud_cluster, clock, aws_mock):
+    c, eng = cloud_cluster(pools=[ONPREM, spot_pool()], cloud_after_wait_s=0)
     ec2 = boto3.client("ec2", region_name="us-east-1")
     tags = {TAG_BROKER: eng.capacity.broker_id, TAG_POOL: "spot", TAG_NODE: "spot-unknown"}
     orphan = ec2.run_instances(ImageId=AMI, InstanceType="g5.12xlarge", MinCount=1, MaxCount=1,
                                TagSpecifications=[{"ResourceType": "instance", "Tags": [
                                    {"Key": k, "Value": v} for k, v in tags.items()]}])
     other = ec2.run_instances(ImageId=AMI, InstanceType="g5.xlarge", MinCount=1, MaxCount=1)
-    eng.reconcile()
-    live = {i["InstanceId"] for i in running_instances()}
-    assert orphan["Instances"][0]["InstanceId"] not in live
-    assert other["Instances"][0]["InstanceId"] in live  # not ours: left alone
-    ec2.terminate_instances(InstanceIds=[other["Instances"][0]["InstanceId"]])
+    eng.reconcile()  # the spot pool's worker sweeps at once
+    orphan_id = orphan["Instances"][0]["InstanceId"]
+    drive(eng, lambda: orphan_id not in {i["InstanceId"] for i in running_instances()})
+    assert other["Instances"][0]["InstanceId"] in {i["InstanceId"] for i in running_instances()}
+    ec2.terminate_instances(InstanceIds=[other["Instances"][0]["InstanceId"]])  # not ours: left alone
     assert "orphan_terminated" in [e.kind for e in c.events()]
-    # A node the database thinks alive, gone from the cloud: its job ends LOST and requeues.
+    # A node the database thinks alive, gone from the cloud: its job ends LOST and requeues,
+    # once the broker has confirmed the instance gone.
     hog = fill_onprem(c, eng)
     j = c.submit(name="sweep", team="research", command=train(400, step_s=0.05), gpus_per_node=2,
                  priority="low").id
@@ -196,7 +182,9 @@ def test_orphans_are_terminated_and_lost_nodes_requeue_their_job(make_cluster, c
     [inst] = running_instances()
     ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
     drive(eng, lambda: c.get(j).attempt_list[0].end_reason == "LOST")
-    assert "lost" in [n.end_reason for n in nodes(c)]
+    [lost] = [n for n in nodes(c) if n.end_reason == "lost"]
+    assert lost.state == NodeState.TERMINATED and lost.ended_at is not None
+    assert c.get(j).attempt_list[0].cause == "node_lost"
     c.cancel(j)
     drive(eng, lambda: c.get(j).status == "CANCELLED")
     finish(c, eng, hog)

@@ -9,9 +9,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from broker.client.sdk import Client
 from broker.spec import parse_config
 from tests.conftest import ROOT, config, train
+
+pytestmark = pytest.mark.both_dbs
 
 
 def start_broker(home: Path, log: Path) -> subprocess.Popen[bytes]:

@@ -17,6 +17,8 @@ from pricing.egress import GIB
 from tests.conftest import config, drive, train
 from tests.test_engine_e2e import out_log
 
+pytestmark = pytest.mark.both_dbs
+
 GATE = """
 import os, sys, time
 deadline = time.monotonic() + 60

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from sqlmodel import select
 
@@ -17,6 +18,8 @@ from broker.control.engine import Engine
 from broker.state.model import Attempt, Checkpoint
 from providers.local import LocalProcesses
 from tests.conftest import drive, train
+
+pytestmark = pytest.mark.both_dbs
 
 
 def out_log(c: Any, attempt_id: int, rank: int = 0) -> str:
@@ -174,7 +177,8 @@ class CrashAfterStart(LocalProcesses):
 
 
 def test_crash_between_launch_and_db_write_starts_the_job_once(make_cluster, clock):
-    c, _ = make_cluster()
+    c, first = make_cluster()
+    first.close()  # gives the lease back
     j = c.submit(name="once", team="research", command=train(10)).id
     crashing = Engine(c.store, clock, CrashAfterStart(c.store.home / "runs"))
     with pytest.raises(KeyboardInterrupt):
@@ -182,6 +186,7 @@ def test_crash_between_launch_and_db_write_starts_the_job_once(make_cluster, clo
     with c.store.session() as s:
         a = s.exec(select(Attempt).where(Attempt.job_id == j)).one()
         assert a.state == "LAUNCHING" and a.handles == []
+    clock.advance(crashing.settings.lease_s)  # the crashed broker's lease runs out
     fresh = Engine(c.store, clock)
     fresh.reconcile()
     drive(fresh, lambda: c.get(j).status == "SUCCEEDED")
@@ -198,7 +203,9 @@ def test_vanished_process_is_requeued_and_resumes(make_cluster):
     a = c.get(j).attempt_list[0]
     handle = json.loads(Path(a.alloc and c.store.home / "runs" / f"attempt-{a.id}" / "rank-0"
                              / "handle.json").read_text())
+    group = [psutil.Process(handle["pid"]), *psutil.Process(handle["pid"]).children(recursive=True)]
     os.killpg(handle["pid"], signal.SIGKILL)  # a node failure: no exit status is written
+    psutil.wait_procs(group, timeout=10)  # everything died at once, as with the node
     drive(eng, lambda: c.get(j).status == "SUCCEEDED")
     info = c.get(j)
     assert [x.end_reason for x in info.attempt_list] == ["LOST", "COMPLETED"]

@@ -15,6 +15,8 @@ from broker.state import costs, ledger
 from broker.state.model import Attempt, AttemptState, Job, LedgerEntry
 from tests.conftest import config
 
+pytestmark = pytest.mark.both_dbs
+
 AWS_POOLS = [
     {"name": "aws-od", "gpu_type": "A10G", "gpus_per_node": 1, "nodes": 0, "region": "us-east-1",
      "market": "on_demand", "price_per_node_hour": 1.006},

@@ -11,6 +11,8 @@ from broker.control.retention import Item, due
 from broker.state.model import Checkpoint
 from tests.conftest import drive, train
 
+pytestmark = pytest.mark.both_dbs
+
 S, T = "file:///s", "s3://t"  # two stores
 
 

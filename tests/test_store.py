@@ -14,6 +14,8 @@ from broker.spec import parse_config
 from broker.state.store import Store
 from tests.conftest import config
 
+pytestmark = pytest.mark.both_dbs
+
 
 def test_migrations_at_head_match_the_models(tmp_path: Path) -> None:
     store = Store(tmp_path)
@@ -21,6 +23,33 @@ def test_migrations_at_head_match_the_models(tmp_path: Path) -> None:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True})
         assert ctx.get_current_revision() is not None
         assert compare_metadata(ctx, SQLModel.metadata) == []
+
+
+def test_every_migration_applies_to_an_empty_database_and_the_newest_reverts(
+        tmp_path: Path, db: str, request: pytest.FixtureRequest) -> None:
+    """From nothing to head, back to 0004 and up again, on SQLite and on PostgreSQL."""
+    from alembic import command
+    from sqlalchemy import inspect, text
+
+    from broker.state.store import alembic_config, make_engine
+
+    url = (request.getfixturevalue("pg_server").fresh_database(migrated=False) if db == "postgresql"
+           else f"sqlite:///{tmp_path / 'empty.db'}")
+    eng = make_engine(url)
+    try:
+        command.upgrade(alembic_config(eng), "head")
+        with eng.connect() as conn:
+            ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+            assert compare_metadata(ctx, SQLModel.metadata) == []
+            assert conn.execute(text("SELECT name, fencing FROM lease")).all() == [("broker", 0)]
+        command.downgrade(alembic_config(eng), "0004")
+        assert not {"lease", "notice"} & set(inspect(eng).get_table_names())
+        command.upgrade(alembic_config(eng), "head")
+        assert {"lease", "notice"} <= set(inspect(eng).get_table_names())
+    finally:
+        eng.dispose()
+        if db == "postgresql":
+            request.getfixturevalue("pg_server").drop_database(url)
 
 
 def test_state_survives_reopening(tmp_path: Path) -> None:

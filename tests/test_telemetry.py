@@ -15,6 +15,8 @@ from tests.conftest import drive
 from tests.test_cross_store_e2e import gated
 from tests.test_engine_e2e import out_log
 
+pytestmark = pytest.mark.both_dbs
+
 STEPPER = """
 import sys, time
 from pathlib import Path

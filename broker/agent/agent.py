@@ -140,7 +140,7 @@ class Agent:
         reported), from their folders."""
         for f in sorted((self.state_dir / "runs").glob("attempt-*/rank-*/assignment.json")):
             a = json.loads(f.read_text())
-            h = self.procs.find(a["attempt_id"], a["rank"])
+            h = self.procs.adopt(a["attempt_id"], a["rank"])
             if h is None:
                 continue
             self.ranks[a["assignment_id"]] = Rank(a["assignment_id"], a["attempt_id"], a["rank"], h,

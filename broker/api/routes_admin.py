@@ -9,10 +9,11 @@ from pydantic import BaseModel, Field
 
 from broker.api.context import client, ctx
 from broker.client.sdk import Client
+from broker.control.health import Health
 from broker.errors import SpecError
 from broker.spec import ClusterConfig, parse_config
 from broker.state.tokens import local_principal
-from broker.state.views import HealthInfo, JoinTokenInfo, NodeInfo, TokenInfo
+from broker.state.views import JoinTokenInfo, NodeInfo, TokenInfo
 
 router = APIRouter(prefix="/v1")
 ClientDep = Annotated[Client, Depends(client)]
@@ -116,7 +117,7 @@ def whoami(c: ClientDep) -> WhoAmI:
     return WhoAmI(kind=p.kind, team=p.team, token_id=p.id)
 
 
-@router.get("/healthz", response_model=HealthInfo, tags=["health"])
-def healthz(request: Request) -> HealthInfo:
+@router.get("/healthz", response_model=Health, tags=["health"])
+def healthz(request: Request) -> Health:
     """Whether a broker cycles on this server's database (no token needed)."""
     return ctx(request).client(local_principal()).health()

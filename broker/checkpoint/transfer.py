@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from broker.checkpoint.checkpoints import CHUNK, CheckpointStore, FileEntry, Manifest
+from broker.crashpoints import crash_point
 from broker.errors import CheckpointError
 
 log = logging.getLogger("onepool.transfer")
@@ -63,6 +64,7 @@ def copy_checkpoint(src: CheckpointStore, m: Manifest, dst: CheckpointStore, *, 
     copy_one = _retrying(tries)(_server_copy if server_side else _stream_copy)
     try:
         for name, entry in sorted(m.files.items()):
+            crash_point("checkpoint_copy")
             copy_one(src, dst, m.step, name, entry)
         out = dst.commit(m.step, m.files, now=now, job_id=m.job_id, attempt=m.attempt,
                          written_by=m.written_by, world_size=m.world_size, copied_from=m.uri)

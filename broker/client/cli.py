@@ -125,14 +125,37 @@ def submit(
         raise SpecError("job", [f"{k}: required (give --{k} or put it in -f FILE)"
                                 if k != "command" else "command: required (after --)"
                                 for k in missing])
-    info = _client().submit(data)
+    c = _client()
+    info = c.submit(data)
+    _warn_if_down(c, f"job {info.id} waits in the queue until one runs (`onepool broker`)")
     if as_json:
         _print_json(info.model_dump())
     else:
         out.print(f"submitted job {info.id} ({info.name}, {info.priority})", markup=False)
-        for e in _client().events(info.id):  # money (issue 6): why it was made spot-only
+        for e in c.events(info.id):  # money (issue 6): why it was made spot-only
             if e.kind == "budget_spot_only":
                 out.print(e.message, markup=False)
+
+
+def _warn_if_down(c: Any, consequence: str) -> None:
+    """One warning line on stderr when no broker has cycled recently (issue 10)."""
+    h = c.health()
+    if h.broker_up:
+        return
+    if h.down_since is None and not h.ever_ran:
+        err.print("[yellow]warning:[/yellow] no broker has run on this database yet (start one: "
+                  "`onepool broker`)", highlight=False, soft_wrap=True)
+        return
+    if h.down_since is None or h.leader is not None:
+        why = h.summary
+    else:
+        why = f"broker down since {_iso(h.down_since)}"
+    err.print(f"[yellow]warning:[/yellow] {escape(why)}: {escape(consequence)}", highlight=False,
+              soft_wrap=True)
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def jobs_table(jobs: list[JobInfo], title: str = "jobs") -> Table:
@@ -158,6 +181,7 @@ def status(job: Annotated[int | None, typer.Argument()] = None,
     c = _client()
     if job is not None:
         info = c.get(job)
+        _warn_if_down(c, "the states below may be stale")
         if as_json:
             _print_json(info.model_dump())
             return
@@ -180,6 +204,7 @@ def status(job: Annotated[int | None, typer.Argument()] = None,
             out.print(f"its preemptions cost other jobs {info.caused_lost_gpu_s:.1f} GPU-s")
         return
     jobs = c.list(status=state, team=team)
+    _warn_if_down(c, "the states below may be stale")
     if as_json:
         _print_json([j.model_dump() for j in jobs])
     else:
@@ -188,6 +213,26 @@ def status(job: Annotated[int | None, typer.Argument()] = None,
 
 def _opt(v: int | None) -> str:
     return "" if v is None else str(v)
+
+
+@app.command()
+def health(as_json: JsonOpt = False) -> None:
+    """Is a broker leading and cycling? Exit status 0 if up, 1 if not."""
+    h = _client().health()
+    if as_json:
+        _print_json(h.model_dump())
+    else:
+        t = Table(title="broker health")
+        for col in ("up", "leader", "fencing", "last cycle", "age s", "down since"):
+            t.add_column(col)
+        t.add_row("yes" if h.broker_up else "NO", escape(h.leader or ""), str(h.fencing),
+                  "" if h.last_cycle_at is None else _iso(h.last_cycle_at),
+                  "" if h.last_cycle_age_s is None else f"{h.last_cycle_age_s:.1f}",
+                  "" if h.down_since is None else _iso(h.down_since))
+        out.print(t)
+        out.print(h.summary, markup=False)
+    if not h.broker_up:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -18,6 +18,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 
 from broker.client.waits import wait_stopped
 from broker.control.budgets import BudgetError, TeamBudget
+from broker.control.health import Health
 from broker.errors import (
     CheckpointError,
     Forbidden,
@@ -33,7 +34,6 @@ from broker.spec import ClusterConfig, JobSpec, load_config
 from broker.state.costs import CostRow
 from broker.state.views import (
     EventInfo,
-    HealthInfo,
     JobInfo,
     JoinTokenInfo,
     LogChunk,
@@ -209,5 +209,5 @@ class HttpClient:
         params = {"pool": pool} if pool else {}
         return [NodeInfo.model_validate(n) for n in self._req("GET", "/v1/nodes", params=params)]
 
-    def health(self) -> HealthInfo:
-        return HealthInfo.model_validate(self._req("GET", "/v1/healthz"))
+    def health(self) -> Health:
+        return Health.model_validate(self._req("GET", "/v1/healthz"))

@@ -35,6 +35,8 @@ from broker.client.waits import FINAL, wait_stopped
 from broker.clock import Clock, SystemClock
 from broker.control import budgets as budget_rules
 from broker.control.config_apply import applied_config, apply_config
+from broker.control.health import Health
+from broker.control.health import health as broker_health
 from broker.errors import InvalidState, NotFound, SpecError
 from broker.spec import ClusterConfig, JobSpec, check_job_fits, load_config, parse_job
 from broker.state import costs as cost_queries
@@ -49,6 +51,24 @@ STATES = [s.value for s in JobState]
 MAX_PAGE = 1000
 MAX_ID = 2**63 - 1  # ids and offsets beyond what a database integer holds do not exist
 LOG_CHUNK = 1 << 20
+
+
+def existing_workdir(workdir: str | None) -> str:
+    """The job's working directory as an absolute path (default: the current directory).
+    Raises SpecError naming `workdir` when it is not an existing directory: a job there
+    could never start."""
+    path = os.path.abspath(os.path.expanduser(workdir)) if workdir else os.getcwd()
+    if not os.path.isdir(path):
+        raise SpecError("job", [f"workdir: must be an existing directory (got {path!r})"])
+    return path
+
+
+def remote_workdir(workdir: str | None) -> str | None:
+    """A working directory named over the API: on the node that runs the job, so it cannot be
+    checked here; it must be absolute (None: the agent's own folder for the rank)."""
+    if workdir is not None and not os.path.isabs(workdir):
+        raise SpecError("job", [f"workdir: must be an absolute path on the nodes (got {workdir!r})"])
+    return workdir
 
 
 class Client(AdminMixin):
@@ -134,7 +154,7 @@ class Client(AdminMixin):
                 return self._info(s, prior)
         now = self.clock.now()
         js, budget_note = budget_rules.check_submission(s, cfg, js, now)  # money (issue 6)
-        workdir = js.workdir or (os.getcwd() if p.kind == "local" else None)
+        workdir = existing_workdir(js.workdir) if p.kind == "local" else remote_workdir(js.workdir)
         job = Job(name=js.name, experiment=js.experiment, team=js.team, command=js.command,
                   env=js.env, workdir=workdir,
                   gpus_per_node=js.gpus_per_node, nodes=js.nodes, gpu_types=js.gpu_types,
@@ -345,6 +365,12 @@ class Client(AdminMixin):
         with self.store.session() as s:
             rows = budget_rules.team_budgets(s, applied_config(s), self.clock.now())
         return rows if self.principal.is_admin else [b for b in rows if b.team == self.principal.team]
+
+    # -- health (issue 10) -------------------------------------------------------------------
+    def health(self) -> Health:
+        """Whether a broker leads and cycles on this database now (broker.control.health)."""
+        with self.store.session() as s:
+            return broker_health(s, self.clock.now())
 
     def wait(self, job_ids: Iterable[int], timeout: float = 3600.0,
              poll_s: float = 0.2) -> list[JobInfo]:

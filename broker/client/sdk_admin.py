@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING
 from sqlmodel import col, select
 
 from broker.control.config_apply import applied_config
-from broker.control.engine import LAST_CYCLE
-from broker.errors import InvalidState, NotConfigured, NotFound, SpecError
+from broker.errors import InvalidState, NotFound, SpecError
 from broker.state.events import acting_as, record
-from broker.state.model import Attempt, AttemptState, Node, Pool, Setting
+from broker.state.model import Attempt, AttemptState, Node, Pool
 from broker.state.model_access import ApiToken, NodeAgent
 from broker.state.tokens import create_api_token, new_join_token, revoke_api_token
-from broker.state.views import HealthInfo, JoinTokenInfo, NodeInfo, TokenInfo
+from broker.state.views import JoinTokenInfo, NodeInfo, TokenInfo
 
 if TYPE_CHECKING:
     from broker.clock import Clock
@@ -127,23 +126,3 @@ class AdminMixin:
                 agent_seen_s_ago=None if ag is None or ag.seen_at is None else max(0.0, now - ag.seen_at),
                 agent=dict(ag.info) if ag is not None else {}))
         return out
-
-    def health(self) -> HealthInfo:
-        """Whether a broker has cycled recently (within 5 cycles, at least 30 s)."""
-        now = self.clock.now()
-        with self.store.session() as s:
-            row = s.get(Setting, LAST_CYCLE)
-            try:
-                stale = max(30.0, 5 * applied_config(s).broker.cycle_s)
-            except NotConfigured:
-                stale = 30.0
-        at = None if row is None else float(row.value["at"])
-        age = None if at is None else max(0.0, now - at)
-        ok = age is not None and age <= stale
-        if at is None:
-            msg = "no broker has ever cycled on this database"
-        else:
-            msg = f"last cycle {age:.1f}s ago" + (
-                "" if ok else f": the broker looks down (stale after {stale:g}s)")
-        return HealthInfo(ok=ok, last_cycle_at=at, last_cycle_age_s=age, stale_after_s=stale,
-                          message=msg)

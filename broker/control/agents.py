@@ -7,8 +7,9 @@ returns what the agent should do now (ranks to run, signals to deliver, ranks to
 kill). The API holds a sync open (long poll) while `has_news` is false.
 
 The engine calls `watch()` every cycle: agents silent for `node_lost_after_s` are lost
-(their ranks are LOST, so their attempts requeue; a rented node is handed to the capacity
-manager to terminate), and interruption notices agents reported are acted on once.
+(an on-prem node's ranks are LOST, so their attempts requeue; a rented node is handed to the
+capacity manager to terminate first). Interruption notices agents report go to the same
+Notice table as the cloud's notice queues, and are acted on once there.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from sqlmodel import Session, col, or_, select
 
 from broker.errors import NotFound, Unauthorized
 from broker.state.events import record
-from broker.state.model import Attempt, AttemptState, Node, NodeState, Pool
-from broker.state.model_access import NodeAgent, NodeNotice, RankAssignment
+from broker.state.model import Node, NodeState, Notice, Pool
+from broker.state.model_access import NodeAgent, RankAssignment
 from broker.state.model_access import RankState as AState
 from broker.state.tokens import Verifier, redeem_join_token
 
@@ -229,15 +230,23 @@ def write_log(home: Path, s: Session, agent: NodeAgent, piece: LogPiece, data: b
     return size
 
 
-def notice(s: Session, agent: NodeAgent, req: NoticeRequest, now: float) -> NodeNotice:
-    """Record an interruption notice (once per node and kind); the engine acts on it."""
-    prior = s.exec(select(NodeNotice).where(NodeNotice.node == agent.node,
-                                            NodeNotice.kind == req.kind)).first()
+def notice(s: Session, agent: NodeAgent, req: NoticeRequest, now: float) -> Notice | None:
+    """Record an interruption notice of a rented node (once per node and kind) in the same
+    table the cloud's notice queues feed; the capacity manager drains the node and
+    interrupts its attempts. None for a node without an instance (on-prem: nothing to do)."""
+    node = s.get(Node, agent.node)
+    if node is None or node.instance_id is None:
+        record(s, now, "notice_ignored", f"{req.kind} reported by node {agent.node}, which is not a "
+               "rented instance", node=agent.node, notice=req.kind)
+        return None
+    key = f"agent:{node.instance_id}:{req.kind}"
+    prior = s.exec(select(Notice).where(Notice.key == key)).first()
     if prior is not None:
         return prior
-    row = NodeNotice(node=agent.node, kind=req.kind, deadline=req.deadline, received_at=now)
+    row = Notice(key=key, pool=node.pool, instance_id=node.instance_id, kind=req.kind,
+                 deadline=req.deadline, received_at=now)
     s.add(row)
-    record(s, now, "interruption_notice", f"{req.kind} reported by the agent of node {agent.node}"
+    record(s, now, "notice_reported", f"{req.kind} reported by the agent of node {agent.node}"
            + (f" (gone at {req.deadline:.0f})" if req.deadline else ""), node=agent.node,
            notice=req.kind, source="agent")
     return row
@@ -246,15 +255,15 @@ def notice(s: Session, agent: NodeAgent, req: NoticeRequest, now: float) -> Node
 # -- the engine's watch ---------------------------------------------------------------------------
 @dataclass
 class WatchResult:
-    lost_nodes: list[str] = field(default_factory=list)
-    rented_lost: list[str] = field(default_factory=list)
-    notices: list[tuple[str, str, list[int]]] = field(default_factory=list)  # node, kind, attempts
+    lost_nodes: list[str] = field(default_factory=list)  # on-prem: their ranks are LOST now
+    rented_lost: list[str] = field(default_factory=list)  # to terminate; their work ends once gone
 
 
 def watch(s: Session, now: float, lost_after_s: float) -> WatchResult:
-    """Declare silent agents lost (their unfinished ranks become LOST, so their attempts end
-    and requeue) and collect notices to act on (marked handled). The caller interrupts the
-    notices' attempts and has rented lost nodes terminated."""
+    """Declare agents silent for `lost_after_s` lost. An on-prem node's unfinished ranks are
+    LOST at once (its ranks fence themselves before this, see providers.local_runner); a
+    rented node is returned for termination: its ranks are LOST once the instance is
+    confirmed gone (broker.control.executors)."""
     out = WatchResult()
     rows = s.exec(select(NodeAgent, Node, Pool).join(Node, col(Node.id) == NodeAgent.node)
                   .join(Pool, col(Pool.name) == Node.pool)
@@ -268,24 +277,14 @@ def watch(s: Session, now: float, lost_after_s: float) -> WatchResult:
         record(s, now, "node_lost", f"node {node.id}'s agent has not called in for {silent:.0f}s "
                f"(limit {lost_after_s:g}s): lost; its work goes back to the queue",
                node=node.id, pool=node.pool, reason="agent_silent")
-        if pool.provider == "agent":
-            node.state = NodeState.LOST
-            s.add(node)
-            out.lost_nodes.append(node.id)
-        else:
+        if pool.provider != "agent":
             out.rented_lost.append(node.id)
+            continue
+        node.state = NodeState.LOST
+        s.add(node)
+        out.lost_nodes.append(node.id)
         for r in s.exec(select(RankAssignment).where(RankAssignment.node == node.id,
                                                      col(RankAssignment.state).in_(list(LIVE)))):
             r.state, r.ended_at = AState.LOST, now
             s.add(r)
-    for n in s.exec(select(NodeNotice).where(col(NodeNotice.handled_at).is_(None))).all():
-        n.handled_at = now
-        s.add(n)
-        node_row = s.get(Node, n.node)
-        if node_row is not None and node_row.state == NodeState.UP:
-            node_row.state = NodeState.DRAINING
-            s.add(node_row)
-        attempts = [a.id for a in s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED))
-                    if a.id is not None and any(nd == n.node for nd, _ in a.alloc)]
-        out.notices.append((n.node, n.kind, attempts))
     return out

@@ -1,27 +1,35 @@
 """Rented capacity: the engine's hands for plan.launches / plan.terminations, interruption
-notices, idle tracking and start-up reconciliation. Called from marked hooks in
-broker.control.engine (reconcile, and twice per cycle: sync() before the snapshot, apply() after
-the plan).
+notices, idle tracking, lost nodes and pools removed from the config. Called from marked
+hooks in broker.control.engine (reconcile, and twice per cycle: sync() before the snapshot,
+apply() after the plan).
+
+The cycle never calls a cloud API: it writes intents to the database and reads outcomes.
+The calls are made by one worker thread per rented pool (broker.control.cloud_worker), so
+a slow API stalls only its own pool. `background=False` runs each pool's round inline in
+sync() instead (deterministic tests); the logic is the same.
 
 A rented node boots `onepool agent` from its user data (providers.bootstrap), with a join
 token derived from its launch token. The node is up when its agent joins (not when the cloud
 says the instance runs): ranks placed there run on the instance, through its agent. A node
 whose agent has not joined `boot_timeout_s` after the launch request is given back, and one
-whose agent falls silent is terminated before its work is placed again.
+whose agent falls silent is terminated, confirmed gone, and only then is its work requeued.
 
-Never twice. A launch first commits a LAUNCHING node row holding a fresh token, then calls
-provider.launch(token). A broker that dies between the call and writing the instance id
-finds the row on restart and calls launch again with the same token: the provider returns
+Never twice. A launch first commits a LAUNCHING node row holding a fresh token; the worker
+calls provider.launch(token). A broker that dies between the call and writing the instance
+id finds the row on restart and calls launch again with the same token: the provider returns
 the instance the first call made (ClientToken / request_id / a tag search).
 
 Node lifecycle (broker.state.model.NodeState): launching -> up -> [draining] -> terminating ->
-terminated. An interruption notice drains the node: its attempts checkpoint now and requeue
-(Engine.interrupt); once empty it is terminated. A node the cloud lost while the database
-thought it alive is ended and its attempts end LOST (requeued). An instance tagged by this
-broker that the database does not know (or has ended) is an orphan: it is terminated.
+terminated. An interruption notice (recorded before it is acknowledged) drains the node:
+its attempts checkpoint now and requeue (Engine.interrupt); once empty it is terminated. A
+node the cloud confirms gone is lost: it is terminated and confirmed gone, and only then do
+its attempts end LOST and requeue (its work is never placed twice). The nodes of a pool
+removed from the config are drained (their attempts checkpoint and requeue elsewhere) and
+terminated. Instances tagged by this broker that no live node claims are orphans: swept
+at start and every `broker.orphan_sweep_s`.
 
-A pool whose provider answered NoCapacity (or Fatal) is closed to launches for
-`NO_CAPACITY_BACKOFF_S` (Fatal: `FATAL_BACKOFF_S`), so the next plan falls through to the
+A pool whose provider answered NoCapacity (or Fatal, or raised anything unexpected) is
+closed to launches for a back-off (see cloud_worker), so the next plan falls through to the
 next-cheapest offer.
 """
 
@@ -29,53 +37,63 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import uuid
 from collections import defaultdict
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from sqlalchemy import update
 from sqlmodel import Session, col, select
 
+from broker.control.cloud_worker import ALIVE, CloudWorker
+from broker.control.config_apply import RENTED_KEY, applied_config
 from broker.policy import NodeView, Plan, Snapshot
+from broker.spec import PoolSpec
 from broker.state.events import record
-from broker.state.model import Attempt, AttemptState, EndReason, Node, NodeState, Setting
-from broker.state.tokens import derived_join_token
+from broker.state.model import Attempt, AttemptState, Node, NodeState, Notice, Setting
 from pricing.catalog import Catalog
-from providers.base import (
-    TAG_POOL,
-    Fatal,
-    Instance,
-    LaunchRequest,
-    NoCapacity,
-    Provider,
-    ProviderError,
-    Transient,
-)
-from providers.bootstrap import Boot, user_data
+from providers.base import Instance, Provider
 
 if TYPE_CHECKING:
     from broker.control.engine import Engine
-    from broker.spec import PoolSpec
 
 log = logging.getLogger("onepool.capacity")
-NO_CAPACITY_BACKOFF_S = 300.0
-FATAL_BACKOFF_S = 3600.0
-LOST_GRACE_S = 120.0  # a launching instance missing from the listing this long is lost
-ALIVE = (NodeState.LAUNCHING, NodeState.UP, NodeState.DRAINING)
+HELD = (*ALIVE, NodeState.TERMINATING)  # node states whose instance may still exist
 
 
 class CapacityManager:
     """One per engine. `providers` may be pre-filled (tests); otherwise built per pool."""
 
     def __init__(self, engine: Engine, providers: dict[str, Provider] | None = None,
-                 catalog: Catalog | None = None) -> None:
+                 catalog: Catalog | None = None, background: bool = True) -> None:
         self.engine = engine
         self.pools: dict[str, PoolSpec] = {p.name: p for p in engine.config.pools if p.rented}
         self.providers: dict[str, Provider] = dict(providers or {})
         self._catalog = catalog
         self.closed_until: dict[str, float] = {}
+        self.background = background
+        self.workers: dict[str, CloudWorker] = {}
+        self.poll_s = engine.settings.cycle_s
+        self.orphan_sweep_s = engine.settings.orphan_sweep_s
+        self._lock = threading.Lock()
+        self.retired: dict[str, PoolSpec] = {}
         with engine.store.session() as s:
             self.broker_id = broker_id(s)
+            self._refresh_pools(s)
+
+    def _refresh_pools(self, s: Session) -> None:
+        """Rented pools as the config applied now says (an `onepool apply` while the broker
+        runs takes effect at the next cycle); `retired`: pools applied once, since removed."""
+        current = {p.name: p for p in applied_config(s).pools if p.rented}
+        row = s.get(Setting, RENTED_KEY)
+        known = {k: PoolSpec.model_validate(v) for k, v in (row.value if row else {}).items()}
+        with self._lock:
+            for name in list(self.providers):
+                if name in current and name in self.pools and current[name] != self.pools[name]:
+                    del self.providers[name]  # its spec changed: build it again
+        self.pools = current
+        self.retired = {k: v for k, v in known.items() if k not in current}
 
     @property
     def catalog(self) -> Catalog:
@@ -83,100 +101,155 @@ class CapacityManager:
             self._catalog = Catalog.snapshot()
         return self._catalog
 
-    def provider(self, pool: str) -> Provider:
-        if pool not in self.providers:
-            from providers.registry import make_provider
+    def spec(self, pool: str) -> PoolSpec:
+        return self.pools.get(pool) or self.retired[pool]
 
-            self.providers[pool] = make_provider(self.pools[pool])
-        return self.providers[pool]
+    def provider(self, pool: str) -> Provider:
+        with self._lock:
+            if pool not in self.providers:
+                from providers.registry import make_provider
+
+                self.providers[pool] = make_provider(self.spec(pool))
+            return self.providers[pool]
+
+    def close_pool(self, pool: str, until: float) -> None:
+        self.closed_until[pool] = max(until, self.closed_until.get(pool, 0.0))
+
+    def open_for_launches(self, pool: str, now: float) -> bool:
+        return pool in self.pools and self.closed_until.get(pool, 0.0) <= now
+
+    def wake_cycle(self) -> None:
+        """A worker changed something the cycle acts on: run the next cycle now."""
+        self.engine.wake()
+
+    # -- workers ---------------------------------------------------------------------------------
+    def _workers(self) -> list[CloudWorker]:
+        """The workers of current rented pools and of removed ones that still hold nodes."""
+        with self.engine.store.session() as s:
+            holding = set(s.exec(select(Node.pool).where(col(Node.pool).in_(list(self.retired)),
+                                                         col(Node.state).in_(HELD))))
+        for pool in [*self.pools, *holding]:
+            if pool not in self.workers:
+                self.workers[pool] = CloudWorker(self, pool)
+        return [w for p, w in self.workers.items() if p in self.pools or p in holding]
+
+    def _run_workers(self) -> None:
+        needed = self._workers()
+        for w in needed:
+            if self.background:
+                w.start()
+                w.wake()
+            else:
+                w.step()
+        for pool, w in list(self.workers.items()):
+            if w not in needed:  # a removed pool whose nodes are all gone
+                w.stop(timeout=0)
+                del self.workers[pool]
+
+    def wake_workers(self) -> None:
+        for w in self.workers.values():
+            w.wake()
+
+    def close(self) -> None:
+        """Stop the background workers."""
+        for w in self.workers.values():
+            w.stop()
 
     # -- hook: Engine.reconcile -----------------------------------------------------------------
     def reconcile(self, now: float) -> None:
-        """Terminate orphans, then sync (finishes launches, ends lost nodes)."""
-        if not self.pools:
-            return
-        with self.engine.store.session() as s:
-            nodes = {n.id: n for n in s.exec(select(Node).where(col(Node.pool).in_(list(self.pools))))}
-            for pool in self.pools:
-                for inst in self._poll(pool) or []:
-                    if inst.tags.get(TAG_POOL) not in (pool, None):
-                        continue
-                    n = nodes.get(inst.node_id or "")
-                    if n is not None and n.state in ALIVE and n.instance_id in (None, inst.instance_id):
-                        if n.instance_id is None:  # launched, but the answer was never written
-                            n.instance_id, n.zone = inst.instance_id, inst.zone
-                            s.add(n)
-                        continue
-                    self._terminate_quietly(pool, inst.instance_id)
-                    record(s, now, "orphan_terminated", f"instance {inst.instance_id} in {pool} "
-                           f"(node {inst.node_id}) is not known alive to this broker: terminated",
-                           pool=pool, instance_id=inst.instance_id, node=inst.node_id)
-        self.sync(now)
+        """Start the pools' workers: their first round sweeps orphans and adopts launches
+        whose answer was never written; lost and half-terminated nodes are finished there."""
+        if self.pools or self.retired:
+            self._run_workers()
 
     # -- hook: Engine.cycle, before the snapshot --------------------------------------------------
     def sync(self, now: float) -> None:
-        """Finish launches, notice ready/lost nodes, act on interruptions, track idleness,
-        terminate drained and half-terminated nodes."""
-        if not self.pools:
-            return
+        """Act on recorded notices, end the work of nodes confirmed gone, drain the nodes of
+        removed pools, track idleness, hand drained nodes to their worker to terminate."""
         with self.engine.store.session() as s:
-            rows = s.exec(select(Node).where(col(Node.pool).in_(list(self.pools)),
-                                             col(Node.state).in_([*ALIVE, NodeState.TERMINATING]))).all()
-            by_pool: dict[str, list[Node]] = defaultdict(list)
-            for n in rows:
-                by_pool[n.pool].append(n)
-        for pool, nodes in by_pool.items():
-            seen = self._poll(pool)
-            if seen is None:
-                continue
-            live = {i.instance_id: i for i in seen}
-            for n in nodes:
-                if n.state == NodeState.TERMINATING:
-                    self._terminate_node(n.id, now, n.end_reason or "terminated")
-                elif n.instance_id is None:
-                    self._launch_node(n.id, now)
-                elif n.instance_id not in live:
-                    if n.state != NodeState.LAUNCHING or now - (n.launched_at or now) >= LOST_GRACE_S:
-                        self._lost(n.id, now)  # (a fresh launch may not be listed yet)
-                elif (n.state == NodeState.LAUNCHING
-                      and now - (n.launched_at or now) >= self.pools[pool].boot_timeout_s):
-                    self._terminate_node(n.id, now, "agent_never_joined")
-            self._interruptions(pool, now)
-        self._idle_and_drained(now)
-
-    def _poll(self, pool: str) -> list[Instance] | None:
-        try:
-            return [i for i in self.provider(pool).poll(self.broker_id)
-                    if i.tags.get(TAG_POOL) in (pool, None)]
-        except ProviderError as e:
-            log.warning("pool %s: cannot list instances now (%s); next cycle tries again", pool, e)
-            return None
-
-    def _interruptions(self, pool: str, now: float) -> None:
-        try:
-            notices = self.provider(pool).interruptions()
-        except ProviderError as e:
-            log.warning("pool %s: cannot read interruption notices (%s)", pool, e)
+            self._refresh_pools(s)
+        if not self.pools and not self.retired:
             return
-        for it in notices:
-            with self.engine.store.session() as s:
+        if not self.background:
+            self._run_workers()
+        self._notices(now)
+        self._boot_timeouts(now)
+        self._gone_nodes(now)
+        self._removed_pools(now)
+        self._idle_and_drained(now)
+        if self.background:
+            self._run_workers()
+
+    def _notices(self, now: float) -> None:
+        """Each recorded notice once: drain its node and interrupt the node's attempts.
+        Acting on one twice is harmless (a draining node is left as it is)."""
+        with self.engine.store.session() as s:
+            pending = s.exec(select(Notice).where(col(Notice.handled_at).is_(None)).order_by(Notice.id)
+                             .with_for_update(skip_locked=True)).all()
+            todo = []
+            for it in pending:
+                it.handled_at = now
+                s.add(it)
                 n = s.exec(select(Node).where(Node.instance_id == it.instance_id)).first()
                 if n is None or n.state not in (NodeState.UP, NodeState.LAUNCHING):
                     continue
                 n.state = NodeState.DRAINING
                 s.add(n)
-                record(s, now, "interruption_notice", f"{it.kind} for node {n.id} "
-                       f"({it.instance_id}): draining", pool=pool, node=n.id, notice=it.kind)
-                attempts = self._attempts_on(s, n.id)
-            for a in attempts:
-                self.engine.interrupt(a.id, it.kind)
+                record(s, now, "interruption_notice", f"{it.kind} for node {n.id} ({it.instance_id}): "
+                       "draining", pool=n.pool, node=n.id, notice=it.kind)
+                todo.append((n.id, it.kind))
+        for node_id, kind in todo:
+            for a in self._open_attempts_on(node_id):
+                self.engine.interrupt(a, kind)
+
+    def _gone_nodes(self, now: float) -> None:
+        """Open attempts on a TERMINATED node (its instance confirmed gone): their processes
+        died with it. Each is stopped (reason "lost", unless a notice had already stopped it)
+        and its processes killed; the engine's poll ends it once nothing of it lives: LOST
+        (or INTERRUPTED) and requeued, or COMPLETED if every rank had already exited 0."""
+        with self.engine.store.session() as s:
+            gone = set(s.exec(select(Node.id).where(col(Node.state) == NodeState.TERMINATED,
+                                                    col(Node.pool).in_([*self.pools, *self.retired]))))
+            ids = [a.id for a in s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED))
+                   if any(node in gone for node, _ in a.alloc)]
+        for aid in ids:
+            with self.engine._contained("stop a lost node's work", aid), self.engine.store.session() as s:
+                a = s.get(Attempt, aid)
+                if a is None or a.state == AttemptState.ENDED:
+                    continue
+                if a.state in (AttemptState.LAUNCHING, AttemptState.RUNNING):
+                    a.state, a.stop_requested_at, a.stop_reason = AttemptState.STOPPING, now, "lost"
+                    a.cause = a.cause or "node_lost"
+                    s.add(a)
+                    s.commit()
+                for h in a.handles:  # the processes would have died with the node
+                    self.engine.executor.signal(h, signal.SIGKILL)
+
+    def _removed_pools(self, now: float) -> None:
+        """Nodes of pools no longer in the config: drained (attempts checkpoint and requeue
+        elsewhere), then terminated by _idle_and_drained."""
+        if not self.retired:
+            return
+        with self.engine.store.session() as s:
+            rows = s.exec(select(Node).where(col(Node.pool).in_(list(self.retired)),
+                                             col(Node.state).in_([NodeState.LAUNCHING, NodeState.UP]))).all()
+            drained = []
+            for n in rows:
+                n.state = NodeState.DRAINING
+                s.add(n)
+                record(s, now, "pool_removed", f"pool {n.pool} is no longer configured: node {n.id} "
+                       "drains and is terminated", pool=n.pool, node=n.id)
+                drained.append(n.id)
+        for node_id in drained:
+            for a in self._open_attempts_on(node_id):
+                self.engine.interrupt(a, "pool_removed")
 
     def _idle_and_drained(self, now: float) -> None:
         with self.engine.store.session() as s:
             busy = {node for a in s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED))
                     for node, _ in a.alloc}
             drained = []
-            for n in s.exec(select(Node).where(col(Node.pool).in_(list(self.pools)),
+            for n in s.exec(select(Node).where(col(Node.pool).in_([*self.pools, *self.retired]),
                                                col(Node.state).in_([NodeState.UP, NodeState.DRAINING]))):
                 if n.state == NodeState.DRAINING and n.id not in busy:
                     drained.append(n.id)
@@ -187,32 +260,35 @@ class CapacityManager:
                     n.idle_since = now
                     s.add(n)
         for nid in drained:
-            self._terminate_node(nid, now, "interrupted")
+            self.terminate(nid, now, "drained")
 
-    def _lost(self, node_id: str, now: float) -> None:
-        """The cloud no longer has the node: end it; its attempts end LOST and requeue."""
+    def _open_attempts_on(self, node_id: str) -> list[int]:
         with self.engine.store.session() as s:
-            n = s.get(Node, node_id)
-            assert n is not None
-            n.state, n.ended_at, n.end_reason = NodeState.TERMINATED, now, "lost"
-            s.add(n)
-            record(s, now, "node_lost", f"node {n.id} ({n.instance_id}) is gone from {n.pool}",
-                   pool=n.pool, node=n.id)
-            attempts = [a.id for a in self._attempts_on(s, node_id)]
-            handles = [h for a in self._attempts_on(s, node_id) for h in a.handles]
-        for h in handles:  # the processes would have died with the node
-            self.engine.executor.signal(h, signal.SIGKILL)
-        with self.engine.store.session() as s:
-            for aid in attempts:
-                a = s.get(Attempt, aid)
-                assert a is not None
-                a.cause = a.cause or "node_lost"
-                self.engine._end(s, a, now, EndReason.LOST, None)
+            return [a.id or 0 for a in s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED))
+                    if any(node == node_id for node, _ in a.alloc)]
 
-    @staticmethod
-    def _attempts_on(s: Session, node_id: str) -> list[Attempt]:
-        return [a for a in s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED))
-                if any(node == node_id for node, _ in a.alloc)]
+    def launched(self, node_id: str, pool: str, inst: Instance, now: float) -> None:
+        """Record a launch's answer (from a worker): the instance id. The node is UP when its
+        agent joins (broker.control.agents.join)."""
+        with self.engine.store.session() as s:
+            s.exec(update(Node).where(col(Node.id) == node_id, col(Node.instance_id).is_(None))  # type: ignore[call-overload]
+                   .values(instance_id=inst.instance_id, zone=inst.zone))
+        self.wake_cycle()
+
+    def agent_lost(self, node_id: str, now: float) -> None:
+        """A rented node's agent fell silent: give the instance back. Its work ends (LOST,
+        requeued) once the worker confirms the instance gone (_gone_nodes)."""
+        self.terminate(node_id, now, "agent_lost")
+
+    def _boot_timeouts(self, now: float) -> None:
+        """Launched nodes whose agent has not joined `boot_timeout_s` after the launch
+        request are given back."""
+        with self.engine.store.session() as s:
+            late = [n.id for n in s.exec(select(Node).where(col(Node.pool).in_(list(self.pools)),
+                                                            Node.state == NodeState.LAUNCHING))
+                    if now - (n.launched_at or now) >= self.pools[n.pool].boot_timeout_s]
+        for nid in late:
+            self.terminate(nid, now, "agent_never_joined")
 
     # -- hook: Engine.cycle, after the plan -------------------------------------------------------
     def extend(self, snap: Snapshot, now: float) -> Snapshot:
@@ -270,10 +346,11 @@ class CapacityManager:
         return DEFAULT_SPOT_RATE_PER_H
 
     def apply(self, p: Plan, now: float) -> None:
-        """Launch plan.launches (one node row each, token first), terminate plan.terminations."""
+        """Write intents: a LAUNCHING row (token first) per plan.launches node, TERMINATING
+        for plan.terminations; the pools' workers make the calls."""
         for la in p.launches:
             spec = self.pools.get(la.pool)
-            if spec is None:
+            if spec is None or not self.open_for_launches(la.pool, now):
                 continue
             for _ in range(la.count):
                 nid = f"{la.pool}-{uuid.uuid4().hex[:8]}"
@@ -283,106 +360,29 @@ class CapacityManager:
                     record(s, now, "node_launching", f"renting node {nid} in {la.pool} "
                            f"({spec.instance_type}, {spec.market.value}) for job {la.for_job_id}",
                            job_id=la.for_job_id, pool=la.pool, node=nid, usd_per_hour=la.usd_per_hour)
-                if not self._launch_node(nid, now):
-                    break
         for nid in p.terminations:
-            self._terminate_node(nid, now, "idle")
+            self.terminate(nid, now, "idle")
+        if (p.launches or p.terminations) and self.background:
+            self._run_workers()
 
-    def _launch_node(self, node_id: str, now: float) -> bool:
-        """Call the provider for a LAUNCHING row (again, after a crash: same token). False if
-        the pool refused (NoCapacity/Fatal: the row ends, the pool closes for a while)."""
+    def terminate(self, node_id: str, now: float, reason: str) -> None:
+        """Decide to give a node back (UP/DRAINING/LAUNCHING -> TERMINATING); its worker
+        terminates it and confirms it gone."""
         with self.engine.store.session() as s:
-            n = s.get(Node, node_id)
-            assert n is not None and n.token is not None
-            spec = self.pools[n.pool]
-            settings = self.engine.settings
-            join = derived_join_token(s, n.id, n.token, now, spec.boot_timeout_s + spec.launch_latency_s)
-            boot = Boot(server_url=settings.server_url or "", join_token=join, node_id=n.id,
-                        pool=n.pool, provider=spec.provider, gpus=spec.gpus_per_node,
-                        gpu_type=spec.gpu_type, agent_package=settings.agent_package,
-                        metadata=spec.provider if spec.provider in ("aws", "gcp") else "none")
-            req = LaunchRequest(token=n.token, broker_id=self.broker_id, pool=n.pool, node_id=n.id,
-                                job_id=n.for_job_id, instance_type=spec.instance_type or "",
-                                market=spec.market.value, zone=spec.zone, image=spec.image,
-                                user_data=user_data(boot))
-        try:
-            inst = self.provider(n.pool).launch(req)
-        except Transient as e:
-            log.warning("node %s: launch still failing after retries (%s); next cycle retries "
-                        "with the same token", node_id, e)
-            return True
-        except (NoCapacity, Fatal) as e:
-            backoff = NO_CAPACITY_BACKOFF_S if isinstance(e, NoCapacity) else FATAL_BACKOFF_S
-            self.closed_until[n.pool] = now + backoff
-            with self.engine.store.session() as s:
-                row = s.get(Node, node_id)
-                assert row is not None
-                row.state, row.ended_at = NodeState.TERMINATED, now
-                row.end_reason = "no_capacity" if isinstance(e, NoCapacity) else "launch_failed"
-                s.add(row)
-                record(s, now, row.end_reason, f"{n.pool}: {e}; pool closed to launches for "
-                       f"{backoff:g}s", job_id=n.for_job_id, pool=n.pool, node=node_id)
-            return False
-        self._set_instance(node_id, inst)
-        return True
-
-    def _set_instance(self, node_id: str, inst: Instance) -> None:
-        """Record the launch's answer (the node becomes UP when its agent joins)."""
-        self._set(node_id, instance_id=inst.instance_id, zone=inst.zone)
-
-    def agent_lost(self, node_id: str, now: float) -> None:
-        """A rented node's agent fell silent: terminate the instance (its ranks are already
-        LOST). Until the provider confirms, the node stays TERMINATING and the work that ran
-        there is not placed again (broker.control.snapshots)."""
-        if node_id in self._all_nodes():
-            self._terminate_node(node_id, now, "agent_lost")
-
-    def _all_nodes(self) -> set[str]:
-        with self.engine.store.session() as s:
-            return set(s.exec(select(Node.id).where(col(Node.pool).in_(list(self.pools)))).all())
-
-    def _terminate_node(self, node_id: str, now: float, reason: str) -> None:
-        with self.engine.store.session() as s:
-            n = s.get(Node, node_id)
-            if n is None or n.state == NodeState.TERMINATED:
-                return
-            n.state, n.end_reason = NodeState.TERMINATING, reason
-            s.add(n)
-        if n.instance_id is not None:
-            try:
-                self.provider(n.pool).terminate(n.instance_id)
-            except ProviderError as e:
-                log.warning("node %s: terminate failed (%s); next cycle retries", node_id, e)
-                return
-        with self.engine.store.session() as s:
-            row = s.get(Node, node_id)
-            assert row is not None
-            row.state, row.ended_at = NodeState.TERMINATED, now
-            s.add(row)
-            record(s, now, "node_terminated", f"node {node_id} in {row.pool} given back ({reason})",
-                   pool=row.pool, node=node_id, reason=reason)
-
-    def _terminate_quietly(self, pool: str, instance_id: str) -> None:
-        try:
-            self.provider(pool).terminate(instance_id)
-        except ProviderError as e:
-            log.warning("orphan %s: terminate failed (%s); next reconcile retries", instance_id, e)
-
-    def _set(self, node_id: str, **values: object) -> None:
-        with self.engine.store.session() as s:
-            n = s.get(Node, node_id)
-            assert n is not None
-            for k, v in values.items():
-                setattr(n, k, v)
-            s.add(n)
+            res = s.exec(update(Node).where(col(Node.id) == node_id, col(Node.state).in_(list(ALIVE)))  # type: ignore[call-overload]
+                         .values(state=NodeState.TERMINATING, end_reason=reason))
+            pool = s.exec(select(Node.pool).where(Node.id == node_id)).first()
+        w = self.workers.get(pool or "")
+        if res.rowcount and w is not None:
+            w.wake()
 
     def shutdown(self, now: float) -> None:
-        """Terminate every rented node this broker holds (tests, `onepool` teardown)."""
+        """Decide to terminate every rented node this broker holds (the workers do it)."""
         with self.engine.store.session() as s:
             ids = [n.id for n in s.exec(select(Node).where(
-                col(Node.pool).in_(list(self.pools)), col(Node.state).in_([*ALIVE, NodeState.TERMINATING])))]
+                col(Node.pool).in_([*self.pools, *self.retired]), col(Node.state).in_(list(ALIVE))))]
         for nid in ids:
-            self._terminate_node(nid, now, "shutdown")
+            self.terminate(nid, now, "shutdown")
 
 
 def broker_id(s: Session) -> str:

@@ -12,6 +12,7 @@ from broker.spec import ClusterConfig, parse_config
 from broker.state.model import Node, NodeState, Pool, Setting, Team
 
 CONFIG_KEY = "config"
+RENTED_KEY = "rented_pools"
 
 
 def apply_config(s: Session, cfg: ClusterConfig) -> None:
@@ -53,6 +54,11 @@ def apply_config(s: Session, cfg: ClusterConfig) -> None:
     setting = s.get(Setting, CONFIG_KEY) or Setting(key=CONFIG_KEY)
     setting.value = cfg.model_dump(mode="json")
     s.add(setting)
+    # Every rented pool ever applied (its newest spec): the broker still needs a removed
+    # pool's provider to drain and terminate its nodes (broker.control.capacity_manager).
+    rented = s.get(Setting, RENTED_KEY) or Setting(key=RENTED_KEY)
+    rented.value = {**rented.value, **{p.name: p.model_dump(mode="json") for p in cfg.pools if p.rented}}
+    s.add(rented)
 
 
 def _first_state(provider: str) -> str:

@@ -8,12 +8,17 @@ loses a job nor runs one twice:
 - a preemption is written STOPPING before the signal; reconcile() signals again;
 - processes outlive the broker; their exit status is on disk, so an attempt that ended while
   no broker ran is ended correctly on the next poll.
+
+Only the leader acts: every session the engine opens is fenced by its lease
+(broker.control.lease), so once another broker takes over, this one's writes raise
+LeaseLost. One attempt's failure stays its own (broker.control.guards).
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlmodel import Session, col, select
@@ -27,16 +32,21 @@ from broker.control import agents, budgets, retention
 from broker.control.capacity_manager import CapacityManager
 from broker.control.config_apply import applied_config
 from broker.control.executors import Executors
+from broker.control.guards import BROKER_CAUSES, BROKER_FAILURES, AttemptGuards
+from broker.control.lease import FencedStore, Lease, lease_row
 from broker.control.snapshots import build_snapshot
+from broker.crashpoints import crash_point
+from broker.errors import NotLeader
 from broker.policy import Placement, Plan, PolicyConfig, Preemption, plan
 from broker.state.events import record
-from broker.state.model import Attempt, AttemptState, EndReason, Job, JobState, Node, Setting
+from broker.state.model import Attempt, AttemptState, EndReason, Job, JobState, Node, NodeState
 from broker.state.store import Store
 from providers.base import Executor, RankState
 
 log = logging.getLogger("onepool.engine")
-LAST_CYCLE = "last_cycle"  # the Setting holding the time of the newest finished cycle
 REQUEUE = (EndReason.PREEMPTED, EndReason.LOST, EndReason.INTERRUPTED)
+STOP_REASONS = {"preempted": EndReason.PREEMPTED, "interrupted": EndReason.INTERRUPTED,
+                "cancelled": EndReason.CANCELLED, "budget": EndReason.BUDGET, "lost": EndReason.LOST}
 CHECKPOINT_NOW = signal.SIGUSR1  # the runtime's "checkpoint now, keep running" request
 
 
@@ -49,55 +59,79 @@ class CycleReport:
     plan: Plan | None = None
 
 
-class Engine:
-    """Runs cycles over one broker home. Not thread-safe: one engine per home at a time."""
+class Engine(AttemptGuards):
+    """Runs cycles over one broker home. Not thread-safe: one engine per home at a time.
+
+    The engine acts only as the leader: it holds `lease` (taken here when none is given;
+    NotLeader if another broker holds it), and every session it opens is fenced
+    (broker.control.lease): once another broker takes the lease, its writes raise LeaseLost.
+    """
 
     def __init__(self, store: Store, clock: Clock, executor: Executor | None = None,
-                 policy: PolicyConfig | None = None) -> None:
-        self.store = store
+                 policy: PolicyConfig | None = None, lease: Lease | None = None) -> None:
         self.clock = clock
         with store.session() as s:
             self.config = applied_config(s)
         self.settings = self.config.broker
-        self.executor: Executor = executor or Executors(store, clock, store.home / "runs")
+        self._own_lease = lease is None
+        if lease is None:
+            lease = Lease(store, clock, self.settings.lease_s)
+            if not lease.try_acquire():
+                row = lease_row(store)
+                raise NotLeader(f"broker {row.holder} holds the lease (fencing number {row.fencing}) "
+                                f"for {max(0.0, row.expires_at - clock.now()):.0f}s more")
+        self.lease = lease
+        self.store = FencedStore(store, lease)
+        self.executor: Executor = executor or Executors(self.store, clock, store.home / "runs")
+        if isinstance(self.executor, Executors):
+            self.executor.agents.store = self.store  # rank assignments are fenced writes too
         self.policy = policy or PolicyConfig(min_run_s=self.settings.min_run_s,
                                              cloud_after_wait_s=self.settings.cloud_after_wait_s)
         self.capacity = CapacityManager(self)  # rented pools (issue 4); providers built lazily
         self._team_budget_state: dict[str, str] = {}  # money (issue 6): last team budget states
+        self._quarantined: set[int] = set()  # attempts that fail even to be failed (skipped)
+        self.wake: Callable[[], None] = lambda: None  # the loop's "cycle now" (service.run sets it)
+
+    def close(self) -> None:
+        """Stop background cloud work; give the lease back if this engine took it itself."""
+        self.capacity.close()
+        if self._own_lease:
+            self.lease.release()
 
     # -- start-up ---------------------------------------------------------------------------
     def reconcile(self) -> None:
-        """After a (re)start: finish half-done launches and re-send pending stop signals."""
+        """After a (re)start: finish half-done launches and re-send pending stop signals.
+        One attempt that cannot be reconciled fails alone (see _contained)."""
         now = self.clock.now()
         self.capacity.reconcile(now)  # [issue 4 hook] orphans terminated, lost nodes ended
-        with self.store.session() as s:
-            open_ids = [a.id for a in s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED))]
-        for aid in open_ids:  # one transaction each: starting a rank may write (agent ranks)
-            with self.store.session() as s:
+        for aid in self._open_attempts():
+            with self._contained("reconcile", aid), self.store.session() as s:
                 a = s.get(Attempt, aid)
                 job = s.get(Job, a.job_id) if a is not None else None
-                assert a is not None and job is not None
-                if a.state == AttemptState.LAUNCHING or len(a.handles) < len(a.alloc):
-                    self._start_ranks(a, job, recover=True)
-                    a.state = AttemptState.RUNNING
-                    record(s, now, "reconciled", "launch completed after a broker restart",
-                           job_id=job.id, attempt_id=a.id)
-                s.add(a)
-        with self.store.session() as s:
-            for a in s.exec(select(Attempt).where(Attempt.state == AttemptState.STOPPING)).all():
-                for h in a.handles:
-                    self.executor.signal(h, signal.SIGTERM)
+                if a is None or job is None or a.state == AttemptState.ENDED:
+                    continue
+                if a.state == AttemptState.LAUNCHING or (a.state == AttemptState.RUNNING
+                                                         and len(a.handles) < len(a.alloc)):
+                    if self._start_or_fail(s, a, job, now, recover=True):
+                        a.state = AttemptState.RUNNING
+                        record(s, now, "reconciled", "launch completed after a broker restart",
+                               job_id=job.id, attempt_id=a.id)
+                    s.add(a)
+                elif a.state == AttemptState.STOPPING:
+                    for h in a.handles:
+                        self.executor.signal(h, signal.SIGKILL if a.stop_reason == "failed"
+                                             else signal.SIGTERM)
 
     # -- the cycle ------------------------------------------------------------------------
     def cycle(self) -> CycleReport:
         """One scheduling round. Returns what it did."""
         rep = CycleReport()
+        self.store.ensure()  # a broker that was paused longer than its lease stops here
         now = self.clock.now()
         with self.store.session() as s:
             self._cancel_requested(s, now)
         self._watch_agents(now)
-        with self.store.session() as s:
-            self._poll(s, now, rep)
+        self._poll(now, rep)
         with self.store.session() as s:  # money (issue 6): charge the ledger, enforce budgets
             team_budgets = budgets.on_cycle(s, now, self._request_stop, self._team_budget_state)
         with self.store.session() as s:
@@ -122,23 +156,16 @@ class Engine:
         for pl in p.placements:
             self._launch(pl, now, rep)
         self.capacity.apply(p, now)  # [issue 4 hook] plan.launches / plan.terminations
-        with self.store.session() as s:  # what `onepool health` and /v1/healthz read
-            row = s.get(Setting, LAST_CYCLE) or Setting(key=LAST_CYCLE)
-            row.value = {"at": now}
-            s.add(row)
         return rep
 
     def _watch_agents(self, now: float) -> None:
-        """Agents silent too long: their ranks are LOST (the poll below requeues their
-        attempts) and a rented node is terminated. Notices agents reported: the attempts on
-        that node checkpoint now and stop (as for a notice the cloud's queue delivered)."""
+        """Agents silent too long: an on-prem node's ranks are LOST (the poll below ends and
+        requeues their attempts); a rented node is terminated (its work ends once it is
+        confirmed gone)."""
         with self.store.session() as s:
             seen = agents.watch(s, now, self.settings.node_lost_after_s)
         for node in seen.rented_lost:
             self.capacity.agent_lost(node, now)
-        for _node, kind, attempt_ids in seen.notices:
-            for aid in attempt_ids:
-                self.interrupt(aid, kind)
 
     def _cancel_requested(self, s: Session, now: float) -> None:
         for j in s.exec(select(Job).where(col(Job.cancel_requested).is_(True),
@@ -150,7 +177,8 @@ class Engine:
                 continue
             for a in s.exec(select(Attempt).where(Attempt.job_id == j.id,
                                                   Attempt.state == AttemptState.RUNNING)):
-                self._request_stop(s, a, now, "cancelled")
+                with self._contained("cancel", a.id):
+                    self._request_stop(s, a, now, "cancelled")
 
     def _request_stop(self, s: Session, a: Attempt, now: float, reason: str,
                       by: int | None = None) -> None:
@@ -158,56 +186,77 @@ class Engine:
             AttemptState.STOPPING, now, reason, by)
         s.add(a)
         s.commit()  # the intent is durable before the signal
+        crash_point("preempt_grace")
         for h in a.handles:
             self.executor.signal(h, signal.SIGTERM)
 
-    def _poll(self, s: Session, now: float, rep: CycleReport) -> None:
-        active = s.exec(select(Attempt).where(
-            col(Attempt.state).in_([AttemptState.RUNNING, AttemptState.STOPPING]))).all()
+    def _poll(self, now: float, rep: CycleReport) -> None:
+        ids = self._open_attempts((AttemptState.RUNNING, AttemptState.STOPPING))
         if isinstance(self.executor, Executors):
-            self.executor.refresh([a.id for a in active if a.id is not None])
-        for a in active:
-            st = [self.executor.status(h) for h in a.handles]
-            running = [x for x in st if x.state == RankState.RUNNING]
-            if running:
-                failed = any(x.state == RankState.EXITED and x.exit_code for x in st)
-                if failed and a.state == AttemptState.RUNNING:
-                    self._request_stop(s, a, now, "failed")
-                elif (a.state == AttemptState.STOPPING and a.stop_requested_at is not None
-                      and now - a.stop_requested_at >= self.settings.grace_s):
+            self.executor.refresh(ids)  # agents' reports, read once for all ranks
+        for aid in ids:
+            with self._contained("poll", aid), self.store.session() as s:
+                a = s.get(Attempt, aid)
+                if a is not None and a.state in (AttemptState.RUNNING, AttemptState.STOPPING):
+                    self._poll_one(s, a, now, rep)
+
+    def _poll_one(self, s: Session, a: Attempt, now: float, rep: CycleReport) -> None:
+        st = [self.executor.status(h) for h in a.handles]
+        alive = [x for x in st if x.state in (RankState.RUNNING, RankState.ORPHANED)]
+        orphaned = [h for h, x in zip(a.handles, st, strict=True) if x.state == RankState.ORPHANED]
+        if orphaned:  # a supervisor died: what it left must die before the attempt may end
+            for h in orphaned:
+                self.executor.signal(h, signal.SIGKILL)
+            record(s, now, "orphans_killed", f"the supervisor of rank(s) {[h['rank'] for h in orphaned]} "
+                   "died; the processes it left were killed", job_id=a.job_id, attempt_id=a.id)
+        if alive:
+            failed = any(x.state == RankState.EXITED and x.exit_code for x in st)
+            lost = orphaned or any(x.state == RankState.LOST for x in st)
+            if (failed or lost) and a.state == AttemptState.RUNNING:
+                if lost and not failed:
+                    a.cause = a.cause or "supervisor_lost"
+                self._request_stop(s, a, now, "failed" if failed else "lost")
+            elif a.state == AttemptState.STOPPING and a.stop_requested_at is not None:
+                crash_point("preempt_grace")
+                if now - a.stop_requested_at >= self.settings.grace_s:
                     for h in a.handles:
                         self.executor.signal(h, signal.SIGKILL)
                     record(s, now, "killed", f"still running {self.settings.grace_s:g}s after "
                            "SIGTERM: killed", job_id=a.job_id, attempt_id=a.id)
                     rep.killed.append(a.job_id)
-                continue
-            codes = [x.exit_code for x in st]
-            all_ok = all(x.state == RankState.EXITED and x.exit_code == 0 for x in st)
-            lost = any(x.state == RankState.LOST for x in st)
-            if all_ok:
-                reason = EndReason.COMPLETED
-            elif a.stop_reason == "preempted":
-                reason = EndReason.PREEMPTED
-            elif a.stop_reason == "interrupted":
-                reason = EndReason.INTERRUPTED
-            elif a.stop_reason == "cancelled":
-                reason = EndReason.CANCELLED
-            elif a.stop_reason == "budget":  # money (issue 6)
-                reason = EndReason.BUDGET
-            elif a.stop_reason == "failed" or not lost:
-                reason = EndReason.FAILED
-            else:
-                reason = EndReason.LOST
-            code = next((c for c in codes if c), 0 if all_ok else None)
-            self._end(s, a, now, reason, code)
-            rep.ended.append((a.job_id, reason.value))
+            return
+        codes = [x.exit_code for x in st]
+        all_ok = len(st) == len(a.alloc) and all(x.state == RankState.EXITED and x.exit_code == 0
+                                                  for x in st)
+        lost = any(x.state == RankState.LOST for x in st)
+        if lost and a.cause is None and self._on_gone_node(s, a):
+            a.cause = "node_lost"
+        if all_ok:
+            reason = EndReason.COMPLETED
+        elif a.stop_reason in STOP_REASONS:
+            reason = STOP_REASONS[a.stop_reason]
+        elif a.stop_reason == "failed" or not lost:
+            reason = EndReason.FAILED
+        else:
+            reason = EndReason.LOST
+        code = next((c for c in codes if c), 0 if all_ok else None)
+        keep = a.cause if reason == EndReason.FAILED and a.cause in BROKER_CAUSES else None
+        self._end(s, a, now, reason, code, cause=keep)
+        rep.ended.append((a.job_id, reason.value))
 
-    def _end(self, s: Session, a: Attempt, now: float, reason: EndReason, code: int | None) -> None:
+    @staticmethod
+    def _on_gone_node(s: Session, a: Attempt) -> bool:
+        """Whether a node of the attempt is confirmed gone or lost (its ranks died with it)."""
+        return any(n is not None and n.state in (NodeState.TERMINATED, NodeState.LOST)
+                   for n in (s.get(Node, node) for node, _ in a.alloc))
+
+    def _end(self, s: Session, a: Attempt, now: float, reason: EndReason, code: int | None,
+             cause: str | None = None) -> None:
         job = s.get(Job, a.job_id)
         assert job is not None
         self._refresh_job_checkpoints(s, job, a, now)
         a.state, a.ended_at, a.end_reason, a.exit_code = AttemptState.ENDED, now, reason, code
-        a.cause = cause_of(a, reason)
+        a.cause = cause or cause_of(a, reason)
         if reason != EndReason.COMPLETED:
             since = a.started_at if a.last_checkpoint_at is None else max(a.started_at,
                                                                           a.last_checkpoint_at)
@@ -290,7 +339,7 @@ class Engine:
 
     # -- acting on the plan -----------------------------------------------------------------
     def _preempt(self, pre: Preemption, now: float, rep: CycleReport) -> None:
-        with self.store.session() as s:
+        with self._contained("preempt", pre.attempt_id), self.store.session() as s:
             a = s.get(Attempt, pre.attempt_id)
             if a is None or a.state != AttemptState.RUNNING:
                 return
@@ -301,14 +350,39 @@ class Engine:
             rep.preempted.append(a.job_id)
 
     def _launch(self, pl: Placement, now: float, rep: CycleReport) -> None:
+        """Start a placement. A failure before its attempt row is committed leaves the job
+        pending (the reason shown as why it waits); after, it fails that attempt alone."""
+        written: list[int] = []
+        try:
+            self._launch_one(pl, now, rep, written)
+        except BROKER_FAILURES:
+            raise
+        except Exception as e:
+            log.exception("job %s: launch failed", pl.job_id)
+            if written:
+                self._fail_attempt(written[0], f"launch: {type(e).__name__}: {e}")
+            else:
+                self._launch_deferred(pl.job_id, now, f"{type(e).__name__}: {e}")
+
+    def _launch_one(self, pl: Placement, now: float, rep: CycleReport, written: list[int]) -> None:
         with self.store.session() as s:
             job = s.get(Job, pl.job_id)
             if job is None or job.state != JobState.PENDING or job.cancel_requested:
+                return
+            if self._previous_alive(s, job, now):
                 return
             slots = self._free_slots(s, pl)
             root = ckpt_index.pool_store_root(self.config, pl.pool, self.store.home)
             target = job_prefix(root, job.team, job.experiment, job.id)
             rp = self._restore_point(s, job, target, now)
+            # Claim the job: a row an API process is changing right now (a cancel, a budget)
+            # is skipped this cycle instead of waited for (PostgreSQL; SQLite has one writer).
+            job = s.exec(select(Job).where(Job.id == pl.job_id, Job.state == JobState.PENDING,
+                                           col(Job.cancel_requested).is_(False))
+                         .with_for_update(skip_locked=True)
+                         .execution_options(populate_existing=True)).first()
+            if job is None:
+                return
             a = Attempt(job_id=job.id, number=job.attempts + 1, pool=pl.pool,
                         alloc=[[node, slots[node]] for node, _ in pl.alloc],
                         priority=pl.priority.value, started_at=now, gpus=sum(g for _, g in pl.alloc),
@@ -327,7 +401,11 @@ class Engine:
             for kind, msg, data in rp.events:
                 record(s, now, kind, msg, job_id=job.id, attempt_id=a.id, **data)
             s.commit()  # LAUNCHING is durable before any process starts
-            self._start_ranks(a, job, recover=False)
+            written.append(a.id or 0)
+            crash_point("launch")
+            self.store.ensure()
+            if not self._start_or_fail(s, a, job, now, recover=False):
+                return
             a.state = AttemptState.RUNNING
             where = ", ".join(f"{node}[{','.join(map(str, sl))}]" for node, sl in a.alloc)
             record(s, now, "started", f"attempt {a.number} on {pl.pool}: {where}"
@@ -378,4 +456,5 @@ class Engine:
                 env["ONEPOOL_WORKDIR"] = job.workdir
             handles.append(self.executor.start(a.id, rank, list(job.command), env, recover=recover,
                                                node=node))
-        a.handles = handles
+            a.handles = list(handles)  # kept rank by rank: a later rank's failure kills these
+            crash_point("launch")

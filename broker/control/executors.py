@@ -62,22 +62,32 @@ class AgentExecutor:
             return s.exec(select(RankAssignment).where(RankAssignment.attempt_id == attempt_id,
                                                        RankAssignment.rank == rank)).first()
 
+    _Q = (select(RankAssignment.id, RankAssignment.state, RankAssignment.exit_code, Node.state)
+          .join(Node, col(Node.id) == RankAssignment.node, isouter=True))
+
+    @staticmethod
+    def _state(st: str, code: int | None, node_state: str | None) -> tuple[str, int | None]:
+        """A rank still running on a node confirmed gone died with it."""
+        if node_state == "terminated" and st in (AState.ASSIGNED, AState.RUNNING):
+            return AState.LOST, None
+        return st, code
+
     def refresh(self, attempt_ids: list[int]) -> None:
         """Read the reported state of these attempts' ranks in one query; status() answers from
         it until the next refresh (the engine calls this once per poll)."""
-        rows: list[tuple[int | None, str, int | None]] = []
+        rows: list[tuple[int | None, str, int | None, str | None]] = []
         with self.store.session() as s:
             for i in range(0, len(attempt_ids), 500):
-                rows += s.exec(select(RankAssignment.id, RankAssignment.state, RankAssignment.exit_code)
-                               .where(col(RankAssignment.attempt_id).in_(attempt_ids[i:i + 500]))).all()
-        self._seen = {i: (st, code) for i, st, code in rows if i is not None}
+                chunk = attempt_ids[i:i + 500]
+                rows += s.exec(self._Q.where(col(RankAssignment.attempt_id).in_(chunk))).all()
+        self._seen = {i: self._state(st, code, ns) for i, st, code, ns in rows if i is not None}
 
     def status(self, handle: Handle) -> RankStatus:
         got = self._seen.get(handle["assignment_id"]) if self._seen is not None else None
         if got is None:
             with self.store.session() as s:
-                row = s.get(RankAssignment, handle["assignment_id"])
-            got = None if row is None else (row.state, row.exit_code)
+                row = s.exec(self._Q.where(RankAssignment.id == handle["assignment_id"])).first()
+            got = None if row is None else self._state(row[1], row[2], row[3])
         if got is None or got[0] == AState.LOST:
             return RankStatus(RankState.LOST)
         if got[0] == AState.EXITED:

@@ -1,8 +1,16 @@
-"""The long-running broker: reconcile once, then cycle until told to stop.
+"""The long-running broker: stand by until it holds the leader lease, reconcile, then cycle
+until told to stop. Any long-running broker loop (`onepool broker`, `onepool server`) runs
+this same `run()`.
 
-Cycles run every `cycle_s`, and at once when a job process exits or an agent reports (no
-waiting out the interval to notice a finished job). SIGTERM/SIGINT stop the loop after the
-current cycle; jobs keep running, and the next broker adopts them.
+Cycles run every `cycle_s`, and at once when a job process exits (no waiting out the
+interval to notice a finished job). The lease is renewed after every cycle and while
+waiting between cycles. A broker that loses the lease (another took over after it paused)
+drops its engine and stands by again. SIGTERM/SIGINT stop the loop after the current cycle
+and give the lease back, so a standby takes over at once; jobs keep running, and the next
+leader adopts them.
+
+A cycle that fails with an unexpected error is logged with its traceback and retried after
+a back-off; the health view (`onepool health`) shows the age of the last good cycle.
 """
 
 from __future__ import annotations
@@ -10,60 +18,122 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 
+from sqlalchemy.exc import OperationalError
+
 from broker.clock import Clock
+from broker.control.config_apply import applied_config
 from broker.control.engine import CycleReport, Engine
 from broker.control.executors import Executors
+from broker.control.lease import Lease, lease_row
+from broker.errors import LeaseLost, NotLeader
 from broker.state.store import Store
+from providers.base import Executor
 
 log = logging.getLogger("onepool.broker")
-
-
-class BrokerLoop:
-    """The engine with its executors and the events that pace it. `notify(node)` is called
-    when a node's agent has something new (the API's mailbox, in `onepool server`)."""
-
-    def __init__(self, store: Store, clock: Clock, *, cycle_s: float | None = None,
-                 notify: Callable[[str], None] | None = None) -> None:
-        self.wake = threading.Event()
-        self.stop = threading.Event()
-        self.executors = Executors(store, clock, store.home / "runs", on_change=self.wake.set,
-                                   notify=notify)
-        self.engine = Engine(store, clock, self.executors)
-        self.interval = cycle_s or self.engine.settings.cycle_s
-        self.store = store
-
-    def request_stop(self) -> None:
-        self.stop.set()
-        self.wake.set()
-
-    def run(self, max_cycles: int | None = None) -> int:
-        """Reconcile, then cycle until stopped; returns the number of cycles run."""
-        self.engine.reconcile()
-        log.info("broker up: home %s, cycle %.3gs", self.store.home, self.interval)
-        n = 0
-        while not self.stop.is_set():
-            describe(self.engine.cycle())
-            n += 1
-            if max_cycles is not None and n >= max_cycles:
-                break
-            self.wake.wait(self.interval)
-            self.wake.clear()
-        log.info("broker stopping after %d cycles; running jobs continue", n)
-        return n
+MAX_BACKOFF_S = 30.0
 
 
 def run(store: Store, clock: Clock, *, cycle_s: float | None = None,
-        stop: threading.Event | None = None, max_cycles: int | None = None) -> int:
-    """Run the broker loop in this thread; returns the number of cycles run."""
-    loop = BrokerLoop(store, clock, cycle_s=cycle_s)
-    if stop is not None:
-        loop.stop = stop
+        stop: threading.Event | None = None, max_cycles: int | None = None,
+        executor: Executor | None = None, wake: threading.Event | None = None,
+        notify: Callable[[str], None] | None = None) -> int:
+    """Run the broker loop; returns the number of cycles this process ran.
+
+    Without `max_cycles` it stands by while another broker holds the lease. With
+    `max_cycles` (`onepool broker --once`) it raises NotLeader instead of waiting.
+    `executor` defaults to the home's local slots and the node agents (Executors); `wake`
+    (set when a local process exits or an agent reports) cuts the wait between cycles short;
+    `notify(node)` tells a node's agent to look at once (the API's mailbox, in `onepool
+    server`).
+    """
+    wake = wake or threading.Event()
+    stop = stop or threading.Event()
+    if executor is None:
+        executor = Executors(store, clock, store.home / "runs", on_change=wake.set, notify=notify)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: loop.request_stop())
-    return loop.run(max_cycles)
+            signal.signal(sig, lambda *_: (stop.set(), wake.set()))
+    with store.session() as s:
+        settings = applied_config(s).broker
+    lease = Lease(store, clock, settings.lease_s)
+    n, standing_by = 0, False
+    try:
+        while not stop.is_set():
+            if not lease.try_acquire():
+                if max_cycles is not None:
+                    row = lease_row(store)
+                    raise NotLeader(f"broker {row.holder} holds the lease (fencing number "
+                                    f"{row.fencing}); --once runs only on the leader")
+                if not standing_by:
+                    row = lease_row(store)
+                    log.info("standby: broker %s leads (fencing number %s)", row.holder, row.fencing)
+                    standing_by = True
+                stop.wait(lease.poll_s)
+                continue
+            standing_by = False
+            n += _lead(store, clock, executor, lease, cycle_s, stop, wake, max_cycles, n)
+            if max_cycles is not None and n >= max_cycles:
+                break
+    finally:
+        if lease.held:
+            lease.release()
+    log.info("broker stopping after %d cycles; running jobs continue", n)
+    return n
+
+
+def _lead(store: Store, clock: Clock, executor: Executor, lease: Lease, cycle_s: float | None,
+          stop: threading.Event, wake: threading.Event, max_cycles: int | None, done: int) -> int:
+    """Cycles as the leader until stopped or the lease is lost; returns how many ran."""
+    n, failures = 0, 0
+    engine: Engine | None = None
+    try:
+        engine = Engine(store, clock, executor, lease=lease)
+        engine.wake = wake.set
+        interval = cycle_s or engine.settings.cycle_s
+        log.info("leader: fencing number %s, home %s, cycle %.3gs", lease.fencing, store.home, interval)
+        reconciled = False
+        while not stop.is_set():
+            try:
+                if not reconciled:
+                    engine.reconcile()
+                    reconciled = True
+                describe(engine.cycle())
+                lease.renew(cycled=True)
+                n, failures = n + 1, 0
+            except (LeaseLost, NotLeader):
+                raise
+            except OperationalError as e:  # the database is unreachable or locked: retry
+                failures += 1
+                log.warning("cycle failed: database unavailable (%s); retrying", e)
+            except Exception:  # a bug: logged with its traceback; the loop backs off, retries
+                failures += 1
+                log.exception("cycle failed; retrying after a back-off")
+            if max_cycles is not None and done + n >= max_cycles:
+                break
+            pause = interval if not failures else min(MAX_BACKOFF_S, interval * 2 ** failures)
+            _pause(lease, stop, wake, pause)
+    except LeaseLost as e:
+        log.warning("%s: standing by", e)
+    finally:
+        if engine is not None:
+            engine.close()
+    return n
+
+
+def _pause(lease: Lease, stop: threading.Event, wake: threading.Event, seconds: float) -> None:
+    """Wait `seconds` (or until woken), renewing the lease every lease_s / 3 meanwhile."""
+    deadline = time.monotonic() + seconds
+    while not stop.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        if wake.wait(min(left, lease.lease_s / 3)):
+            wake.clear()
+            return
+        lease.ensure()
 
 
 def describe(rep: CycleReport) -> None:

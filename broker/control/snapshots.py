@@ -17,7 +17,7 @@ from broker.policy import (
     decayed_gpu_seconds,
 )
 from broker.spec import Market, Priority, SpotPolicy
-from broker.state.model import Attempt, AttemptState, EndReason, Job, JobState, Node, NodeState, Pool, Team
+from broker.state.model import Attempt, AttemptState, Job, JobState, Node, Pool, Team
 
 USAGE_HORIZON_HALF_LIVES = 6  # older usage weighs < 2% and is not read
 
@@ -45,27 +45,14 @@ def build_snapshot(s: Session, now: float, config: PolicyConfig, half_life_s: fl
         )
         for a, j in active
     )
-    held = held_back(s)
     pending = tuple(
         PendingView(j.id, j.team, Priority(j.priority), j.gpus_per_node, j.submit_time,
                     j.nodes, tuple(j.gpu_types), SpotPolicy(j.spot))
         for j in s.exec(select(Job).where(Job.state == JobState.PENDING,
                                            col(Job.cancel_requested).is_(False))).all()
-        if j.id not in held
     )
     return Snapshot(now=now, pools=pools, running=running, pending=pending,
                     teams=team_views(s, now, half_life_s), config=config)
-
-
-def held_back(s: Session) -> set[int]:
-    """Pending jobs whose last run was on a node not yet confirmed gone (TERMINATING): a
-    process of theirs may still live there, so they are not placed again until it is."""
-    unconfirmed = set(s.exec(select(Node.id).where(Node.state == NodeState.TERMINATING)).all())
-    if not unconfirmed:
-        return set()
-    rows = s.exec(select(Attempt).join(Job, col(Job.id) == Attempt.job_id).where(
-        Job.state == JobState.PENDING, col(Attempt.end_reason).in_([EndReason.LOST, EndReason.INTERRUPTED])))
-    return {a.job_id for a in rows if any(node in unconfirmed for node, _ in a.alloc)}
 
 
 def team_views(s: Session, now: float, half_life_s: float) -> tuple[TeamView, ...]:

@@ -252,3 +252,34 @@ class LedgerEntry(SQLModel, table=True):
     gpus: int = 0
     usd_per_gpu_hour: float = 0.0
     usd: float = 0.0
+
+
+# -- one leader, recorded notices (issue 10): see broker/control/lease.py, capacity_manager.py ----
+class Lease(SQLModel, table=True):
+    """The leader lease: one row per lease name ("broker"). `fencing` grows by one with every
+    new holder; a write of the leader's commits only while the row still holds its number.
+    `cycled_at` is when the holder last finished a cycle (health)."""
+
+    name: str = Field(primary_key=True, max_length=32)
+    holder: str | None = Field(default=None, max_length=200)
+    fencing: int = 0
+    acquired_at: float | None = None
+    renewed_at: float | None = None
+    expires_at: float = 0.0
+    cycled_at: float | None = None
+
+
+class Notice(SQLModel, table=True):
+    """An interruption notice, recorded BEFORE it is acknowledged to (deleted from) the
+    provider's queue, and acted on once (`handled_at`). `key` identifies the notice at its
+    source (a queue message id, an operation name), so a redelivery is recorded once."""
+
+    __table_args__ = (Index("ix_notice_key", "key", unique=True),)
+    id: int | None = Field(default=None, primary_key=True)
+    key: str = Field(max_length=255)
+    pool: str = Field(max_length=63)
+    instance_id: str = Field(max_length=128)
+    kind: str = Field(max_length=32)
+    deadline: float | None = None
+    received_at: float
+    handled_at: float | None = Field(default=None, index=True)

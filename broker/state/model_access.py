@@ -1,5 +1,5 @@
 """Tables of who may act and where work runs remotely (issue 9): API tokens, node agents,
-rank assignments for agents, idempotent submits and node notices.
+rank assignments for agents, and idempotent submits.
 
 Secrets (API tokens, join tokens, agent credentials) are stored only as password hashes
 (argon2, see broker.state.tokens); the plaintext is shown once, to whoever created it.
@@ -88,15 +88,3 @@ class IdempotentSubmit(SQLModel, table=True):
     request_sha256: str = Field(max_length=64)
     job_id: int
     created_at: float
-
-
-class NodeNotice(SQLModel, table=True):
-    """An interruption notice an agent read from its cloud's metadata service. Recorded
-    before it is acted on; the engine acts once (`handled_at`)."""
-
-    id: int | None = Field(default=None, primary_key=True)
-    node: str = Field(max_length=128, index=True)
-    kind: str = Field(max_length=32)
-    deadline: float | None = None
-    received_at: float
-    handled_at: float | None = None

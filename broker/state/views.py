@@ -167,13 +167,3 @@ class JoinTokenInfo(BaseModel):
     pool: str
     join_token: str
     expires_at: float
-
-
-class HealthInfo(BaseModel):
-    """Is the broker cycling? `last_cycle_age_s` None: no cycle ever recorded."""
-
-    ok: bool
-    last_cycle_at: float | None
-    last_cycle_age_s: float | None
-    stale_after_s: float
-    message: str

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -41,6 +42,7 @@ STATES = {"pending": InstanceState.PENDING, "running": InstanceState.RUNNING,
 EVENTS = {"EC2 Spot Instance Interruption Warning": "spot_interruption",
           "EC2 Instance Rebalance Recommendation": "rebalance"}
 DEFAULT_AMI = "ami-0onepool00000000"  # made up: set `image` in the pool for a real AMI
+MAX_RECEIVES = 20  # receive calls per interruptions(): at most 200 notices, then the next round
 
 
 def map_error(e: Exception) -> Exception:
@@ -88,11 +90,17 @@ class AwsProvider:
 
     def __init__(self, region: str, *, session: Any = None, endpoint_url: str | None = None,
                  queue_url: str | None = None, image: str | None = None,
-                 instance_types: list[str] | None = None) -> None:
+                 instance_types: list[str] | None = None, connect_timeout_s: float = 5.0,
+                 read_timeout_s: float = 20.0) -> None:
         import boto3
+        from botocore.config import Config
 
         sess = session or boto3.session.Session()
-        kw: dict[str, Any] = {"region_name": region}
+        # Timeouts bound a hung call; retries are ours (providers.retry, on Transient), not
+        # botocore's as well, so a throttled call is not retried 4 x 5 times.
+        cfg = Config(connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
+                     retries={"mode": "standard", "max_attempts": 1})
+        kw: dict[str, Any] = {"region_name": region, "config": cfg}
         if endpoint_url:
             kw["endpoint_url"] = endpoint_url
         self.region = region
@@ -173,6 +181,22 @@ class AwsProvider:
     def poll(self, broker_id: str) -> list[Instance]:
         return self._describe([{"Name": f"tag:{TAG_BROKER}", "Values": [broker_id]}])
 
+    @retrying
+    def describe(self, instance_id: str) -> Instance | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            resp = self.ec2.describe_instances(InstanceIds=[instance_id])
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("InvalidInstanceID.NotFound",
+                                                           "InvalidInstanceID.Malformed"):
+                return None
+            raise map_error(e) from e
+        except BotoCoreError as e:
+            raise map_error(e) from e
+        found = [_instance(i) for r in resp["Reservations"] for i in r["Instances"]]
+        return next((i for i in found if i.state != InstanceState.GONE), None)
+
     def _by_node(self, node_id: str) -> Instance | None:
         found = self._describe([{"Name": f"tag:{TAG_NODE}", "Values": [node_id]}])
         return found[0] if found else None
@@ -189,22 +213,43 @@ class AwsProvider:
 
     @retrying
     def interruptions(self) -> list[Interruption]:
-        """Drain the EventBridge->SQS queue; each message is deleted once parsed."""
+        """Receive the EventBridge->SQS queue's notices. A notice is NOT deleted here: the
+        broker records it, then ack()s it (a broker that dies in between gets it again after
+        the queue's visibility timeout). Messages that are not notices are deleted at once."""
         if self.sqs is None:
             return []
-        out = []
-        while True:
+        out: dict[str, Interruption] = {}
+        for _ in range(MAX_RECEIVES):
             resp = _call(self.sqs.receive_message, QueueUrl=self.queue_url,
                          MaxNumberOfMessages=10, WaitTimeSeconds=0)
             msgs = resp.get("Messages", [])
             if not msgs:
-                return out
+                break
             for m in msgs:
                 it = parse_event(m["Body"])
-                if it is not None:
-                    out.append(it)
-                _call(self.sqs.delete_message, QueueUrl=self.queue_url,
-                      ReceiptHandle=m["ReceiptHandle"])
+                if it is None:
+                    _call(self.sqs.delete_message, QueueUrl=self.queue_url,
+                          ReceiptHandle=m["ReceiptHandle"])
+                else:
+                    out[m["MessageId"]] = replace(it, key=m["MessageId"], receipt=m["ReceiptHandle"])
+        return list(out.values())
+
+    @retrying
+    def ack(self, notices: list[Interruption]) -> None:
+        """Delete recorded notices from the queue (one already gone is quiet)."""
+        from botocore.exceptions import ClientError
+
+        if self.sqs is None:
+            return
+        for n in notices:
+            if n.receipt is None:
+                continue
+            try:
+                self.sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=n.receipt)
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") not in ("ReceiptHandleIsInvalid",
+                                                                   "InvalidParameterValue"):
+                    raise map_error(e) from e
 
 
 def parse_event(body: str) -> Interruption | None:

@@ -190,8 +190,24 @@ class GcpProvider:
         for op in ops:
             if op.name not in self._seen_ops:
                 self._seen_ops.add(op.name)
-                out.append(Interruption(op.target_link.rsplit("/", 1)[-1], "preempted"))
+                out.append(Interruption(op.target_link.rsplit("/", 1)[-1], "preempted", key=op.name))
         return out
+
+    def ack(self, notices: list[Interruption]) -> None:
+        return None  # preemption operations are a log, not a queue: nothing to delete
+
+    @retrying
+    def describe(self, instance_id: str) -> Instance | None:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            inst = _instance(self._call(self.instances.get, project=self.project, zone=self.zone,
+                                        instance=instance_id))
+        except Fatal as e:
+            if isinstance(e.__cause__, NotFound):
+                return None
+            raise
+        return None if inst.state == InstanceState.GONE else inst
 
 
 def _instance(i: Any) -> Instance:

@@ -122,8 +122,18 @@ class LibcloudProvider:
         return sorted((_instance(n) for n in self._nodes() if _state(n) != InstanceState.GONE
                        and _tags(n).get(TAG_BROKER) == broker_id), key=lambda i: i.instance_id)
 
+    @retrying
+    def describe(self, instance_id: str) -> Instance | None:
+        for n in self._nodes():
+            if n.id == instance_id and _state(n) != InstanceState.GONE:
+                return _instance(n)
+        return None
+
     def interruptions(self) -> list[Interruption]:
         return []  # libcloud drivers expose no interruption channel
+
+    def ack(self, notices: list[Interruption]) -> None:
+        return None  # nothing to acknowledge
 
 
 def _tags(n: Any) -> dict[str, str]:

@@ -73,6 +73,11 @@ class Site:
     def url(self) -> str:
         return self.api.url
 
+    def close(self) -> None:
+        """Stop the engine's cloud workers, then the API."""
+        self.engine.close()
+        self.api.stop()
+
 
 def make_site(home: Path, clock: Clock, host: str = "127.0.0.1", **cfg: Any) -> Site:
     """A site whose config (tests.conftest.config kwargs) gets broker.server_url = the API's."""
@@ -83,7 +88,7 @@ def make_site(home: Path, clock: Clock, host: str = "127.0.0.1", **cfg: Any) -> 
                      on_agent_report=lambda: holder["x"].changed() if "x" in holder else None)
     api = serve(app, host)
     c = Client(store=store, clock=clock)
-    data = config(**cfg)
+    data = config(**{"node_lost_after_s": 3600, **cfg})  # tests advancing the clock lose no agent
     data["broker"]["server_url"] = api.url
     c.apply(parse_config(data))
     holder["x"] = ex = Executors(store, clock, home / "runs", notify=mailbox.notify)

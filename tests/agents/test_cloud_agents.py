@@ -47,7 +47,7 @@ def cloud(tmp_path: Path, clock, aws_mock, imds) -> Iterator[tuple[Site, Instanc
     with InstanceBooter(lambda: ec2, tmp_path / "instances", metadata_url=url) as booter:
         yield site, booter
         _finish(site)
-    site.api.stop()
+    site.close()
     kill_leftovers(tmp_path / "home" / "runs")
 
 

@@ -40,7 +40,7 @@ def site(tmp_path: Path, clock, hosts: list[Netns]) -> Iterator[Site]:  # type: 
     s = make_site(tmp_path / "home", clock, host=hosts[0].host_ip, pools=[POOL],
                   node_lost_after_s=6, agent_heartbeat_s=1, grace_s=10)
     yield s
-    s.api.stop()
+    s.close()
     kill_leftovers(tmp_path / "home" / "runs")
 
 

@@ -3,6 +3,7 @@ libcloud (the fake driver in tests/providers/libcloud_fake.py)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -21,15 +22,23 @@ def local_harness(tmp_path: Path) -> Harness:
     def fail(kind: str, times: int) -> None:  # this machine only ever runs out of slots
         prov.limit = 0
 
-    return Harness("local", prov, fail, frozenset({"capacity"}))
+    return Harness("local", prov, fail, frozenset({"capacity"}), notify=prov.interrupt)
 
 
 def aws_harness(region: str) -> Harness:
+    import boto3
     from botocore.exceptions import ClientError
 
     from providers.aws import AwsProvider
 
-    prov = AwsProvider(region, image="ami-12345678")
+    sqs = boto3.client("sqs", region_name=region)
+    queue = sqs.create_queue(QueueName="notices", Attributes={"VisibilityTimeout": "0"})["QueueUrl"]
+    prov = AwsProvider(region, image="ami-12345678", queue_url=queue)
+
+    def notify(instance_id: str) -> None:
+        sqs.send_message(QueueUrl=queue, MessageBody=json.dumps({
+            "detail-type": "EC2 Spot Instance Interruption Warning", "time": "2026-12-02T10:00:00Z",
+            "detail": {"instance-id": instance_id, "instance-action": "terminate"}}))
 
     def fail(kind: str, times: int) -> None:
         code, status = AWS_ERRORS[kind]
@@ -38,7 +47,7 @@ def aws_harness(region: str) -> Harness:
         prov.ec2.run_instances = failing(prov.ec2.run_instances,  # type: ignore[method-assign]
                                          lambda: ClientError(err, "RunInstances"), times)
 
-    return Harness("aws", prov, fail, frozenset(AWS_ERRORS))
+    return Harness("aws", prov, fail, frozenset(AWS_ERRORS), notify=notify)
 
 
 @pytest.fixture(params=["local", "aws", "gcp", "libcloud"])

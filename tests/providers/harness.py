@@ -27,6 +27,8 @@ class Harness:
     fail: Callable[[str, int], None] | None = None
     kinds: frozenset[str] = field(default_factory=frozenset)
     instance_type: str = "g5.xlarge"
+    # notify(instance_id): the cloud sends an interruption notice for it (None: no channel)
+    notify: Callable[[str], None] | None = None
 
 
 def failing(real: Callable[..., Any], make_error: Callable[[], Exception], times: int) -> Callable[..., Any]:

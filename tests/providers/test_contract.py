@@ -47,6 +47,33 @@ def test_poll_lists_only_this_brokers_live_instances(harness: Harness) -> None:
         harness.provider.terminate(i.instance_id)
 
 
+def test_describe_finds_an_instance_by_id_and_none_once_it_is_gone(harness: Harness) -> None:
+    inst = harness.provider.launch(request(instance_type=harness.instance_type))
+    found = harness.provider.describe(inst.instance_id)
+    assert found is not None and found.instance_id == inst.instance_id
+    assert found.node_id == "pool-a-0001"
+    harness.provider.terminate(inst.instance_id)
+    assert harness.provider.describe(inst.instance_id) is None
+    assert harness.provider.describe(_missing_id(harness)) is None
+
+
+def test_notices_come_again_until_acknowledged(harness: Harness) -> None:
+    harness.provider.ack([])  # nothing to acknowledge: quiet, also without a channel
+    if harness.notify is None:
+        assert harness.provider.interruptions() == []
+        return
+    inst = harness.provider.launch(request(instance_type=harness.instance_type))
+    harness.notify(inst.instance_id)
+    [first] = harness.provider.interruptions()
+    assert first.instance_id == inst.instance_id and first.kind == "spot_interruption" and first.key
+    [again] = harness.provider.interruptions()  # not acknowledged: delivered again, same key
+    assert again.key == first.key
+    harness.provider.ack([again])
+    harness.provider.ack([again])  # twice: quiet
+    assert harness.provider.interruptions() == []
+    harness.provider.terminate(inst.instance_id)
+
+
 ERRORS = [("capacity", NoCapacity), ("quota", NoCapacity), ("fatal", Fatal)]
 
 

@@ -1,4 +1,4 @@
-"""api tokens, node agents, rank assignments, idempotent submits, node notices; actors (issue 9)
+"""api tokens, node agents, rank assignments, idempotent submits; actors (issue 9)
 
 Revision ID: 0005
 Revises: 0004
@@ -63,18 +63,6 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f('ix_nodeagent_credential_id'), ['credential_id'], unique=False)
         batch_op.create_index(batch_op.f('ix_nodeagent_join_id'), ['join_id'], unique=False)
 
-    op.create_table('nodenotice',
-    sa.Column('id', sa.Integer(), nullable=False),
-    sa.Column('node', sqlmodel.sql.sqltypes.AutoString(length=128), nullable=False),
-    sa.Column('kind', sqlmodel.sql.sqltypes.AutoString(length=32), nullable=False),
-    sa.Column('deadline', sa.Float(), nullable=True),
-    sa.Column('received_at', sa.Float(), nullable=False),
-    sa.Column('handled_at', sa.Float(), nullable=True),
-    sa.PrimaryKeyConstraint('id')
-    )
-    with op.batch_alter_table('nodenotice', schema=None) as batch_op:
-        batch_op.create_index(batch_op.f('ix_nodenotice_node'), ['node'], unique=False)
-
     op.create_table('rankassignment',
     sa.Column('id', sa.Integer(), nullable=False),
     sa.Column('attempt_id', sa.Integer(), nullable=False),
@@ -124,10 +112,6 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f('ix_rankassignment_attempt_id'))
 
     op.drop_table('rankassignment')
-    with op.batch_alter_table('nodenotice', schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f('ix_nodenotice_node'))
-
-    op.drop_table('nodenotice')
     with op.batch_alter_table('nodeagent', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_nodeagent_join_id'))
         batch_op.drop_index(batch_op.f('ix_nodeagent_credential_id'))
