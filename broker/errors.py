@@ -34,3 +34,9 @@ class NotConfigured(OnepoolError):
 
 class CheckpointError(OnepoolError):
     """A checkpoint could not be written or verified. The previous committed one stays valid."""
+
+
+class Unpriced(OnepoolError):
+    """No price is known for a rented pool (the catalog has no offer for its provider, region,
+    instance type, market and zone): set its `price_per_node_hour` in onepool.yaml. A pool that
+    cannot be priced is never treated as free."""

@@ -159,11 +159,14 @@ def test_job_share_and_idle_time(tmp_path, clock, case, pools, broker, expect):
         _attempt(s, j, "a100-0", [0], t0, t0 + 1000)
         for dt in (250, 1000, 1500, 2000):
             ledger.accrue(s, t0 + dt, c.config())
-        rows = costs.costs(s, "job")
+        rows = {r.key: r for r in costs.costs(s, "job")}
         pool = costs.costs(s, "pool")[0]
         team = {r.key: r for r in costs.costs(s, "team")}
         n_rows = len(s.exec(select(LedgerEntry).where(LedgerEntry.kind == "gpu")).all())
-    assert rows[0].usd == pytest.approx(expect["job"]) and rows[0].gpu_hours == pytest.approx(1000 / 3600)
+    assert rows[str(j.id)].usd == pytest.approx(expect["job"])
+    assert rows[str(j.id)].gpu_hours == pytest.approx(1000 / 3600)
+    idle_key = "idle on-prem" if pools[0].get("market", "onprem") == "onprem" else "idle rented"
+    assert rows[idle_key].usd == rows[idle_key].idle_usd == pytest.approx(expect["idle_pool"])
     assert pool.idle_usd == pytest.approx(expect["idle_pool"])
     assert pool.usd == pytest.approx(expect["job"] + expect["idle_pool"])
     assert team.get("research", costs.CostRow(key="", usd=0, gpu_hours=0, lost_gpu_hours=0, jobs=0)
@@ -203,7 +206,7 @@ def test_price_changed_rejects_negative_prices(tmp_path, clock):
 
 def test_costs_rejects_unknown_grouping(tmp_path, clock):
     c = _client(tmp_path, clock, POOL_2X)
-    with pytest.raises(ValueError, match="experiment, team, pool, job"):
+    with pytest.raises(ValueError, match="experiment, team, job, pool, market, day"):
         c.costs("region")  # type: ignore[arg-type]
 
 

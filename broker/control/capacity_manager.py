@@ -21,7 +21,14 @@ broker that the database does not know (or has ended) is an orphan: it is termin
 
 A pool whose provider answered NoCapacity (or Fatal) is closed to launches for
 `NO_CAPACITY_BACKOFF_S` (Fatal: `FATAL_BACKOFF_S`), so the next plan falls through to the
-next-cheapest offer.
+next-cheapest offer. A pool with no known price (broker.errors.Unpriced) is closed to launches
+and says so in its events: it is never treated as free.
+
+Metering (issue 13; broker.state.ledger): every rented node is on the meter from its launch
+request (`ledger.node_up`, in the transaction that writes the LAUNCHING row) to the cloud's
+confirmation of its end (`ledger.node_down`, in the transaction that writes TERMINATED), with
+`node_ready` and `node_draining` marking its boot and drain. The price a pool is metered at is
+recorded (`ledger.price_changed`) when first seen and whenever it changes.
 """
 
 from __future__ import annotations
@@ -35,9 +42,11 @@ from typing import TYPE_CHECKING
 
 from sqlmodel import Session, col, select
 
+from broker.errors import Unpriced
 from broker.policy import NodeView, Plan, Snapshot
+from broker.state import ledger
 from broker.state.events import record
-from broker.state.model import Attempt, AttemptState, EndReason, Node, NodeState, Setting
+from broker.state.model import Attempt, AttemptState, EndReason, Job, Node, NodeState, Setting
 from pricing.catalog import Catalog
 from providers.base import (
     TAG_POOL,
@@ -73,6 +82,8 @@ class CapacityManager:
         self.providers: dict[str, Provider] = dict(providers or {})
         self._catalog = catalog
         self.closed_until: dict[str, float] = {}
+        self._zone_ids: dict[str, dict[str, str]] = {}  # pool -> its account's AZ name -> AZ id
+        self._unpriced: set[str] = set()  # pools whose missing price was reported
         with engine.store.session() as s:
             self.broker_id = broker_id(s)
 
@@ -138,7 +149,7 @@ class CapacityManager:
                     if n.state != NodeState.LAUNCHING or now - (n.launched_at or now) >= LOST_GRACE_S:
                         self._lost(n.id, now)  # (a fresh launch may not be listed yet)
                 elif n.state == NodeState.LAUNCHING and live[n.instance_id].state == InstanceState.RUNNING:
-                    self._set(n.id, state=NodeState.UP, ready_at=now, idle_since=now)
+                    self._ready(n.id, now)
             self._interruptions(pool, now)
         self._idle_and_drained(now)
 
@@ -163,6 +174,7 @@ class CapacityManager:
                     continue
                 n.state = NodeState.DRAINING
                 s.add(n)
+                ledger.node_draining(s, n.id, now)  # [issue 13 metering hook]
                 record(s, now, "interruption_notice", f"{it.kind} for node {n.id} "
                        f"({it.instance_id}): draining", pool=pool, node=n.id, notice=it.kind)
                 attempts = self._attempts_on(s, n.id)
@@ -194,6 +206,8 @@ class CapacityManager:
             assert n is not None
             n.state, n.ended_at, n.end_reason = NodeState.TERMINATED, now, "lost"
             s.add(n)
+            # [issue 13 metering hook] billed until we saw it gone: the latest it can have ended
+            ledger.node_down(s, n.id, now, self.engine.config)
             record(s, now, "node_lost", f"node {n.id} ({n.instance_id}) is gone from {n.pool}",
                    pool=n.pool, node=n.id)
             for a in self._attempts_on(s, node_id):
@@ -237,24 +251,59 @@ class CapacityManager:
             cap = spec.max_nodes or 0
             if self.closed_until.get(p.name, 0.0) > now:
                 cap = len(mine)
-            price, rate = self.price(spec)
+            try:
+                price, rate = self.price(spec)
+                self._record_price(spec, price * spec.gpus_per_node, now)
+            except Unpriced as e:  # closed to launches, and said so once: never free
+                price, rate, cap = 0.0, 0.0, len(mine)
+                self._report_unpriced(spec.name, str(e), now)
             pools.append(replace(p, nodes=nodes, max_nodes=cap, launching=tuple(sorted(launching.items())),
                                  launch_latency_s=spec.launch_latency_s, idle_timeout_s=spec.idle_timeout_s,
                                  price_per_gpu_hour=price, interruption_rate_per_h=rate))
         return replace(snap, pools=tuple(pools))
 
     def price(self, spec: PoolSpec) -> tuple[float, float]:
-        """($/GPU-hour, interruptions per hour) of a pool: its own values, else the catalog's."""
-        hit = None
-        if not spec.price_per_node_hour or spec.interruption_rate_per_h is None:
-            hit = self.catalog.find(spec.provider, spec.region, spec.instance_type or "",
-                                    spec.market.value, spec.zone)
-        node_h = spec.price_per_node_hour or (hit.usd_per_hour if hit else 0.0)
+        """($/GPU-hour, interruptions per hour) of a pool: its own values, else the catalog's.
+        Raises Unpriced when neither gives a price."""
+        zone_ids = self.zone_ids(spec) if (not spec.price_per_node_hour
+                                           or spec.interruption_rate_per_h is None) else None
+        node_h = ledger.list_price(spec, self.catalog, zone_ids)
         rate = spec.interruption_rate_per_h
         if rate is None:
-            rate = hit.interruption_rate_per_h if hit else (
-                self.catalog_default_rate if spec.market.value == "spot" else 0.0)
+            try:
+                rate = ledger.catalog_offer(spec, self.catalog, zone_ids).interruption_rate_per_h
+            except Unpriced:  # priced by the config only: the default reclaim rate for spot
+                rate = self.catalog_default_rate if spec.market.value == "spot" else 0.0
         return node_h / spec.gpus_per_node, rate
+
+    def zone_ids(self, spec: PoolSpec) -> dict[str, str] | None:
+        """The account's AZ name -> AZ id mapping for a pool naming a zone, when its provider
+        has one (AWS: describe_availability_zones); asked once per pool. None otherwise."""
+        if not spec.zone:
+            return None
+        if spec.name not in self._zone_ids:
+            ask = getattr(self.provider(spec.name), "zone_ids", None)
+            try:
+                self._zone_ids[spec.name] = ask() if ask is not None else {}
+            except ProviderError as e:
+                log.warning("pool %s: cannot map zone names to ids now (%s)", spec.name, e)
+                return None
+        return self._zone_ids[spec.name]
+
+    def _record_price(self, spec: PoolSpec, usd_per_node_hour: float, now: float) -> None:
+        """[issue 13 metering hook] Record the pool's price when first seen and on every change."""
+        with self.engine.store.session() as s:
+            if ledger.recorded_price(s, spec.name) != usd_per_node_hour:
+                ledger.price_changed(s, spec.name, usd_per_node_hour, now)
+
+    def _report_unpriced(self, pool: str, why: str, now: float) -> None:
+        if pool in self._unpriced:
+            return
+        self._unpriced.add(pool)
+        log.error("%s; the pool is closed to launches", why)
+        with self.engine.store.session() as s:
+            record(s, now, "pool_unpriced", f"{why}; closed to launches until it has a price",
+                   pool=pool)
 
     @property
     def catalog_default_rate(self) -> float:
@@ -273,6 +322,10 @@ class CapacityManager:
                 with self.engine.store.session() as s:
                     s.add(Node(id=nid, pool=la.pool, gpus=spec.gpus_per_node, state=NodeState.LAUNCHING,
                                token=uuid.uuid4().hex, for_job_id=la.for_job_id, launched_at=now))
+                    job = s.get(Job, la.for_job_id) if la.for_job_id is not None else None
+                    # [issue 13 metering hook] on the meter from the launch request on
+                    ledger.node_up(s, nid, la.pool, spec.gpus_per_node, now,
+                                   job.team if job is not None else None, rented=True)
                     record(s, now, "node_launching", f"renting node {nid} in {la.pool} "
                            f"({spec.instance_type}, {spec.market.value}) for job {la.for_job_id}",
                            job_id=la.for_job_id, pool=la.pool, node=nid, usd_per_hour=la.usd_per_hour)
@@ -307,13 +360,23 @@ class CapacityManager:
                 row.state, row.ended_at = NodeState.TERMINATED, now
                 row.end_reason = "no_capacity" if isinstance(e, NoCapacity) else "launch_failed"
                 s.add(row)
+                ledger.node_down(s, node_id, now, self.engine.config)  # [issue 13 metering hook]
                 record(s, now, row.end_reason, f"{n.pool}: {e}; pool closed to launches for "
                        f"{backoff:g}s", job_id=n.for_job_id, pool=n.pool, node=node_id)
             return False
         up = inst.state == InstanceState.RUNNING and spec.launch_latency_s == 0
-        self._set(node_id, instance_id=inst.instance_id, zone=inst.zone,
-                  **({"state": NodeState.UP, "ready_at": now, "idle_since": now} if up else {}))
+        self._set(node_id, instance_id=inst.instance_id, zone=inst.zone)
+        if up:
+            self._ready(node_id, now)
         return True
+
+    def _ready(self, node_id: str, now: float) -> None:
+        with self.engine.store.session() as s:
+            n = s.get(Node, node_id)
+            assert n is not None
+            n.state, n.ready_at, n.idle_since = NodeState.UP, now, now
+            s.add(n)
+            ledger.node_ready(s, node_id, now)  # [issue 13 metering hook] its boot ends
 
     def _terminate_node(self, node_id: str, now: float, reason: str) -> None:
         with self.engine.store.session() as s:
@@ -322,6 +385,7 @@ class CapacityManager:
                 return
             n.state, n.end_reason = NodeState.TERMINATING, reason
             s.add(n)
+            ledger.node_draining(s, node_id, now)  # [issue 13 metering hook] until confirmed
         if n.instance_id is not None:
             try:
                 self.provider(n.pool).terminate(n.instance_id)
@@ -333,6 +397,7 @@ class CapacityManager:
             assert row is not None
             row.state, row.ended_at = NodeState.TERMINATED, now
             s.add(row)
+            ledger.node_down(s, node_id, now, self.engine.config)  # [issue 13 metering hook]
             record(s, now, "node_terminated", f"node {node_id} in {row.pool} given back ({reason})",
                    pool=row.pool, node=node_id, reason=reason)
 

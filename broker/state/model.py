@@ -164,6 +164,14 @@ class Attempt(SQLModel, table=True):
     egress_usd: float = 0.0
     first_step_at: float | None = None  # when the broker first saw it make new progress
     restart_overhead_s: float | None = None  # first_step_at - started_at
+    # Progress the job reports (broker.runtime.progress(step, total=...), issue 13): its newest
+    # step, the total it announced (None: unknown), when it reported it (the job's clock), its
+    # steps per second over this attempt, and when the broker last read the report.
+    progress_step: int | None = None
+    progress_total: int | None = None
+    progress_at: float | None = None
+    progress_rate: float | None = None
+    progress_read_at: float | None = None
 
 
 class CheckpointState(StrEnum):
@@ -204,9 +212,11 @@ class Event(SQLModel, table=True):
 
 # -- money (issue 6): see broker/state/ledger.py -------------------------------------------------
 class NodeMeter(SQLModel, table=True):
-    """One node's time on the meter: from `started_at` (on-prem: first seen; rented: launch)
-    to `ended_at` (retired or terminated; None while up). `metered_to` is how far the ledger
-    has charged it. `launched_for_team` is the team whose job triggered a rented launch."""
+    """One node's time on the meter: from `started_at` (on-prem: first seen; rented: the launch
+    request) to `ended_at` (retired, or the confirmed termination; None while metered).
+    `metered_to` is how far the ledger has charged it. `launched_for_team` is the team whose
+    job triggered a rented launch. A rented node boots until `ready_at` and drains from
+    `drain_at` (an interruption notice or the decision to give it back) to its end."""
 
     id: int | None = Field(default=None, primary_key=True)
     node: str = Field(max_length=128, index=True)
@@ -216,6 +226,9 @@ class NodeMeter(SQLModel, table=True):
     metered_to: float
     ended_at: float | None = None
     launched_for_team: str | None = Field(default=None, max_length=63)
+    rented: bool = False  # metered by the capacity manager's hooks, not by accrue()
+    ready_at: float | None = None
+    drain_at: float | None = None
 
 
 class PriceChange(SQLModel, table=True):
@@ -230,9 +243,13 @@ class PriceChange(SQLModel, table=True):
 class LedgerEntry(SQLModel, table=True):
     """Money spent: `usd` for `gpus` GPUs of `node` over [start, end] at `usd_per_gpu_hour`.
 
-    kind: "gpu" (a job's share of a node: job_id/attempt_id set), "idle" (GPUs nobody used:
-    charged to the pool, or to `team` when idle rented time goes to the launching team),
-    "egress" (checkpoint bytes copied across stores for an attempt; start == end)."""
+    kind: "gpu" (a job's share of a node: job_id/attempt_id set); GPUs nobody used, charged to
+    the pool (or to `team` when rented time goes to the launching team): "boot" (a rented node
+    from its launch request to ready), "idle" (up, unused), "drain" (from an interruption
+    notice or the decision to give it back, to the confirmed termination); "egress"
+    (checkpoint bytes copied across stores for an attempt; start == end); "storage" (one
+    checkpoint's `gb` GiB kept in object storage over [start, end]; `checkpoint_id` set, and
+    `usd_per_gpu_hour` holds the USD per GiB-hour)."""
 
     __table_args__ = (Index("ix_ledger_node_attempt_kind", "node", "attempt_id", "kind", "end"),)
     id: int | None = Field(default=None, primary_key=True)
@@ -248,3 +265,5 @@ class LedgerEntry(SQLModel, table=True):
     gpus: int = 0
     usd_per_gpu_hour: float = 0.0
     usd: float = 0.0
+    checkpoint_id: int | None = Field(default=None, index=True)
+    gb: float = 0.0

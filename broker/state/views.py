@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel
 
-from broker.state.model import Attempt, Event, Job
+if TYPE_CHECKING:
+    from broker.state.model import Attempt, Event, Job
+
+
+def fmt_usd(x: float) -> str:
+    """Dollars as a person reads them: cents from $1 up, else enough decimals to show two
+    significant digits (so a small estimate is never printed as $0.00), at most six."""
+    if x == 0:
+        return "$0.00"
+    if abs(x) < 5e-7:
+        return f"{'-' if x < 0 else ''}<$0.000001"
+    places = 2 if abs(x) >= 0.995 else min(6, max(2, 1 - math.floor(math.log10(abs(x)))))
+    return f"{'-' if x < 0 else ''}${abs(x):.{places}f}"
 
 
 class AttemptInfo(BaseModel):
