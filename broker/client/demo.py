@@ -53,7 +53,7 @@ DEMO_CONFIG: dict[str, Any] = {
         # SIMULATED EC2 (moto on 127.0.0.1): price and interruption rate from pricing/data.
         {"name": "aws-spot", "provider": "aws", "gpu_type": "A10G", "gpus_per_node": 4, "nodes": 0,
          "max_nodes": 2, "market": "spot", "region": "us-east-1", "instance_type": "g5.12xlarge",
-         "image": "ami-0demo0000000000", "launch_latency_s": 0, "idle_timeout_s": 2},
+         "image": "ami-0demo0000000000", "launch_latency_s": 1, "idle_timeout_s": 2},
     ],
     "teams": [
         {"name": "research", "weight": 1.0, "priority_allowance_gpus": 0},
@@ -184,7 +184,8 @@ def _echo(c: Client, seen: int, say: Any) -> int:
     for e in evs[seen:]:
         if e.kind in ("started", "preempting", "preempted", "succeeded", "killed", "failed",
                       "checkpoint_copied", "node_launching", "node_terminated", "no_capacity"):
-            say(f"  job {e.job_id}: {e.kind:<10} {escape(e.message)}")
+            who = f"job {e.job_id}" if e.job_id is not None else f"node {e.data.get('node', '?')}"
+            say(f"  {who}: {e.kind:<10} {escape(e.message)}")
     return len(evs)
 
 

@@ -19,11 +19,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sqlmodel import col, select
+from sqlalchemy import update
+from sqlmodel import Session, col, or_, select
 
 from broker.checkpoint import telemetry
 from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.index import default_store_root, stores_of
+from broker.client.filters import check_filters
 from broker.clock import Clock, SystemClock
 from broker.control import budgets as budget_rules
 from broker.control.config_apply import applied_config, apply_config
@@ -33,7 +35,7 @@ from broker.state import costs as cost_queries
 from broker.state.events import record
 from broker.state.model import Attempt, Event, Job, JobState
 from broker.state.store import Store
-from broker.state.views import EventInfo, JobInfo, LostWorkRow
+from broker.state.views import EventInfo, JobInfo, LostWorkRow, PoolInfo
 
 FINAL = {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value}
 STOPPED = FINAL | {JobState.BUDGET_EXHAUSTED.value}  # what wait() returns on
@@ -115,12 +117,24 @@ class Client:
                               caused_lost_gpu_s=telemetry.caused_lost_gpu_s(s, [job_id]).get(job_id, 0.0))
 
     def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
-             experiment: str | None = None) -> list[JobInfo]:
-        """Jobs, oldest first, optionally filtered."""
+             experiment: str | None = None, finished_limit: int | None = None) -> list[JobInfo]:
+        """Jobs, oldest first, optionally filtered by state (any case), team, experiment; with
+        `finished_limit`, every job not finished but only that many of the newest finished ones.
+        Raises SpecError for a state or team that does not exist, naming the allowed values."""
+        states = check_filters(status, team, [t.name for t in self.config().teams]
+                               if team is not None else None)
         with self.store.session() as s:
             q = select(Job).order_by(Job.id)
-            if status:
-                q = q.where(col(Job.state).in_([x.upper() for x in status]))
+            if states:
+                q = q.where(col(Job.state).in_(states))
+            if finished_limit is not None:
+                newest = select(Job.id).where(col(Job.state).in_(FINAL)).order_by(
+                    col(Job.id).desc()).limit(finished_limit)
+                if team:
+                    newest = newest.where(Job.team == team)
+                if experiment:
+                    newest = newest.where(Job.experiment == experiment)
+                q = q.where(or_(col(Job.state).not_in(FINAL), col(Job.id).in_(newest)))
             if team:
                 q = q.where(Job.team == team)
             if experiment:
@@ -137,8 +151,9 @@ class Client:
                                caused_lost_gpu_s=caused.get(j.id or 0, 0.0)) for j in jobs]
 
     def cancel(self, job_id: int) -> JobInfo:
-        """Ask the broker to cancel a job (pending: at once; running: SIGTERM, grace, kill).
-        A job stopped by its budget (nothing running) is cancelled here and now.
+        """Cancel a job. A pending job (or one stopped by its budget: nothing runs) is CANCELLED
+        here and now; a running one is asked to stop (the broker sends SIGTERM, waits the grace
+        period, then kills) and ends CANCELLED.
 
         Raises NotFound, or InvalidState if the job already ended.
         """
@@ -149,6 +164,15 @@ class Client:
                 raise NotFound(f"no job with id {job_id}")
             if j.state in FINAL:
                 raise InvalidState(f"job {job_id} already ended ({j.state}); nothing to cancel")
+            # Pending: only if it is still pending when written (the broker may be starting it
+            # right now; then it is stopped like a running job, by the flag below).
+            if j.state == JobState.PENDING and s.execute(
+                    update(Job).where(col(Job.id) == job_id, col(Job.state) == JobState.PENDING)
+                    .values(state=JobState.CANCELLED, end_time=now, cancel_requested=True,
+                            waiting_reason=None).execution_options(synchronize_session=False)
+            ).rowcount:  # type: ignore[attr-defined]
+                record(s, now, "cancelled", "cancelled while pending", job_id=job_id)
+                return self._after(s, job_id)
             if j.state == JobState.BUDGET_EXHAUSTED:
                 j.state, j.end_time, j.cancel_requested = JobState.CANCELLED, now, True
                 s.add(j)
@@ -156,7 +180,12 @@ class Client:
             elif not j.cancel_requested:
                 j.cancel_requested = True
                 s.add(j)
-                record(s, now, "cancel_requested", "cancel requested", job_id=job_id)
+                record(s, now, "cancel_requested", "cancel requested: the broker stops it (SIGTERM, "
+                       "then its grace period)", job_id=job_id)
+        return self.get(job_id)
+
+    def _after(self, s: Session, job_id: int) -> JobInfo:
+        s.commit()
         return self.get(job_id)
 
     def events(self, job_id: int | None = None) -> list[EventInfo]:
@@ -178,8 +207,8 @@ class Client:
     # -- money (issue 6) ----------------------------------------------------------------------
     def costs(self, by: cost_queries.CostBy = "experiment", since: float | None = None,
               until: float | None = None) -> list[cost_queries.CostRow]:
-        """USD, GPU-hours and lost work per experiment, team, pool or job (see broker.state.costs).
-        Raises ValueError for another `by`."""
+        """USD, GPU-hours and lost work per experiment, team, job, pool, market or UTC day (see
+        broker.state.costs: every view sums to the same total). Raises ValueError for another `by`."""
         with self.store.session() as s:
             return cost_queries.costs(s, by, since, until)
 
@@ -194,6 +223,15 @@ class Client:
             if job_id is not None:
                 return budget_rules.set_job_budget(s, job_id, amount_usd, now)
             return budget_rules.set_team_budget(s, applied_config(s), team or "", amount_usd, now)
+
+    def pools(self, *, include_inactive: bool = False) -> list[PoolInfo]:
+        """Every pool now: market, the price in force (USD per node-hour, and per GPU-hour as
+        charged), its live nodes with their free GPUs, the jobs holding the rest, their age."""
+        from broker.state import inventory
+
+        with self.store.session() as s:
+            return inventory.pools(s, applied_config(s), self.clock.now(),
+                                   include_inactive=include_inactive)
 
     def budgets(self) -> list[budget_rules.TeamBudget]:
         """Every team's window budget now: amount, spent, state (none/ok/low/exhausted)."""

@@ -6,43 +6,16 @@ what it has seen committed there.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import JSON, Column, Index
 from sqlmodel import Field, SQLModel
 
+from broker.state.states import AttemptState, CheckpointState, EndReason, JobState, NodeState
 
-class JobState(StrEnum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    # Its budget is spent: it took a final checkpoint and stopped. Not final: raising the
-    # budget (`onepool budget set JOB AMOUNT`) puts it back in the queue (issue 6).
-    BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
-
-    @property
-    def final(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
-
-
-class AttemptState(StrEnum):
-    LAUNCHING = "LAUNCHING"  # row written, processes may or may not have started
-    RUNNING = "RUNNING"
-    STOPPING = "STOPPING"  # signalled; killed after the grace period
-    ENDED = "ENDED"
-
-
-class EndReason(StrEnum):
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    PREEMPTED = "PREEMPTED"
-    CANCELLED = "CANCELLED"
-    LOST = "LOST"  # the processes vanished without an exit status (node failure, reboot)
-    INTERRUPTED = "INTERRUPTED"  # the provider reclaimed the node after a notice (spot)
-    BUDGET = "BUDGET"  # stopped because the job's or its team's budget is spent (issue 6)
+__all__ = ["Attempt", "AttemptState", "Checkpoint", "CheckpointState", "EndReason", "Event", "Job",
+           "JobState", "LedgerEntry", "Node", "NodeMeter", "NodeState", "Pool", "PriceChange",
+           "Setting", "Team"]
 
 
 def _json(default: Any = None) -> Any:
@@ -72,15 +45,6 @@ class Pool(SQLModel, table=True):
     price_per_node_hour: float = 0.0
     store: str | None = None
     active: bool = True
-
-
-class NodeState(StrEnum):
-    LAUNCHING = "launching"  # row (and its token) written; the instance may or may not exist yet
-    UP = "up"
-    DRAINING = "draining"  # an interruption notice came: nothing new lands, it goes when empty
-    TERMINATING = "terminating"  # decided; the provider call may or may not have happened
-    TERMINATED = "terminated"
-    RETIRED = "retired"  # a static node dropped from the config
 
 
 class Node(SQLModel, table=True):
@@ -172,14 +136,6 @@ class Attempt(SQLModel, table=True):
     progress_at: float | None = None
     progress_rate: float | None = None
     progress_read_at: float | None = None
-
-
-class CheckpointState(StrEnum):
-    COMMITTED = "committed"
-    PARTIAL = "partial"  # a step folder without a manifest (so far)
-    DAMAGED = "damaged"  # committed, but its files failed verification
-    DELETED = "deleted"  # removed by retention (it did exist, committed)
-    ABANDONED = "abandoned"  # a partial folder removed by retention
 
 
 class Checkpoint(SQLModel, table=True):
