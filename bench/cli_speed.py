@@ -51,7 +51,8 @@ from broker.spec import parse_config
 from broker.state.model import Attempt, Job
 c = Client({home!r})
 c.apply(parse_config({{
-    "pools": [{{"name": "a100", "gpu_type": "A100", "gpus_per_node": 8, "nodes": 4, "price_per_node_hour": 16}},
+    "pools": [{{"name": "a100", "gpu_type": "A100", "gpus_per_node": 8, "nodes": 4,
+               "price_per_node_hour": 16}},
               {{"name": "l4", "gpu_type": "L4", "gpus_per_node": 4, "nodes": 2}}],
     "teams": [{{"name": "vision"}}, {{"name": "nlp"}}]}}))
 t0 = 1_790_000_000.0
