@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.timeout(300)  # the first test here may run the demo (the session's demo_run)
+
 
 def test_demo_json(tmp_path: Path, demo_run: dict[str, Any]) -> None:
     jobs = {j["name"]: j for j in demo_run["jobs"]}

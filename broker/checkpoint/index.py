@@ -54,7 +54,7 @@ def job_prefixes(s: Session, job: Job) -> list[str]:
     return list(dict.fromkeys(p for p in out if p))
 
 
-PROGRESS_READ_S = 15.0  # read a running attempt's progress marker at most this often
+PROGRESS_READ_S = 15.0  # read a running attempt's progress marker this often (and on a new commit)
 
 
 def refresh_attempt(s: Session, job: Job, a: Attempt, now: float) -> list[Manifest]:
@@ -94,7 +94,7 @@ def refresh_attempt(s: Session, job: Job, a: Attempt, now: float) -> list[Manife
         a.last_checkpoint_at = now
         job.last_step, job.last_checkpoint_at = a.reached_step, now
     if a.state != AttemptState.LAUNCHING and (a.first_step_at is None or a.progress_read_at is None
-                                              or now - a.progress_read_at >= PROGRESS_READ_S):
+                                              or mine_steps or now - a.progress_read_at >= PROGRESS_READ_S):
         _read_progress(st, a, now)
     if a.first_step_at is None and (mine_steps or a.progress_step is not None):
         a.first_step_at = now
