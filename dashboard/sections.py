@@ -47,7 +47,8 @@ def step_chart(rows: list[dict[str, Any]], value: str, title: str, stacked: bool
     mark = (alt.Chart(df).mark_area(interpolate="step-after", opacity=0.8) if stacked
             else alt.Chart(df).mark_line(interpolate="step-after"))
     chart = mark.encode(x=alt.X("t:T", title=f"time ({tz_name()})"),
-                        y=alt.Y(f"{value}:Q", title=title, stack=stacked or None),
+                        y=alt.Y(f"{value}:Q", title=title, stack=stacked or None,
+                                axis=alt.Axis(tickMinStep=1, format="d")),
                         color=alt.Color("series:N", title=None),
                         tooltip=[alt.Tooltip("t:T", title="from", format="%H:%M:%S"), "series:N",
                                  f"{value}:Q"])
@@ -63,10 +64,11 @@ def overview(now_: dict[str, Any], usage: list[dict[str, Any]], queue: list[dict
     cols[2].metric("jobs running now", str(now_["jobs_running"]))
     cols[3].metric("jobs waiting now", str(now_["jobs_waiting"]))
     cols[4].metric("total spent (USD)", f"{now_['total_usd']:.2f}")
-    cols[5].metric("burn rate (USD/h, last hour)", f"{now_['spent_last_hour_usd']:.2f}",
+    cols[5].metric("burn rate (USD/h)", f"{now_['spent_last_hour_usd']:.2f}",
                    help="USD charged over the last hour")
     metered = now_["metered_until"]
-    st.caption(f"as of {when(now)} {tz_name()}; the ledger has charged up to "
+    st.caption(f"as of {when(now)} {tz_name()}; burn rate: USD charged over the last hour; the ledger "
+               "has charged up to "
                + (when(metered) if metered is not None else "nothing yet")
                + (" (the broker is not running: nothing is metered after that)"
                   if metered is not None and now - metered > 120 else ""))

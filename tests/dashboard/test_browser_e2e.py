@@ -212,7 +212,7 @@ def test_every_tab_of_a_seeded_home(browser: DevTools, tmp_path: Path) -> None:
     proc, port, out = _dashboard(c.store.home, tmp_path / "dashboard.log")
     try:
         seen = _visit(browser, f"http://127.0.0.1:{port}", "seeded", {
-            "Overview": (["GPUs in use now", "jobs waiting now", "burn rate (USD/h, last hour)",
+            "Overview": (["GPUs in use now", "jobs waiting now", "burn rate (USD/h)",
                           "GPUs in use by pool and class", "jobs waiting by class"], 2),
             "Cost per experiment": (["cost per experiment", "lr-sweep", "idle on-prem", "release"], 1),
             "Job": (["attempts", "spot_interruption", "40 of 100", f"{running.id}: sweep-2"], 0),
