@@ -69,7 +69,8 @@ from broker.errors import CheckpointError
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, as a shell reports a process ended by SIGTERM
 ARRAYS_FILE = "arrays.npz"
 SHARD_POLL_S = 0.2
-PROGRESS_EVERY_S = 10.0  # rewrite the progress marker at most this often
+# Rewrite the progress marker at most this often (the broker's environment may lower it).
+PROGRESS_EVERY_S = float(os.environ.get("ONEPOOL_PROGRESS_EVERY_S", "10"))
 
 
 @dataclass
