@@ -201,6 +201,9 @@ def budgets(rows: list[dict[str, Any]], burndowns: dict[str, list[dict[str, Any]
     if not df.empty:
         df["projected_end"] = df["projected_end"].map(when)
     st.dataframe(df, hide_index=True, key="budgets")
+    if not burndowns:
+        st.caption("no team has a budget: set budget_usd in onepool.yaml, or `onepool budget set "
+                   "--team TEAM AMOUNT`; spent and burn rate are shown all the same")
     for team, series in burndowns.items():
         st.caption(f"{team}: budget left over its window")
         b = pd.DataFrame(series, columns=["t", "left_usd"])
