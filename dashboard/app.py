@@ -20,6 +20,7 @@ from broker.state.ledger import spend_by_job
 from dashboard import queries, sections
 
 TABS = ["Overview", "Cost per experiment", "Job", "Preemptions", "Nodes & pools", "Budgets"]
+JOB_PAGE_FINISHED = 200  # the job page offers every unfinished job and this many finished ones
 
 
 def _home() -> str | None:
@@ -39,6 +40,8 @@ def main() -> None:
     c = _client(_home())
     st.title("onepool: GPUs and money")
     refresh = st.sidebar.number_input("refresh every (s)", min_value=2, max_value=600, value=10)
+    hours = st.sidebar.number_input("charts: at most the last (hours)", min_value=1, max_value=24 * 90,
+                                    value=24)
     st.sidebar.caption(f"broker home: {c.store.home}")
 
     @st.fragment(run_every=float(refresh))
@@ -51,9 +54,9 @@ def main() -> None:
             return
         tabs = st.tabs(TABS)
         pools = c.pools()
-        jobs = c.list()
+        jobs = c.list(finished_limit=JOB_PAGE_FINISHED)
         with c.store.session() as s:
-            lo, hi = queries.time_range(s, now)
+            lo, hi = queries.time_range(s, now, hours * 3600.0)
             with tabs[0]:
                 sections.overview(queries.now_overview(s, now), queries.gpus_in_use(s, lo, hi),
                                   queries.queue_length(s, lo, hi), sum(p.free_gpus for p in pools), now)

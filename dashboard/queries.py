@@ -25,10 +25,13 @@ from broker.state.model import Attempt, AttemptState, EndReason, Event, Job, Job
 INTERRUPTED = (EndReason.PREEMPTED, EndReason.INTERRUPTED, EndReason.LOST)
 
 
-def time_range(s: Session, now: float) -> tuple[float, float]:
-    """From the first job's submission (at least a minute back; an hour without jobs) to `now`."""
+def time_range(s: Session, now: float, window_s: float = 86400.0) -> tuple[float, float]:
+    """The charts' span: from the first job's submission, at most `window_s` back and at least a
+    minute (an hour when there are no jobs), to `now`."""
     first = s.exec(select(Job.submit_time).order_by(Job.submit_time)).first()
-    return (min(first, now - 60.0) if first is not None else now - 3600.0), now
+    if first is None:
+        return now - 3600.0, now
+    return min(max(first, now - window_s), now - 60.0), now
 
 
 def steps(changes: Iterable[tuple[float, str, int]], since: float, until: float,
@@ -144,12 +147,13 @@ def log_tail(home: Path, attempt_id: int, rank: int = 0, max_bytes: int = 8192) 
     return text if path.stat().st_size <= max_bytes else text.split("\n", 1)[-1]
 
 
-def interruptions(s: Session) -> list[dict[str, Any]]:
-    """Every attempt that did not end on its own terms (preempted, interrupted by the cloud, its
-    node lost), newest first: when, whose job, why, who caused it, the work lost (zero
-    included: a job that checkpointed on the signal lost nothing) and its value."""
+def interruptions(s: Session, limit: int = 500) -> list[dict[str, Any]]:
+    """The newest `limit` attempts that did not end on their own terms (preempted, interrupted
+    by the cloud, their node lost), newest first: when, whose job, why, who caused it, the work
+    lost (zero included: a job that checkpointed on the signal lost nothing) and its value."""
     rows = s.exec(select(Attempt, Job).join(Job, Job.id == Attempt.job_id)
-                  .where(col(Attempt.end_reason).in_(list(INTERRUPTED)))).all()
+                  .where(col(Attempt.end_reason).in_(list(INTERRUPTED)))
+                  .order_by(col(Attempt.ended_at).desc()).limit(limit)).all()
     rates = attempt_rates(s, [a.id for a, _ in rows if a.id is not None])
     by_ids = {a.preempted_by for a, _ in rows if a.preempted_by is not None}
     teams = {j.id: j.team for j in s.exec(select(Job).where(col(Job.id).in_(list(by_ids))))} if by_ids else {}
