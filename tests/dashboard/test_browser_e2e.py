@@ -150,6 +150,10 @@ ACTIVE_PANEL = """(() => { const p = document.querySelector('[role="tabpanel"]')
   return p.innerText + "\\n" + cells.join("\\n"); })()"""
 CHARTS_DRAWN = """[...document.querySelectorAll('[role="tabpanel"] .vega-embed')]
   .filter(e => e.querySelector('canvas, svg')).length"""
+# Streamlit re-runs the page every few seconds (the refresh): while it runs, parts of the page
+# may be placeholders. A photo is taken only when none is visible.
+AT_REST = """![...document.querySelectorAll('[data-testid="stSkeleton"], [data-testid="stSkeletonElement"]')]
+  .some(e => e.offsetParent !== null)"""
 
 
 def _open(dt: DevTools, tab: str) -> None:
@@ -173,7 +177,7 @@ def _look(dt: DevTools, tab: str, must_show: list[str], charts: int) -> str:
         last["text"], last["charts"] = dt.eval(ACTIVE_PANEL), dt.eval(CHARTS_DRAWN)
         if not last["text"] or not all(m in last["text"] for m in must_show):
             return None
-        return last["text"] if last["charts"] >= charts else None
+        return last["text"] if last["charts"] >= charts and dt.eval(AT_REST) else None
 
     deadline = time.monotonic() + 45
     while (text := ready()) is None:
@@ -200,8 +204,11 @@ def _visit(dt: DevTools, url: str, source: str, expect: dict[str, tuple[list[str
         "document.querySelectorAll('[role=\"tab\"]').length") == len(expect), timeout=60, every=0.2)
     seen = {}
     for i, (tab, (must_show, charts)) in enumerate(expect.items()):
-        seen[tab] = _look(dt, tab, must_show, charts)
-        _photograph(dt, f"{source}-{i + 1}-{tab.lower().replace(' & ', '-').replace(' ', '-')}")
+        for _ in range(5):  # a refresh may start between the look and the photo: look again
+            seen[tab] = _look(dt, tab, must_show, charts)
+            _photograph(dt, f"{source}-{i + 1}-{tab.lower().replace(' & ', '-').replace(' ', '-')}")
+            if dt.eval(AT_REST) and dt.eval(ACTIVE_PANEL) == seen[tab]:
+                break
     return seen
 
 
