@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test chaos lint bench clean
+.PHONY: demo test test-deps chaos lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/onepool demo
 
-test: $(STAMP)
+# What tests need from outside Python is installed here, never inside a test.
+test-deps:
+	infra/test/install-chromium.sh
+
+test: $(STAMP) test-deps
 	$(BIN)/python -m pytest -q
 
 # Not part of `make test`: kills brokers and supervisors CHAOS_KILLS times (default 100) under
@@ -23,7 +27,7 @@ chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos
 
 lint: $(STAMP)
-	$(BIN)/ruff check broker providers pricing tests examples bench
+	$(BIN)/ruff check broker providers pricing dashboard tests examples bench
 
 clean:
-	rm -rf $(VENV) .onepool .pytest_cache
+	rm -rf $(VENV) .onepool .pytest_cache build

@@ -58,3 +58,7 @@ class NotLeader(OnepoolError):
 class LeaseLost(OnepoolError):
     """This broker is no longer the leader (another took the lease: a higher fencing number).
     Its write was refused and rolled back; it must stop acting and stand by."""
+class Unpriced(OnepoolError):
+    """No price is known for a rented pool (the catalog has no offer for its provider, region,
+    instance type, market and zone): set its `price_per_node_hour` in onepool.yaml. A pool that
+    cannot be priced is never treated as free."""

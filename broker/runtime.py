@@ -27,7 +27,7 @@ Typical use::
     step = ck.step + 1 if ck else 0
     while step < total:
         ...train...
-        runtime.progress(step)             # cheap: tells the broker the restart is over
+        runtime.progress(step, total)      # cheap: the restart is over; status shows an ETA
         if runtime.preempted() or runtime.due():
             runtime.save(step, arrays={"w": w})   # returns at once; uploads in background
         if runtime.preempted():
@@ -71,6 +71,8 @@ from broker.errors import CheckpointError
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, as a shell reports a process ended by SIGTERM
 ARRAYS_FILE = "arrays.npz"
 SHARD_POLL_S = 0.2
+# Rewrite the progress marker at most this often (the broker's environment may lower it).
+PROGRESS_EVERY_S = float(os.environ.get("ONEPOOL_PROGRESS_EVERY_S", "10"))
 
 
 @dataclass
@@ -137,7 +139,7 @@ _requested = threading.Event()
 _last_save = [time.monotonic()]
 _ctx: list[Context] = []
 _uploader: list[Uploader] = []
-_progressed: list[int] = []
+_progressed: list[float] = []  # [first step, monotonic time of the last marker, first wall time]
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -231,14 +233,22 @@ def save(step: int, arrays: Mapping[str, np.ndarray] | None = None,
     return pending
 
 
-def progress(step: int) -> None:
-    """Report that training completed `step`. Only the first call of an attempt does anything
-    (a tiny marker in the background): the broker measures restart overhead from it."""
+def progress(step: int, total: int | None = None) -> None:
+    """Report that training completed `step` (of `total` steps, numbered 0..total-1, when the
+    job knows it: `onepool status` then shows an ETA). Cheap: rank 0 writes a tiny marker in
+    the background on the first call of an attempt (the broker measures restart overhead from
+    it) and then at most every PROGRESS_EVERY_S seconds."""
     ctx = context()
-    if _progressed or not ctx.checkpoint_uri or ctx.attempt is None or ctx.rank != 0:
+    if not ctx.checkpoint_uri or ctx.attempt is None or ctx.rank != 0:
         return
-    _progressed.append(step)
-    _worker().run(partial(_mark, ctx.store(), ctx.attempt, step))
+    now = time.monotonic()
+    if _progressed and now - _progressed[1] < PROGRESS_EVERY_S:
+        return
+    if not _progressed:
+        _progressed.extend([step, now, SystemClock().now()])
+    _progressed[1] = now
+    first_step, first_time = int(_progressed[0]), float(_progressed[2])
+    _worker().run(partial(_mark, ctx.store(), ctx.attempt, step, total, first_step, first_time))
 
 
 def wait(timeout: float | None = None) -> None:
@@ -319,9 +329,11 @@ def _upload(ctx: Context, store: CheckpointStore, step: int,
                         world_size=ctx.world_size, **meta)  # type: ignore[arg-type]
 
 
-def _mark(store: CheckpointStore, attempt: int, step: int) -> None:
+def _mark(store: CheckpointStore, attempt: int, step: int, total: int | None, first_step: int,
+          first_time: float) -> None:
     try:
-        store.mark_progress(attempt, step, SystemClock().now())
+        store.mark_progress(attempt, step, SystemClock().now(), total=total, first_step=first_step,
+                            first_time=first_time)
     except OSError as e:
         print(f"onepool: could not record progress ({e})", file=sys.stderr)
 

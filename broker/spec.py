@@ -91,6 +91,17 @@ def _nul_in(v: Any, path: str = "") -> str | None:
     return None
 
 
+class OnpremCost(_Strict):
+    """What an on-prem node costs, from what its owner knows: the purchase price spread over its
+    years of service (every hour, idle ones too), plus power and hosting per GPU-hour. The
+    ledger charges `pricing.cost.amortized_usd_per_gpu_hour(...)` of these."""
+
+    purchase_usd_per_node: float = Field(ge=0.0)
+    years: float = Field(gt=0.0, le=30.0)
+    power_usd_per_gpu_hour: float = Field(default=0.0, ge=0.0)
+    hosting_usd_per_gpu_hour: float = Field(default=0.0, ge=0.0)
+
+
 class PoolSpec(_Strict):
     """One pool: identical nodes of one GPU type behind one provider."""
 
@@ -137,9 +148,23 @@ class PoolSpec(_Strict):
     @property
     def rented(self) -> bool:
         return self.max_nodes is not None
-    # On-prem: what a GPU-hour costs amortized (hardware, power, staff), charged in the ledger
-    # but free for placement. None: price_per_node_hour / gpus_per_node (issue 6).
+    # On-prem: what a GPU-hour costs, charged in the ledger but free for placement. Either a
+    # typed rate, or `amortize` (purchase price, years, power, hosting; issue 13). Neither:
+    # price_per_node_hour / gpus_per_node.
     amortized_usd_per_gpu_hour: float | None = Field(default=None, ge=0.0)
+    amortize: OnpremCost | None = None
+
+    @model_validator(mode="after")
+    def _onprem_cost(self) -> PoolSpec:
+        if self.amortize is None and self.amortized_usd_per_gpu_hour is None:
+            return self
+        if self.market is not Market.ONPREM:
+            raise ValueError(f"amortize / amortized_usd_per_gpu_hour: only on-prem pools are amortized "
+                             f"(this one is {self.market.value}: set price_per_node_hour)")
+        if self.amortize is not None and self.amortized_usd_per_gpu_hour is not None:
+            raise ValueError("give amortize (purchase price, years, power, hosting) or "
+                             "amortized_usd_per_gpu_hour, not both")
+        return self
 
     @field_validator("provider")
     @classmethod

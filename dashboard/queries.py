@@ -1,78 +1,107 @@
 """Read-only query functions behind the dashboard (it reads nothing else). Plain dicts/rows,
 so a page can hand them to a table or a chart as they are. Times are broker-clock seconds.
+
+Time series are step functions: one row per series at every moment any series changes, zeros
+included, and a last row at `until` (now), so a chart drawn with step interpolation is flat
+between changes, drops to zero when nothing runs, and reaches the present.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, or_, select
 
 from broker.checkpoint.telemetry import cause_kind
 from broker.control.budgets import TeamBudget, projected_end, team_budgets, window_bounds
 from broker.control.config_apply import applied_config
-from broker.state.costs import attempt_costs, lost_attempts
-from broker.state.ledger import price_in_force, spend_by_job, usd_per_gpu_hour
-from broker.state.model import Attempt, Job, LedgerEntry, NodeMeter, Pool, PriceChange
+from broker.state.costs import attempt_costs, attempt_rates, spent_last, total_usd
+from broker.state.ledger import spend_by_job
+from broker.state.model import Attempt, AttemptState, EndReason, Event, Job, JobState, LedgerEntry
+
+INTERRUPTED = (EndReason.PREEMPTED, EndReason.INTERRUPTED, EndReason.LOST)
 
 
-def _times(since: float, until: float, points: int) -> list[float]:
-    step = max(1e-9, (until - since) / max(1, points - 1))
-    return [since + i * step for i in range(points)]
-
-
-def time_range(s: Session, now: float) -> tuple[float, float]:
-    """From the first job's submission (or `now` - 1 h) to `now`."""
+def time_range(s: Session, now: float, window_s: float = 86400.0) -> tuple[float, float]:
+    """The charts' span: from the first job's submission, at most `window_s` back and at least a
+    minute (an hour when there are no jobs), to `now`."""
     first = s.exec(select(Job.submit_time).order_by(Job.submit_time)).first()
-    return (min(first, now - 60.0) if first is not None else now - 3600.0), now
+    if first is None:
+        return now - 3600.0, now
+    return min(max(first, now - window_s), now - 60.0), now
 
 
-def gpus_in_use(s: Session, since: float, until: float, points: int = 60) -> list[dict[str, Any]]:
-    """GPUs held by attempts at evenly spaced times: rows {t, pool, priority, gpus}."""
-    rows = s.exec(select(Attempt).where(Attempt.started_at <= until, or_ended_after(since))).all()
-    out = []
-    for t in _times(since, until, points):
-        acc: dict[tuple[str, str], int] = defaultdict(int)
-        for a in rows:
-            if a.started_at <= t and (a.ended_at is None or a.ended_at > t):
-                acc[(a.pool, a.priority)] += a.gpus
-        out += [{"t": t, "pool": p, "priority": c, "gpus": g} for (p, c), g in sorted(acc.items())]
+def steps(changes: Iterable[tuple[float, str, int]], since: float, until: float,
+          value: str) -> list[dict[str, Any]]:
+    """A step function per series from (time, series, delta) changes: rows {t, series, value}
+    at `since`, at every change inside (since, until) and at `until`, for every series."""
+    changes = sorted(changes)
+    level: dict[str, int] = defaultdict(int)
+    names = sorted({k for _, k, _ in changes})
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(changes) and changes[i][0] <= since:
+        level[changes[i][1]] += changes[i][2]
+        i += 1
+    out += [{"t": since, "series": k, value: level[k]} for k in names]
+    while i < len(changes) and changes[i][0] < until:
+        t = changes[i][0]
+        while i < len(changes) and changes[i][0] == t:
+            level[changes[i][1]] += changes[i][2]
+            i += 1
+        out += [{"t": t, "series": k, value: level[k]} for k in names]
+    out += [{"t": until, "series": k, value: level[k]} for k in names]
     return out
 
 
-def or_ended_after(t: float) -> Any:
-    from sqlmodel import or_
+def gpus_in_use(s: Session, since: float, until: float) -> list[dict[str, Any]]:
+    """GPUs held by attempts, per "pool / class", as a step function (see `steps`)."""
+    rows = s.exec(select(Attempt).where(Attempt.started_at <= until,
+                                        or_(col(Attempt.ended_at).is_(None), col(Attempt.ended_at) > since)))
+    changes: list[tuple[float, str, int]] = []
+    for a in rows:
+        key = f"{a.pool} / {a.priority}"
+        changes.append((a.started_at, key, a.gpus))
+        if a.ended_at is not None:
+            changes.append((a.ended_at, key, -a.gpus))
+    return steps(changes, since, until, "gpus")
 
-    return or_(col(Attempt.ended_at).is_(None), col(Attempt.ended_at) > t)
 
-
-def queue_length(s: Session, since: float, until: float, points: int = 60) -> list[dict[str, Any]]:
-    """Jobs waiting at evenly spaced times, by priority class: rows {t, priority, pending}.
-    A job waits from submission to its first start, and from each requeue to the next start."""
+def queue_length(s: Session, since: float, until: float) -> list[dict[str, Any]]:
+    """Jobs waiting, per priority class, as a step function (see `steps`). A job waits from
+    its submission to its first start, and from each requeue to its next start; a pending
+    job cancelled waited until then."""
     jobs = {j.id: j for j in s.exec(select(Job).where(Job.submit_time <= until)).all()}
     atts: dict[int, list[Attempt]] = defaultdict(list)
     for a in s.exec(select(Attempt).order_by(Attempt.job_id, Attempt.number)).all():
         atts[a.job_id].append(a)
-    spans: list[tuple[str, float, float]] = []
+    changes: list[tuple[float, str, int]] = []
     for jid, j in jobs.items():
-        start = j.submit_time
+        start: float | None = j.submit_time
         for a in atts.get(jid or 0, []):
-            spans.append((j.priority, start, a.started_at))
-            start = a.ended_at if a.end_reason in ("PREEMPTED", "LOST", "INTERRUPTED") else None
-            if start is None:
-                break
-        else:
-            if j.state == "PENDING":
-                spans.append((j.priority, start, until))
-    out = []
-    for t in _times(since, until, points):
-        acc: dict[str, int] = defaultdict(int)
-        for c, a0, a1 in spans:
-            if a0 <= t < a1:
-                acc[c] += 1
-        out += [{"t": t, "priority": c, "pending": n} for c, n in sorted(acc.items())]
-    return out
+            if start is not None:
+                changes += [(start, j.priority, 1), (a.started_at, j.priority, -1)]
+            start = a.ended_at if a.end_reason in INTERRUPTED and a.ended_at is not None else None
+        if start is not None and j.state != JobState.RUNNING:
+            changes.append((start, j.priority, 1))
+            if j.state != JobState.PENDING and j.end_time is not None:  # cancelled while waiting
+                changes.append((max(start, j.end_time), j.priority, -1))
+    return steps(changes, since, until, "waiting")
+
+
+def now_overview(s: Session, now: float) -> dict[str, Any]:
+    """The numbers of this moment: GPUs held now, jobs running and waiting now, the money."""
+    live = s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED)).all()
+    states = [st for st in s.exec(select(Job.state)).all()]
+    last = s.exec(select(LedgerEntry.end).order_by(col(LedgerEntry.end).desc())).first()
+    return {"gpus_in_use": sum(a.gpus for a in live),
+            "jobs_running": sum(1 for x in states if x == JobState.RUNNING),
+            "jobs_waiting": sum(1 for x in states if x == JobState.PENDING),
+            "total_usd": total_usd(s), "spent_last_hour_usd": spent_last(s, now, 3600.0),
+            "metered_until": last}
 
 
 def experiment_jobs(s: Session, experiment: str) -> list[dict[str, Any]]:
@@ -85,12 +114,55 @@ def experiment_jobs(s: Session, experiment: str) -> list[dict[str, Any]]:
 
 
 def job_attempts(s: Session, job_id: int) -> list[dict[str, Any]]:
-    """One job's attempts with what each cost and lost."""
+    """One job's attempts: where each ran, when, why it ended, its steps, what it cost and lost."""
     usd = attempt_costs(s, job_id)
-    return [{"attempt": a.number, "pool": a.pool, "gpus": a.gpus, "started_at": a.started_at,
-             "ended_at": a.ended_at, "end": a.end_reason or a.state, "cause": a.cause,
-             "lost_gpu_hours": a.lost_gpu_s / 3600.0, "usd": usd.get(a.id or 0, 0.0)}
-            for a in s.exec(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number))]
+    out = []
+    for a in s.exec(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)):
+        out.append({"attempt": a.number, "pool": a.pool,
+                    "nodes": " ".join(f"{n}[{','.join(map(str, sl))}]" for n, sl in a.alloc),
+                    "gpus": a.gpus, "started_at": a.started_at, "ended_at": a.ended_at,
+                    "end": a.end_reason or a.state, "why": a.cause or ("completed" if a.end_reason ==
+                                                                      EndReason.COMPLETED else ""),
+                    "from_step": a.restored_step, "to_step": a.reached_step,
+                    "reported_step": a.progress_step, "lost_gpu_hours": a.lost_gpu_s / 3600.0,
+                    "usd": usd.get(a.id or 0, 0.0), "id": a.id})
+    return out
+
+
+def job_events(s: Session, job_id: int, limit: int = 200) -> list[dict[str, Any]]:
+    """The job's newest events, oldest first."""
+    rows = s.exec(select(Event).where(Event.job_id == job_id).order_by(col(Event.id).desc()).limit(limit))
+    return [{"t": e.time, "kind": e.kind, "message": e.message} for e in reversed(rows.all())]
+
+
+def log_tail(home: Path, attempt_id: int, rank: int = 0, max_bytes: int = 8192) -> str | None:
+    """The end of an attempt's output (the embedded executor's run folder), None if it has none.
+    (When the API exists this is its logs endpoint.)"""
+    path = home / "runs" / f"attempt-{attempt_id}" / f"rank-{rank}" / "output.log"
+    if not path.exists():
+        return None
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - max_bytes))
+        text = f.read().decode(errors="replace")
+    return text if path.stat().st_size <= max_bytes else text.split("\n", 1)[-1]
+
+
+def interruptions(s: Session, limit: int = 500) -> list[dict[str, Any]]:
+    """The newest `limit` attempts that did not end on their own terms (preempted, interrupted
+    by the cloud, their node lost), newest first: when, whose job, why, who caused it, the work
+    lost (zero included: a job that checkpointed on the signal lost nothing) and its value."""
+    rows = s.exec(select(Attempt, Job).join(Job, Job.id == Attempt.job_id)
+                  .where(col(Attempt.end_reason).in_(list(INTERRUPTED)))
+                  .order_by(col(Attempt.ended_at).desc()).limit(limit)).all()
+    rates = attempt_rates(s, [a.id for a, _ in rows if a.id is not None])
+    by_ids = {a.preempted_by for a, _ in rows if a.preempted_by is not None}
+    teams = {j.id: j.team for j in s.exec(select(Job).where(col(Job.id).in_(list(by_ids))))} if by_ids else {}
+    out = [{"t": a.ended_at, "job": j.id, "name": j.name, "team": j.team, "attempt": a.number,
+            "pool": a.pool, "cause": cause_kind(a.cause), "caused_by_job": a.preempted_by,
+            "caused_by_team": teams.get(a.preempted_by or -1), "lost_gpu_hours": a.lost_gpu_s / 3600.0,
+            "lost_usd": a.lost_gpu_s * rates.get(a.id or 0, 0.0), "reached_step": a.reached_step}
+           for a, j in rows]
+    return sorted(out, key=lambda r: -(r["t"] or 0.0))
 
 
 def budget_overview(s: Session, now: float, window_s: float = 3600.0) -> list[dict[str, Any]]:
@@ -125,37 +197,6 @@ def burndown(s: Session, team: str, now: float, points: int = 40) -> list[dict[s
                    .order_by(LedgerEntry.start)).first()
     lo = first if first is not None else start
     rows = s.exec(select(LedgerEntry).where(LedgerEntry.team == team, LedgerEntry.start >= start)).all()
+    step = max(1e-9, (now - lo) / max(1, points - 1))
     return [{"t": t, "left_usd": b.amount - sum(r.usd * _share(r.start, r.end, r.start, t) for r in rows)}
-            for t in _times(lo, now, points)]
-
-
-def lost_timeline(s: Session) -> list[dict[str, Any]]:
-    """Every attempt that lost work: when, whose job, why, who caused it, GPU-hours and USD."""
-    out = []
-    for a, j, rate in lost_attempts(s):
-        by_team = None
-        if a.preempted_by is not None:
-            by = s.get(Job, a.preempted_by)
-            by_team = by.team if by else None
-        out.append({"t": a.ended_at, "job": j.id, "team": j.team, "cause": cause_kind(a.cause),
-                    "caused_by_job": a.preempted_by, "caused_by_team": by_team,
-                    "lost_gpu_hours": a.lost_gpu_s / 3600.0, "lost_usd": a.lost_gpu_s * rate})
-    return sorted(out, key=lambda r: r["t"] or 0.0)
-
-
-def pool_prices(s: Session, now: float) -> list[dict[str, Any]]:
-    """Every pool's offer now: market, GPU type, node price in force, charged USD per GPU-hour
-    (on-prem: amortized, free for placement), nodes on the meter, price changes recorded."""
-    cfg = applied_config(s)
-    out = []
-    for p in s.exec(select(Pool).order_by(Pool.name)).all():
-        node_h = price_in_force(s, p, now)
-        changes = len(s.exec(select(PriceChange.id).where(PriceChange.pool == p.name)).all())
-        up = len(s.exec(select(NodeMeter.id).where(NodeMeter.pool == p.name,
-                                                   col(NodeMeter.ended_at).is_(None))).all())
-        out.append({"pool": p.name, "provider": p.provider, "market": p.market, "gpu_type": p.gpu_type,
-                    "gpus_per_node": p.gpus_per_node, "usd_per_node_hour": node_h,
-                    "usd_per_gpu_hour": usd_per_gpu_hour(p, node_h, cfg),
-                    "placement_usd_per_gpu_hour": 0.0 if p.market == "onprem" else node_h / p.gpus_per_node,
-                    "nodes_metered": up, "price_changes": changes, "active": p.active})
-    return out
+            for t in (lo + i * step for i in range(points))]

@@ -1,72 +1,197 @@
-"""The dashboard's sections. Each takes rows from broker query functions and draws them."""
+"""The dashboard's tabs. Each takes rows from query functions (dashboard.queries, the SDK) and
+draws them; times are shown in this machine's local time zone."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
+import altair as alt
 import pandas as pd
 import streamlit as st
 
-COST_COLUMNS = ["key", "usd", "gpu_hours", "lost_gpu_hours", "lost_usd", "jobs"]
+COST_COLUMNS = ["key", "usd", "gpu_hours", "idle_usd", "lost_gpu_hours", "lost_usd", "jobs"]
 
 
-def _when(t: float | None) -> str:
-    return "" if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M")
+def tz_name() -> str:
+    return datetime.now().astimezone().strftime("%Z") or "local"
 
 
-def _times(df: pd.DataFrame, col: str = "t") -> pd.DataFrame:
-    if not df.empty:
-        df = df.assign(**{col: pd.to_datetime(df[col], unit="s", utc=True)})
-    return df
+def when(t: float | None) -> str:
+    """A broker time as a local date and time."""
+    return "" if t is None or pd.isna(t) else datetime.fromtimestamp(t).astimezone().strftime(
+        "%Y-%m-%d %H:%M:%S")
 
 
-def overview(c: Any, usage: list[dict[str, Any]], queue: list[dict[str, Any]], now: float) -> None:
-    """Totals, GPUs in use by pool and class over time, queue length by class, burn rate."""
-    pools = c.costs("pool")
-    cols = st.columns(4)
-    cols[0].metric("total spent (USD)", f"{sum(r.usd for r in pools):.2f}")
-    with c.store.session() as s:
-        from broker.state.costs import burn_rate
+def _local(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
+    """Epoch-second columns as local (naive) datetimes for charts."""
+    tz = datetime.now().astimezone().tzinfo
+    return df.assign(**{c: pd.to_datetime(df[c], unit="s", utc=True).dt.tz_convert(tz).dt.tz_localize(None)
+                        for c in cols})
 
-        cols[1].metric("burn rate (USD/h, last hour)", f"{burn_rate(s, now):.2f}")
-    last_t = max((r["t"] for r in usage), default=None)
-    cols[2].metric("GPUs in use", str(sum(r["gpus"] for r in usage if r["t"] == last_t)))
-    last_q = max((r["t"] for r in queue), default=None)
-    cols[3].metric("jobs waiting", str(sum(r["pending"] for r in queue if r["t"] == last_q)))
-    st.subheader("GPUs in use by pool and class")
-    df = _times(pd.DataFrame(usage, columns=["t", "pool", "priority", "gpus"]))
+
+def _readable(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
+    """Epoch-second columns as local date-time strings for tables; missing numbers blank."""
+    df = df.assign(**{c: df[c].map(when) for c in cols if c in df})
+    return df.astype({c: "Int64" for c in df.columns if c.endswith("_step") or c.endswith("_job")})
+
+
+def step_chart(rows: list[dict[str, Any]], value: str, title: str, stacked: bool = True) -> None:
+    """A step chart of `value` per series over time (rows from dashboard.queries.steps)."""
+    df = pd.DataFrame(rows, columns=["t", "series", value])
     if df.empty:
-        st.info("no GPU use recorded yet")
-    else:
-        df["series"] = df["pool"] + "/" + df["priority"]
-        st.area_chart(df.pivot_table(index="t", columns="series", values="gpus", aggfunc="sum").fillna(0))
-    st.subheader("queue length by class")
-    q = _times(pd.DataFrame(queue, columns=["t", "priority", "pending"]))
-    if q.empty:
-        st.info("nothing has waited")
-    else:
-        st.line_chart(q.pivot_table(index="t", columns="priority", values="pending", aggfunc="sum").fillna(0))
+        st.info(f"no {title} recorded yet")
+        return
+    df = _local(df, "t")
+    mark = (alt.Chart(df).mark_area(interpolate="step-after", opacity=0.8) if stacked
+            else alt.Chart(df).mark_line(interpolate="step-after"))
+    chart = mark.encode(x=alt.X("t:T", title=f"time ({tz_name()})"),
+                        y=alt.Y(f"{value}:Q", title=title, stack=stacked or None,
+                                axis=alt.Axis(tickMinStep=1, format="d")),
+                        color=alt.Color("series:N", title=None),
+                        tooltip=[alt.Tooltip("t:T", title="from", format="%H:%M:%S"), "series:N",
+                                 f"{value}:Q"])
+    st.altair_chart(chart, width="stretch")
 
 
-def experiments(c: Any, jobs_of: Callable[[str], list[dict[str, Any]]],
+def overview(now_: dict[str, Any], usage: list[dict[str, Any]], queue: list[dict[str, Any]],
+             free_gpus: int, now: float) -> None:
+    """Numbers as of now, GPUs in use by pool and class, the queue by class."""
+    cols = st.columns(6)
+    cols[0].metric("GPUs in use now", str(now_["gpus_in_use"]))
+    cols[1].metric("GPUs free now", str(free_gpus))
+    cols[2].metric("jobs running now", str(now_["jobs_running"]))
+    cols[3].metric("jobs waiting now", str(now_["jobs_waiting"]))
+    cols[4].metric("total spent (USD)", f"{now_['total_usd']:.2f}")
+    cols[5].metric("burn rate (USD/h)", f"{now_['spent_last_hour_usd']:.2f}",
+                   help="USD charged over the last hour")
+    metered = now_["metered_until"]
+    st.caption(f"as of {when(now)} {tz_name()}; burn rate: USD charged over the last hour; the ledger "
+               "has charged up to "
+               + (when(metered) if metered is not None else "nothing yet")
+               + (" (the broker is not running: nothing is metered after that)"
+                  if metered is not None and now - metered > 120 else ""))
+    st.subheader("GPUs in use by pool and class")
+    step_chart(usage, "gpus", "GPUs in use")
+    st.subheader("jobs waiting by class")
+    step_chart(queue, "waiting", "jobs waiting", stacked=False)
+
+
+def experiments(costs: list[Any], jobs_of: Callable[[str], list[dict[str, Any]]],
                 attempts_of: Callable[[int], list[dict[str, Any]]]) -> None:
-    """The cost table per experiment, a bar chart, and a drill-down into jobs and attempts."""
-    rows = [r.model_dump() for r in c.costs("experiment")]
+    """The cost table per experiment (unused GPU time in its own rows), a bar chart, and a
+    drill-down into jobs and attempts."""
     st.subheader("cost per experiment")
-    df = pd.DataFrame(rows, columns=COST_COLUMNS).rename(columns={"key": "experiment"})
-    st.table(df.round(4))
+    df = pd.DataFrame([r.model_dump() for r in costs], columns=COST_COLUMNS).rename(
+        columns={"key": "experiment"})
+    st.table(df.round(4), hide_index=True)
     if df.empty:
         st.info("nothing has been charged yet")
         return
-    st.bar_chart(df.set_index("experiment")["usd"])
-    exp = st.selectbox("experiment", list(df["experiment"]), key="experiment")
+    st.caption(f"total {df['usd'].sum():.4f} USD, the same in every view (`onepool cost --by ...`); "
+               "idle on-prem, idle rented and boot/drain: GPUs paid for that no job used")
+    st.bar_chart(df.set_index("experiment")["usd"], horizontal=True)
+    real = [e for e in df["experiment"] if " " not in e]
+    if not real:
+        return
+    exp = st.selectbox("experiment", real, key="experiment")
     jobs = pd.DataFrame(jobs_of(exp))
-    st.dataframe(jobs, hide_index=True)
+    st.dataframe(jobs, hide_index=True, key="experiment_jobs")
     if not jobs.empty:
-        job = st.selectbox("job", list(jobs["job"]), key="job")
-        st.dataframe(pd.DataFrame(attempts_of(int(job))), hide_index=True)
+        job = st.selectbox("job", list(jobs["job"]), key="experiment_job")
+        att = pd.DataFrame(attempts_of(int(job)))
+        st.dataframe(_readable(att.drop(columns=["id"], errors="ignore"), "started_at", "ended_at"),
+                     hide_index=True, key="experiment_attempts")
+
+
+def job_page(jobs: list[Any], get: Callable[[int], Any], attempts_of: Callable[[int], list[dict[str, Any]]],
+             events_of: Callable[[int], list[dict[str, Any]]], spent: Callable[[int], float],
+             tail: Callable[[int], str | None]) -> None:
+    """One job: status, progress, money; its attempts (where each ran, why each ended, steps);
+    the tail of an attempt's log; its events."""
+    st.subheader("job")
+    if not jobs:
+        st.info("no jobs yet")
+        return
+    newest_running = next((j.id for j in reversed(jobs) if j.status == "RUNNING"), jobs[-1].id)
+    ids = [j.id for j in jobs]
+    label = {j.id: f"{j.id}: {j.name} ({j.status.lower()})" for j in jobs}
+    jid = st.selectbox("job", ids, index=ids.index(newest_running), format_func=label.get, key="job_page")
+    j = get(jid)
+    cols = st.columns(5)
+    cols[0].metric("status", j.status)
+    cols[1].metric("spent (USD)", f"{spent(jid):.4f}",
+                   help=None if j.budget_usd is None else f"budget {j.budget_usd:.2f} USD")
+    cols[2].metric("attempts", str(j.attempts), help=f"preempted {j.preemptions} times")
+    step = max((x for x in (j.progress_step, j.last_step) if x is not None), default=None)
+    cols[3].metric("step", "-" if step is None else f"{step}" + (f" of {j.progress_total}" if j.progress_total
+                                                                  else ""),
+                   help="the newest step it reported or checkpointed")
+    cols[4].metric("ETA", "-" if j.eta is None else when(j.eta)[11:])
+    st.caption(f"{j.name}: team {j.team}, experiment {j.experiment}, {j.priority}, "
+               f"{j.nodes}x{j.gpus_per_node} GPUs; submitted {when(j.submit_time)}"
+               + (f", ended {when(j.end_time)}" if j.end_time else "")
+               + (f"; waiting: {j.waiting_reason}" if j.waiting_reason else ""))
+    att = pd.DataFrame(attempts_of(jid))
+    st.markdown("**attempts**")
+    if att.empty:
+        st.info("not started yet")
+    else:
+        st.dataframe(_readable(att.drop(columns=["id"]), "started_at", "ended_at"), hide_index=True,
+                     key="job_attempts")
+        number = st.selectbox("log of attempt", list(att["attempt"])[::-1], key="job_log_attempt")
+        text = tail(int(att.loc[att["attempt"] == number, "id"].iloc[0]))
+        st.code(text if text else "(no output)", language=None)
+    st.markdown("**events**")
+    ev = pd.DataFrame(events_of(jid))
+    if ev.empty:
+        st.caption("no events recorded")
+    else:
+        st.dataframe(_readable(ev, "t").rename(columns={"t": "time"}), hide_index=True, key="job_events")
+
+
+def preemptions(rows: list[dict[str, Any]]) -> None:
+    """Every interruption (zero-loss ones too), who caused it, the work lost."""
+    st.subheader("preemptions and interruptions")
+    df = pd.DataFrame(rows)
+    if df.empty:
+        st.info("no job has been preempted or interrupted")
+        return
+    cols = st.columns(3)
+    cols[0].metric("interruptions", str(len(df)))
+    cols[1].metric("with no work lost", str(int((df["lost_gpu_hours"] == 0).sum())),
+                   help="the job checkpointed on the signal")
+    cols[2].metric("GPU-hours lost", f"{df['lost_gpu_hours'].sum():.4f}")
+    st.dataframe(_readable(df, "t").rename(columns={"t": "when"}), hide_index=True, key="preemptions")
+    left, right = st.columns(2)
+    left.markdown("**lost GPU-hours by cause**")
+    left.bar_chart(df.groupby("cause")["lost_gpu_hours"].sum())
+    right.markdown("**lost GPU-hours by who caused it**")
+    who = df.assign(by=df["caused_by_team"].fillna(df["cause"]))
+    right.bar_chart(who.groupby("by")["lost_gpu_hours"].sum())
+
+
+def nodes_and_pools(pools: list[Any]) -> None:
+    """Pools (market, price, capacity, free GPUs) and their live nodes (state, free GPUs, who
+    holds the rest, age)."""
+    st.subheader("pools")
+    df = pd.DataFrame([{"pool": p.name, "provider": p.provider, "market": p.market, "gpu_type": p.gpu_type,
+                        "nodes": len(p.nodes), "max_nodes": p.max_nodes, "gpus": p.gpus,
+                        "free_gpus": p.free_gpus, "usd_per_node_hour": p.usd_per_node_hour,
+                        "usd_per_gpu_hour": p.usd_per_gpu_hour, "unpriced": p.unpriced or ""} for p in pools])
+    st.dataframe(df, hide_index=True, key="pools")
+    st.caption("on-prem GPU-hours are charged at their amortized price but are free for placement")
+    st.subheader("nodes")
+    nodes = pd.DataFrame([{"node": n.id, "pool": n.pool, "state": n.state, "gpus": n.gpus,
+                           "free_gpus": n.free_gpus, "jobs": ", ".join(map(str, n.jobs)),
+                           "since": n.since, "age_min": None if n.age_s is None else round(n.age_s / 60, 1),
+                           "instance": n.instance_id or "", "zone": n.zone or ""}
+                          for p in pools for n in p.nodes])
+    if nodes.empty:
+        st.info("no live nodes")
+    else:
+        st.dataframe(_readable(nodes, "since"), hide_index=True, key="nodes")
 
 
 def budgets(rows: list[dict[str, Any]], burndowns: dict[str, list[dict[str, Any]]]) -> None:
@@ -74,39 +199,13 @@ def budgets(rows: list[dict[str, Any]], burndowns: dict[str, list[dict[str, Any]
     st.subheader("team budgets")
     df = pd.DataFrame(rows)
     if not df.empty:
-        df["projected_end"] = df["projected_end"].map(_when)
-    st.dataframe(df, hide_index=True)
+        df["projected_end"] = df["projected_end"].map(when)
+    st.dataframe(df, hide_index=True, key="budgets")
+    if not burndowns:
+        st.caption("no team has a budget: set budget_usd in onepool.yaml, or `onepool budget set "
+                   "--team TEAM AMOUNT`; spent and burn rate are shown all the same")
     for team, series in burndowns.items():
         st.caption(f"{team}: budget left over its window")
-        b = _times(pd.DataFrame(series, columns=["t", "left_usd"]))
+        b = pd.DataFrame(series, columns=["t", "left_usd"])
         if not b.empty:
-            st.line_chart(b.set_index("t")["left_usd"])
-
-
-def preemptions(by_cause: pd.DataFrame, by_team: pd.DataFrame, timeline: list[dict[str, Any]]) -> None:
-    """Lost GPU-hours by cause and by who caused them, and a timeline."""
-    left, right = st.columns(2)
-    left.subheader("lost GPU-hours by cause")
-    if not by_cause.empty:
-        left.bar_chart(by_cause.set_index("key")["lost_gpu_hours"])
-    right.subheader("lost GPU-hours by who preempted")
-    if not by_team.empty:
-        right.bar_chart(by_team.set_index("key")["lost_gpu_hours"])
-    st.subheader("timeline")
-    tl = pd.DataFrame(timeline)
-    if tl.empty:
-        st.info("no work lost")
-        return
-    tl["when"] = tl["t"].map(_when)
-    st.scatter_chart(_times(tl), x="t", y="lost_gpu_hours", color="cause")
-    st.dataframe(tl.drop(columns=["t"]), hide_index=True)
-
-
-def pools(rows: list[dict[str, Any]]) -> None:
-    """Current offers: market (on-prem / on-demand / spot), node and GPU prices."""
-    st.subheader("pools and prices")
-    df = pd.DataFrame(rows)
-    st.dataframe(df, hide_index=True)
-    if not df.empty:
-        st.bar_chart(df.set_index("pool")["usd_per_gpu_hour"])
-        st.caption("on-prem GPU-hours are charged at their amortized price but are free for placement")
+            st.line_chart(_local(b, "t").set_index("t")["left_usd"])

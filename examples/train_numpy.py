@@ -51,7 +51,7 @@ def main() -> int:
         grad = batch.T @ (batch @ w - batch @ true_w) / len(batch)
         w = w - 0.05 * grad
         time.sleep(args.step_s)
-        runtime.progress(step)
+        runtime.progress(step, args.steps)
         stop = runtime.preempted()  # read once: a SIGTERM right after still gets its save
         if stop or runtime.checkpoint_requested() or (step + 1) % args.ckpt_every == 0:
             runtime.save(step, arrays={"w": w}, files={"optimizer.bin": state} if state else None)

@@ -19,7 +19,8 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,12 @@ from typing import Any
 DATA = Path(__file__).resolve().parent / "data"
 HOURS_PER_MONTH = 730.0
 DEFAULT_SPOT_RATE_PER_H = -math.log(1 - 0.125) / HOURS_PER_MONTH  # the 10-15% bucket's midpoint
+
+
+def is_aws_zone_name(zone: str, region: str) -> bool:
+    """Whether `zone` is an AZ name of `region` (us-east-1a; local zones like
+    us-east-1-bos-1a too), as opposed to an AZ id (use1-az1)."""
+    return zone.startswith(region) and re.fullmatch(r"(-[a-z0-9]+)*[a-z]", zone[len(region):]) is not None
 
 
 @dataclass(frozen=True)
@@ -87,11 +94,30 @@ class Catalog:
         return cls(out)
 
     def find(self, provider: str, region: str, instance_type: str, market: str,
-             zone: str | None = None) -> CatalogOffer | None:
-        """The cheapest matching offer (over zones unless `zone` is given), None if unknown."""
+             zone: str | None = None, zone_ids: Mapping[str, str] | None = None) -> CatalogOffer | None:
+        """The offer a pool of (provider, region, instance type, market) pays; None if the
+        catalog has no such offer.
+
+        zone: none given -> the cheapest zone. AWS keys its zones by AZ id (`use1-az1`), which
+        is the same for every account, while pools name zones (`us-east-1a`), which AWS maps
+        to ids differently per account. An AZ id is looked up as it is; an AZ name through
+        `zone_ids` (name -> id, the account's describe_availability_zones), and without that
+        mapping the dearest zone of the region is taken (never below what the account pays;
+        `source` says so). Offers with no zone apply to every zone.
+        """
         hits = [o for o in self.offers if (o.provider, o.region, o.instance_type, o.market)
-                == (provider, region, instance_type, market) and (not zone or o.zone in ("", zone))]
-        return min(hits, key=lambda o: o.usd_per_hour, default=None)
+                == (provider, region, instance_type, market)]
+        if not zone or not hits:
+            return min(hits, key=lambda o: o.usd_per_hour, default=None)
+        zone_id = (zone_ids or {}).get(zone, zone)
+        exact = [o for o in hits if o.zone in ("", zone_id)]
+        if exact:
+            return min(exact, key=lambda o: o.usd_per_hour)
+        if zone_id == zone and is_aws_zone_name(zone, region) and zone not in (zone_ids or {}):
+            dearest = max(hits, key=lambda o: o.usd_per_hour)
+            return replace(dearest, zone=zone, source=f"{dearest.source}: dearest zone of {region} "
+                           f"(the account's AZ id for {zone} is not known)")
+        return None
 
     def cheapest(self, gpu_type: str, market: str | None = None) -> list[CatalogOffer]:
         """Offers of a GPU type, cheapest $/GPU-hour first."""

@@ -15,6 +15,8 @@ and the effective price is price * (1 + rework_h). On-prem capacity is free for 
 
 from __future__ import annotations
 
+HOURS_PER_YEAR = 8766.0  # 365.25 days
+
 
 def expected_rework(rate_per_h: float, checkpoint_interval_s: float, restart_overhead_s: float,
                     checkpoint_on_notice: bool = False) -> float:
@@ -32,3 +34,18 @@ def effective_price(price_per_gpu_h: float, rate_per_h: float, checkpoint_interv
         raise ValueError("price must be >= 0")
     return price_per_gpu_h * (1.0 + expected_rework(rate_per_h, checkpoint_interval_s,
                                                      restart_overhead_s, checkpoint_on_notice))
+
+
+def amortized_usd_per_gpu_hour(purchase_usd_per_node: float, years: float, gpus_per_node: int,
+                               power_usd_per_gpu_hour: float = 0.0,
+                               hosting_usd_per_gpu_hour: float = 0.0) -> float:
+    """What one on-prem GPU-hour costs: the node's purchase price spread evenly over every hour
+    of `years` (idle hours included: under-use shows up as idle cost, not as a cheaper GPU),
+    split over its GPUs, plus power and hosting (space, cooling, staff) per GPU-hour.
+    Raises ValueError for a non-positive lifetime or GPU count, or a negative amount."""
+    if years <= 0 or gpus_per_node <= 0:
+        raise ValueError("years and gpus_per_node must be > 0")
+    if min(purchase_usd_per_node, power_usd_per_gpu_hour, hosting_usd_per_gpu_hour) < 0:
+        raise ValueError("purchase price, power and hosting must be >= 0")
+    return (purchase_usd_per_node / (years * HOURS_PER_YEAR * gpus_per_node)
+            + power_usd_per_gpu_hour + hosting_usd_per_gpu_hour)

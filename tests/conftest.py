@@ -3,6 +3,7 @@ that cycles an engine until a condition holds (woken by process exits, bounded i
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -198,3 +199,17 @@ def _no_instance_left_in_moto(request: pytest.FixtureRequest):  # type: ignore[n
         {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}])
     left = [i["InstanceId"] for r in resp["Reservations"] for i in r["Instances"]]
     assert not left, f"instances left running in moto: {left}"
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`onepool demo --json` run once, as a user runs it, in a fresh home: its parsed output
+    (with "home" and the process's "stderr"). Shared by the demo, money and dashboard tests."""
+    import subprocess
+
+    home = tmp_path_factory.mktemp("demo") / "home"
+    env = {**os.environ, "ONEPOOL_HOME": str(home)}
+    out = subprocess.run([sys.executable, "-m", "broker.client.cli", "demo", "--json"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stderr
+    return {**json.loads(out.stdout), "stderr": out.stderr}

@@ -46,6 +46,33 @@ def test_submission_estimate_against_budget(make_cluster, pools, broker, spec, o
                       "on spot pool spot it is $2.00"] if outcome == "spot_only" else [])
 
 
+@pytest.mark.parametrize(("budget", "seconds", "says"), [
+    (0.0, 1.0, ["estimated cost $0.0020 exceeds its budget $0.00 (a budget of $0 allows no spending",
+                "at least 0.01"]),
+    (0.001, 1.0, ["estimated cost $0.0020 exceeds its budget $0.0010", "at least 0.01"]),
+    (5.0, 3600.0, ["estimated cost $7.20 exceeds its budget $5.00", "at least 7.20"]),
+])
+def test_refusals_show_small_amounts_as_they_are(make_cluster, budget, seconds, says):
+    """Never "estimated $0.00 exceeds its budget $0.00": small amounts keep two significant digits."""
+    c, _ = make_cluster(pools=[ONPREM])
+    with pytest.raises(budgets.BudgetError) as e:
+        c.submit(name="j", team="research", command=["true"], gpus_per_node=2, budget_usd=budget,
+                 expected_duration_s=seconds)
+    for text in says:
+        assert text in str(e.value)
+
+
+@pytest.mark.parametrize("amount", [-10.0, -0.01])
+def test_a_negative_budget_is_a_spec_error_naming_the_amount(make_cluster, amount):
+    from broker.errors import SpecError
+
+    c, _ = make_cluster(pools=[ONPREM])
+    j = c.submit(name="j", team="research", command=["true"]).id
+    for kw in ({"job_id": j}, {"team": "research"}):
+        with pytest.raises(SpecError, match="amount: a budget cannot be negative"):
+            c.set_budget(amount, **kw)
+
+
 def test_estimate_uses_the_teams_history_for_the_experiment(make_cluster, clock):
     c, eng = make_cluster(pools=[ONPREM])
     done = c.submit(name="first", team="research", experiment="exp", command=train(2), gpus_per_node=2).id

@@ -17,14 +17,17 @@ pytestmark = pytest.mark.both_dbs
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("by", ["experiment", "team", "pool", "job"])
-def test_cost_json_rows_equal_the_query(tmp_path, by):
+@pytest.mark.parametrize("by", ["experiment", "team", "job", "pool", "market", "day"])
+def test_cost_json_rows_equal_the_query_and_every_view_has_one_total(tmp_path, by):
     c = seed(tmp_path / "home")
     r = runner.invoke(app, ["--home", str(c.store.home), "cost", "--by", by, "--json"])
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
-    assert all(set(x) == {"key", "usd", "gpu_hours", "lost_gpu_hours", "jobs"} for x in rows)
+    assert all(set(x) == {"key", "usd", "gpu_hours", "idle_usd", "lost_gpu_hours", "lost_usd", "jobs"}
+               for x in rows)
     assert [(x["key"], x["usd"]) for x in rows] == [(q.key, round(q.usd, 6)) for q in c.costs(by)]
+    by_pool = sum(q.usd for q in c.costs("pool"))
+    assert round(sum(x["usd"] for x in rows), 2) == round(by_pool, 2) and by_pool > 0
 
 
 def test_cost_table_and_budget_commands(tmp_path):
@@ -39,7 +42,7 @@ def test_cost_table_and_budget_commands(tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["cost", "--by", "region"], "by: must be one of experiment, team, pool, job"),
+    (["cost", "--by", "region"], "by: must be one of experiment, team, job, pool, market, day"),
     (["cost", "--since", "yesterday"], "since: expected epoch seconds"),
     (["budget", "set", "1"], "give JOB AMOUNT, or --team TEAM AMOUNT"),
     (["budget", "set", "999", "10"], "no job with id 999"),

@@ -188,3 +188,21 @@ def test_orphans_are_terminated_and_lost_nodes_requeue_their_job(cloud_cluster, 
     c.cancel(j)
     drive(eng, lambda: c.get(j).status == "CANCELLED")
     finish(c, eng, hog)
+
+
+def test_a_pool_that_loses_its_price_is_closed_and_says_so_never_free(cloud_cluster):
+    """The catalog no longer prices a catalog-priced pool (refused at apply; here the catalog
+    changed since): the pool is closed to launches and an event says why, once."""
+    from pricing.catalog import Catalog
+
+    c, eng = cloud_cluster(pools=[ONPREM, spot_pool(price=0.0)], cloud_after_wait_s=0)
+    eng.capacity._catalog = Catalog([])
+    hog = fill_onprem(c, eng)
+    j = c.submit(name="sweep", team="research", command=train(4), gpus_per_node=2, priority="low").id
+    for _ in range(5):
+        eng.cycle()
+    assert nodes(c) == [] and c.get(j).status == "PENDING"
+    unpriced = [e for e in c.events() if e.kind == "pool_unpriced"]
+    assert len(unpriced) == 1 and "set price_per_node_hour" in unpriced[0].message
+    assert "g5.12xlarge" in unpriced[0].message
+    finish(c, eng, hog)

@@ -165,11 +165,12 @@ def test_nodes_of_a_pool_removed_from_the_config_are_drained_and_terminated(clou
     assert c.get(j).attempt_list[0].pool == "spot"
     c.apply(parse_config(config(pools=[ONPREM], cloud_after_wait_s=0, grace_s=30)))
     c.cancel(hog)
-    drive(eng, lambda: len(c.get(j).attempt_list) == 2 and running_instances() == [])
+    drive(eng, lambda: len(c.get(j).attempt_list) == 2 and running_instances() == []
+          and all(n.state == "terminated" for n in nodes(c)))
     first, second = c.get(j).attempt_list
     assert first.end_reason == "INTERRUPTED" and first.cause == "pool_removed"
     assert second.pool == "a100" and second.restored_step == first.reached_step
-    assert [(n.state, n.end_reason) for n in nodes(c)] == [("terminated", "drained")]
+    assert [(n.state, n.end_reason) for n in nodes(c)] == [("terminated", "pool_removed")]
     assert "pool_removed" in kinds(c)
     c.cancel(j)
     drive(eng, lambda: c.get(j).status == "CANCELLED")

@@ -212,3 +212,24 @@ def test_vanished_process_is_requeued_and_resumes(make_cluster):
     assert [x.cause for x in info.attempt_list] == ["node_failure", None]
     assert info.attempt_list[1].restored_step == info.attempt_list[0].reached_step
     assert info.preemptions == 0
+
+
+def test_status_shows_progress_and_an_eta_for_a_job_that_reports_its_total(make_cluster, monkeypatch):
+    """broker.runtime.progress(step, total): the broker reads the marker, `status` shows the step,
+    the total and an ETA from the job's own rate; a job's waiting reason goes when it runs."""
+    monkeypatch.setenv("ONEPOOL_PROGRESS_EVERY_S", "0.1")  # inherited by the job processes
+    c, eng = make_cluster()
+    j = c.submit(name="long", team="research", command=train(2000, step_s=0.02, ckpt_every=5),
+                 gpus_per_node=2).id
+    # The broker reads the marker on each new checkpoint, else every PROGRESS_READ_S of its clock.
+    drive(eng, lambda: (c.get(j).progress_step or 0) >= 5 and c.get(j).eta is not None, advance=1.0)
+    info = c.get(j)
+    a = info.attempt_list[-1]
+    assert info.status == "RUNNING" and info.progress_total == 2000
+    assert a.progress_rate is not None and 0 < a.progress_rate <= 1 / 0.02
+    left = 1999 - (info.progress_step or 0)
+    assert info.eta == pytest.approx((a.progress_at or 0) + left / a.progress_rate)
+    assert info.waiting_reason is None
+    c.cancel(j)
+    drive(eng, lambda: c.get(j).status == "CANCELLED")
+    assert c.get(j).eta is None  # nothing to wait for once it ended

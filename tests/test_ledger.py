@@ -28,6 +28,7 @@ AWS_POOLS = [
 
 def _client(tmp_path: Any, clock: FakeClock, pools: list[dict[str, Any]], **broker: Any) -> Client:
     c = Client(tmp_path / "home", clock=clock)
+    broker.setdefault("server_url", "http://127.0.0.1:8421")  # where rented nodes' agents join
     c.apply(parse_config(config(pools=pools, **broker)))
     return c
 
@@ -161,11 +162,14 @@ def test_job_share_and_idle_time(tmp_path, clock, case, pools, broker, expect):
         _attempt(s, j, "a100-0", [0], t0, t0 + 1000)
         for dt in (250, 1000, 1500, 2000):
             ledger.accrue(s, t0 + dt, c.config())
-        rows = costs.costs(s, "job")
+        rows = {r.key: r for r in costs.costs(s, "job")}
         pool = costs.costs(s, "pool")[0]
         team = {r.key: r for r in costs.costs(s, "team")}
         n_rows = len(s.exec(select(LedgerEntry).where(LedgerEntry.kind == "gpu")).all())
-    assert rows[0].usd == pytest.approx(expect["job"]) and rows[0].gpu_hours == pytest.approx(1000 / 3600)
+    assert rows[str(j.id)].usd == pytest.approx(expect["job"])
+    assert rows[str(j.id)].gpu_hours == pytest.approx(1000 / 3600)
+    idle_key = "idle on-prem" if pools[0].get("market", "onprem") == "onprem" else "idle rented"
+    assert rows[idle_key].usd == rows[idle_key].idle_usd == pytest.approx(expect["idle_pool"])
     assert pool.idle_usd == pytest.approx(expect["idle_pool"])
     assert pool.usd == pytest.approx(expect["job"] + expect["idle_pool"])
     assert team.get("research", costs.CostRow(key="", usd=0, gpu_hours=0, lost_gpu_hours=0, jobs=0)
@@ -205,7 +209,134 @@ def test_price_changed_rejects_negative_prices(tmp_path, clock):
 
 def test_costs_rejects_unknown_grouping(tmp_path, clock):
     c = _client(tmp_path, clock, POOL_2X)
-    with pytest.raises(ValueError, match="experiment, team, pool, job"):
+    with pytest.raises(ValueError, match="experiment, team, job, pool, market, day"):
         c.costs("region")  # type: ignore[arg-type]
 
 
+
+
+MIDNIGHT = 86400.0 * 20718  # a UTC midnight: the day view must split rows across it
+VIEW_POOLS = [
+    {"name": "a100", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 1,
+     "amortize": {"purchase_usd_per_node": 150_000, "years": 4, "power_usd_per_gpu_hour": 0.1,
+                  "hosting_usd_per_gpu_hour": 0.05}},
+    {"name": "rent", "provider": "aws", "gpu_type": "A10G", "gpus_per_node": 4, "nodes": 0,
+     "max_nodes": 2, "market": "spot", "region": "us-east-1", "zone": "us-east-1d",
+     "instance_type": "g5.12xlarge"},  # priced by the catalog (dearest zone: no account mapping)
+]
+
+
+def _money_home(tmp_path: Any, idle_charged_to: str) -> tuple[Client, dict[str, int]]:
+    """An hour on each side of a UTC midnight: on-prem time used and idle, a rented node that
+    boots, runs a job, drains and ends, checkpoint egress, and a checkpoint kept in S3."""
+    from broker.state.model import Checkpoint
+
+    clock = FakeClock(MIDNIGHT - 3600)
+    c = _client(tmp_path, clock, VIEW_POOLS, idle_charged_to=idle_charged_to)
+    cfg = c.config()
+    t0 = clock.now()
+    with c.store.session() as s:
+        ledger.accrue(s, t0, cfg)
+        a = _job(s, "a", "research", "sweep", t0)
+        b = _job(s, "b", "prod", "release", t0)
+        _attempt(s, a, "a100-0", [0, 1], t0, t0 + 1800, lost_gpu_s=600)
+        ledger.node_up(s, "rent-1", "rent", 4, t0 + 600, "prod", rented=True)
+        ledger.node_ready(s, "rent-1", t0 + 900)
+        _attempt(s, b, "rent-1", [0, 1], t0 + 1000, t0 + 5000, pool="rent", egress_usd=0.125)
+        s.add(Checkpoint(job_id=b.id, step=4, uri="s3://bkt/x/step-4", observed_at=t0 + 2000,
+                         bytes=3 << 30, store="s3://bkt", attempt_id=None))
+        _attempt(s, a, "a100-0", [0], t0 + 2400, t0 + 6000)
+        for dt in range(0, 7201, 450):
+            if dt == 5400:  # an interruption notice came at 5100, after the job ended at 5000
+                ledger.node_draining(s, "rent-1", t0 + 5100)
+            if dt == 6300:  # the cloud confirmed the end
+                ledger.node_down(s, "rent-1", t0 + 6300, cfg)
+            ledger.accrue(s, t0 + dt, cfg)
+    return c, {"a": a.id or 0, "b": b.id or 0, "t0": int(t0)}
+
+
+@pytest.mark.parametrize("idle_charged_to", ["pool", "launcher"])
+@pytest.mark.parametrize(("since", "until"), [(None, None), (-3000.0, None), (0.0, 1800.0),
+                                              (-600.0, 600.0)], ids=["all", "since", "window", "midnight"])
+def test_every_view_sums_to_the_same_total(tmp_path, idle_charged_to, since, until):
+    """One total, many views: by experiment, team, job, pool, market and day, in any window."""
+    c, ids = _money_home(tmp_path, idle_charged_to)
+    lo = None if since is None else MIDNIGHT + since
+    hi = None if until is None else MIDNIGHT + until
+    views = {by: {r.key: r for r in c.costs(by, lo, hi)} for by in costs.COST_BY}  # type: ignore[arg-type]
+    totals = {by: sum(r.usd for r in rows.values()) for by, rows in views.items()}
+    assert totals["pool"] > 0
+    for by, total in totals.items():
+        assert total == pytest.approx(totals["pool"], abs=1e-9), by
+    if since is None and until is None:
+        exp, team, market, day = views["experiment"], views["team"], views["market"], views["day"]
+        assert {"idle on-prem", "boot/drain"} <= set(exp) and "idle rented" in exp
+        assert len(day) == 2 and costs.day_of(MIDNIGHT) in day and costs.day_of(MIDNIGHT - 1) in day
+        assert {"onprem", "spot", "egress", "storage"} == set(market)
+        assert market["egress"].usd == pytest.approx(0.125)
+        assert market["storage"].usd > 0 and exp["release"].usd > market["egress"].usd
+        unused_rented = exp["idle rented"].usd + exp["boot/drain"].usd
+        if idle_charged_to == "launcher":  # the launching team pays its node's unused time
+            assert "idle rented" not in team and "boot/drain" not in team
+            assert team["prod"].usd == pytest.approx(exp["release"].usd + unused_rented)
+        else:
+            assert team["prod"].usd == pytest.approx(exp["release"].usd)
+        assert views["job"][str(ids["a"])].usd == pytest.approx(exp["sweep"].usd)
+
+
+def test_rented_node_phases_are_charged_as_boot_job_idle_drain(tmp_path):
+    """The rented node, metered 600..6300: boot 600..900 (4 GPUs), the job's 2 GPUs 1000..5000,
+    drain 5100..6300 (4 GPUs), everything else idle; at the catalog price of the pool's zone."""
+    c, ids = _money_home(tmp_path, "pool")
+    t0 = ids["t0"]
+    with c.store.session() as s:
+        rows = s.exec(select(LedgerEntry).where(LedgerEntry.pool == "rent",
+                                                LedgerEntry.kind != "egress")).all()
+    gpu_s = {k: sum(r.gpus * (r.end - r.start) for r in rows if r.kind == k) for k in
+             ("boot", "gpu", "idle", "drain")}
+    assert gpu_s == {"boot": 4 * 300, "gpu": 2 * 4000, "drain": 4 * 1200,
+                     "idle": 4 * 5700 - 4 * 300 - 2 * 4000 - 4 * 1200}
+    rate = 2.7324 / 4  # us-east-1d without the account's AZ mapping: the dearest zone's price
+    assert sum(r.usd for r in rows) == pytest.approx(4 * 5700 * rate / 3600)
+    assert min(r.start for r in rows) == t0 + 600 and max(r.end for r in rows) == t0 + 6300
+
+
+def test_checkpoint_storage_is_charged_to_its_experiment_until_deleted(tmp_path, clock):
+    from broker.state.model import Checkpoint
+
+    c = _client(tmp_path, clock, POOL_2X)
+    t0 = clock.now()
+    with c.store.session() as s:
+        j = _job(s, "j", "research", "sweep", t0)
+        s3 = Checkpoint(job_id=j.id, step=1, uri="s3://b/p/1", observed_at=t0, bytes=1 << 30, store="s3://b")
+        disk = Checkpoint(job_id=j.id, step=2, uri="file:///x/2", observed_at=t0, bytes=1 << 30,
+                          store="file:///x")
+        s.add(s3)
+        s.add(disk)
+        s.flush()
+        ledger.accrue(s, t0 + 365 * 3600, c.config())
+        s3.state, s3.deleted_at = "deleted", t0 + 730 * 3600
+        s.add(s3)
+        ledger.accrue(s, t0 + 1000 * 3600, c.config())
+        rows = {r.checkpoint_id: r for r in s.exec(select(LedgerEntry).where(LedgerEntry.kind == "storage"))}
+    assert rows[s3.id].usd == pytest.approx(0.023)  # 1 GiB x one 730-hour month of S3 Standard
+    assert rows[s3.id].end == t0 + 730 * 3600  # not charged after its deletion
+    assert rows[disk.id].usd == 0.0 and rows[disk.id].end == t0 + 1000 * 3600  # on-prem disk: free
+    assert {r.experiment for r in rows.values()} == {"sweep"}
+    assert {r.key: r.usd for r in c.costs("experiment")}["sweep"] == pytest.approx(0.023)
+
+
+def test_a_rented_pool_nothing_prices_is_refused_not_free(tmp_path, clock):
+    from broker.errors import NotConfigured, SpecError
+
+    pools = [POOL_2X[0], {"name": "fake", "provider": "aws", "gpu_type": "A100", "gpus_per_node": 8,
+                          "nodes": 0, "max_nodes": 1, "market": "spot", "region": "us-east-1",
+                          "instance_type": "p9.fake"}]
+    with pytest.raises(SpecError) as e:
+        _client(tmp_path, clock, pools)
+    assert "pools.1.price_per_node_hour" in str(e.value) and "p9.fake" in str(e.value)
+    c = Client(tmp_path / "home", clock=clock)
+    with pytest.raises(NotConfigured):  # nothing was written
+        c.config()
+    priced = [POOL_2X[0], {**pools[1], "price_per_node_hour": 30.0}]
+    assert [p.name for p in _client(tmp_path, clock, priced).config().pools] == ["a100", "fake"]

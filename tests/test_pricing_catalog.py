@@ -95,3 +95,30 @@ def test_effective_cost_ranking(interval_s: float, on_signal: bool, winner: str)
     cfg = PolicyConfig(checkpoint_on_signal=on_signal, restart_overhead_s=60.0)
     ranked = [p.name for _, p in offers(job, pools, cfg, {})]
     assert ranked[0] == winner and ranked[-1] == "on-demand"
+
+
+# g5.12xlarge spot in us-east-1 is priced by AZ id: az1 1.9937, az2 2.1378, az4 2.5445,
+# az5 2.7041, az6 2.7324 (pricing/data/gpu_offers.csv).
+@pytest.mark.parametrize(("zone", "zone_ids", "price", "note"), [
+    (None, None, 1.9937, "no zone: the cheapest zone"),
+    ("use1-az4", None, 2.5445, "an AZ id, as the catalog keys it"),
+    ("us-east-1d", {"us-east-1d": "use1-az4"}, 2.5445, "a zone name, through the account's mapping"),
+    ("us-east-1a", None, 2.7324, "a zone name without the mapping: the dearest zone, flagged"),
+    ("use1-az3", None, None, "an AZ id without the offer: unknown, not free"),
+    ("us-east-1e", {"us-east-1e": "use1-az3"}, None, "a mapped name without the offer: unknown"),
+])
+def test_a_pool_zone_finds_the_price_keyed_by_az_id(zone, zone_ids, price, note) -> None:
+    hit = Catalog.snapshot().find("aws", "us-east-1", "g5.12xlarge", "spot", zone, zone_ids)
+    assert (None if hit is None else hit.usd_per_hour) == price, note
+    if zone == "us-east-1a":
+        assert hit is not None and "dearest zone" in hit.source
+
+
+def test_amortized_on_prem_gpu_hour() -> None:
+    from pricing.cost import HOURS_PER_YEAR, amortized_usd_per_gpu_hour
+
+    rate = amortized_usd_per_gpu_hour(240_000, 4, 8, power_usd_per_gpu_hour=0.09,
+                                      hosting_usd_per_gpu_hour=0.06)
+    assert rate == pytest.approx(240_000 / (4 * HOURS_PER_YEAR * 8) + 0.15)
+    with pytest.raises(ValueError, match="years and gpus_per_node"):
+        amortized_usd_per_gpu_hour(1, 0, 8)

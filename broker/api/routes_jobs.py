@@ -60,9 +60,12 @@ def submit(c: ClientDep, request: Request, body: Annotated[Any, Body()] = None,
 def list_jobs(c: ClientDep, status: Annotated[list[str] | None, Query()] = None,
               team: str | None = None, experiment: str | None = None,
               after_id: Count = 0,
-              limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> JobPage:
-    """Jobs, oldest first, a page at a time (a member: its team's only)."""
-    jobs = c.list(status=status, team=team, experiment=experiment, after_id=after_id, limit=limit)
+              limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+              finished_limit: Annotated[int | None, Query(ge=0, le=MAX_PAGE)] = None) -> JobPage:
+    """Jobs, oldest first, a page at a time (a member: its team's only); with finished_limit,
+    every job not finished but only that many of the newest finished ones."""
+    jobs = c.list(status=status, team=team, experiment=experiment, after_id=after_id, limit=limit,
+                  finished_limit=finished_limit)
     return JobPage(jobs=jobs, next_after_id=jobs[-1].id if len(jobs) == limit else None)
 
 

@@ -374,11 +374,17 @@ class CheckpointStore:
         return out
 
     # -- attempts' first step ---------------------------------------------------------------
-    def mark_progress(self, attempt: int, step: int, now: float) -> None:
-        """Record that attempt `attempt` completed its first new step (written once)."""
+    def mark_progress(self, attempt: int, step: int, now: float, *, total: int | None = None,
+                      first_step: int | None = None, first_time: float | None = None) -> None:
+        """Record that attempt `attempt` completed `step` at `now` (of `total` steps, when known;
+        its first reported step and time, for a rate). Rewritten as it progresses; the first
+        write also tells the broker its restart is over."""
         path = self._path(ATTEMPTS_DIR, f"attempt-{attempt:05d}.json")
         self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        self.fs.pipe_file(path, json.dumps({"step": step, "time": now}).encode())
+        self.fs.pipe_file(path, json.dumps({
+            "step": step, "time": now, "total": total,
+            "first_step": step if first_step is None else first_step,
+            "first_time": now if first_time is None else first_time}).encode())
 
     def progress(self, attempt: int) -> dict[str, Any] | None:
         """What mark_progress wrote for `attempt`, or None."""

@@ -54,6 +54,9 @@ def job_prefixes(s: Session, job: Job) -> list[str]:
     return list(dict.fromkeys(p for p in out if p))
 
 
+PROGRESS_READ_S = 15.0  # read a running attempt's progress marker this often (and on a new commit)
+
+
 def refresh_attempt(s: Session, job: Job, a: Attempt, now: float) -> list[Manifest]:
     """Index what the attempt's store holds now; returns the newly committed manifests.
 
@@ -90,7 +93,10 @@ def refresh_attempt(s: Session, job: Job, a: Attempt, now: float) -> list[Manife
         a.reached_step = max([*mine_steps, a.reached_step if a.reached_step is not None else -1])
         a.last_checkpoint_at = now
         job.last_step, job.last_checkpoint_at = a.reached_step, now
-    if a.first_step_at is None and (mine_steps or _marked(st, a)):
+    if a.state != AttemptState.LAUNCHING and (a.first_step_at is None or a.progress_read_at is None
+                                              or mine_steps or now - a.progress_read_at >= PROGRESS_READ_S):
+        _read_progress(st, a, now)
+    if a.first_step_at is None and (mine_steps or a.progress_step is not None):
         a.first_step_at = now
         a.restart_overhead_s = now - a.started_at
     s.add(a)
@@ -98,8 +104,22 @@ def refresh_attempt(s: Session, job: Job, a: Attempt, now: float) -> list[Manife
     return new
 
 
-def _marked(st: CheckpointStore, a: Attempt) -> bool:
-    return a.state != AttemptState.LAUNCHING and st.progress(a.number) is not None
+def _read_progress(st: CheckpointStore, a: Attempt, now: float) -> None:
+    """Copy the attempt's progress marker (broker.runtime.progress) onto it: its newest step,
+    the total it announced, when, and its steps per second over this attempt."""
+    m = st.progress(a.number)
+    a.progress_read_at = now
+    if m is None:
+        return
+    try:
+        step, at = int(m["step"]), float(m["time"])
+        total = None if m.get("total") is None else int(m["total"])
+        first_step, first_time = int(m.get("first_step", step)), float(m.get("first_time", at))
+    except (KeyError, TypeError, ValueError):  # written by a job, not by us: ignore garbage
+        return
+    a.progress_step, a.progress_total, a.progress_at = step, total, at
+    if step > first_step and at > first_time:
+        a.progress_rate = (step - first_step) / (at - first_time)
 
 
 def record_copy(s: Session, job: Job, a: Attempt, m: Manifest, root: str, now: float) -> None:

@@ -2,44 +2,86 @@
 
 Errors the user can fix (bad input, unknown job, nothing configured) print one clear
 message and exit with status 2; anything else is a bug and shows its traceback.
+
+Each command imports what it needs when it runs (the database layer alone takes longer to
+import than `onepool status` may take): this module imports only typer at the top, and
+`status` reads a local SQLite home through broker.client.reader when it can
+(bench/cli_speed.py measures it).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yaml
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from broker.errors import OnepoolError, SpecError
-from broker.state.views import JobInfo
 
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "BUDGET_EXHAUSTED")
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from broker.client.sdk import Client
+    from broker.state.views import JobInfo
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="onepool: one priority queue over every GPU you can reach.")
+_state: dict[str, Any] = {}
+
+HomeOpt = Annotated[Path | None, typer.Option("--home", envvar="ONEPOOL_HOME", metavar="DIR",
+                                              help="broker home (default ./.onepool)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+RECENT_FINISHED = 20  # `status` lists every unfinished job and this many of the newest finished
+NAME_RULE = "lowercase letters, digits, '_', '.', '-' (1-63 chars, starting with a letter or digit)"
 
 
 def _console(stderr: bool = False) -> Console:
     """A console; when not a terminal (piped, CI), wide enough that tables do not fold."""
+    from rich.console import Console
+
     c = Console(stderr=stderr)
     return c if c.is_terminal else Console(stderr=stderr, width=220)
 
 
-out = _console()
-err = _console(stderr=True)
-_state: dict[str, Any] = {}
+def _out() -> Console:
+    c = globals().get("out")
+    if c is None:
+        c = globals()["out"] = _console()
+    return c
 
-HomeOpt = Annotated[Path | None, typer.Option("--home", envvar="ONEPOOL_HOME",
-                                              help="broker home (default ./.onepool)")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+def _err() -> Console:
+    c = globals().get("err")
+    if c is None:
+        c = globals()["err"] = _console(stderr=True)
+    return c
+
+
+def __getattr__(name: str) -> Any:  # `out` and `err` are made on first use (tests may replace them)
+    if name == "out":
+        return _out()
+    if name == "err":
+        return _err()
+    raise AttributeError(name)
+
+
+def _esc(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _table(title: str, columns: list[str], right: tuple[str, ...] = ()) -> Table:
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c, justify="right" if c in right else "left")
+    return t
 
 
 @app.callback()
@@ -47,18 +89,30 @@ def _root(home: HomeOpt = None) -> None:
     _state["home"] = home
 
 
-def _client():  # type: ignore[no-untyped-def]
+def _client() -> Any:
     """The SDK client: over HTTP when ONEPOOL_URL is set, else on the home's database."""
     from broker.sdk import Client
 
     return Client(_state.get("home"))
 
 
-def _embedded():  # type: ignore[no-untyped-def]
+def _embedded() -> Client:
     """The home's database itself (commands that run the broker, the server or the demo)."""
     from broker.client.sdk import Client
 
     return Client(_state.get("home"))
+
+
+def _reader() -> Any:
+    """Something with the SDK's read methods (`get`, `list`): the fast SQLite reader when it
+    can answer exactly as the SDK would (a local home, not ONEPOOL_URL), else the SDK client."""
+    import os
+
+    if os.environ.get("ONEPOOL_URL"):
+        return _client()
+    from broker.client.reader import open_reader
+
+    return open_reader(_state.get("home")) or _client()
 
 
 def _print_json(data: Any) -> None:
@@ -66,40 +120,67 @@ def _print_json(data: Any) -> None:
 
 
 def _ts(t: float | None) -> str:
-    return "" if t is None else datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S")
+    """A broker time as the local wall-clock time (the date too when not today)."""
+    if t is None:
+        return ""
+    from datetime import datetime
+
+    d = datetime.fromtimestamp(t).astimezone()
+    today = datetime.now().astimezone().date()
+    return d.strftime("%H:%M:%S" if d.date() == today else "%Y-%m-%d %H:%M:%S")
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    s = int(max(0.0, seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 @app.command()
-def apply(config: Annotated[Path, typer.Option("-c", "--config", help="onepool.yaml")]
-          = Path("onepool.yaml"), as_json: JsonOpt = False) -> None:
+def apply(config: Annotated[Path, typer.Option("-c", "--config", metavar="FILE",
+                                               help="the onepool.yaml to apply")] = Path("onepool.yaml"),
+          as_json: JsonOpt = False) -> None:
     """Apply an onepool.yaml: pools, teams, broker settings."""
     cfg = _client().apply(config)
     if as_json:
         _print_json(cfg.model_dump(mode="json"))
     else:
-        out.print(f"applied {config}: {len(cfg.pools)} pools, {len(cfg.teams)} teams", markup=False)
+        _out().print(f"applied {config}: {len(cfg.pools)} pools, {len(cfg.teams)} teams", markup=False)
 
 
 @app.command()
 def submit(
-    command: Annotated[list[str] | None, typer.Argument(help="the command, after --")] = None,
-    file: Annotated[Path | None, typer.Option("-f", "--file", help="job spec YAML")] = None,
-    name: Annotated[str | None, typer.Option()] = None,
-    team: Annotated[str | None, typer.Option()] = None,
-    experiment: Annotated[str | None, typer.Option()] = None,
-    priority: Annotated[str | None, typer.Option(help="urgent|high|normal|low")] = None,
-    budget_usd: Annotated[float | None, typer.Option("--budget-usd")] = None,
-    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs per node")] = None,
-    nodes: Annotated[int | None, typer.Option()] = None,
-    gpu_type: Annotated[list[str] | None, typer.Option("--gpu-type", help="acceptable type")] = None,
-    spot: Annotated[str | None, typer.Option(help="never|allowed|only")] = None,
-    checkpoint_interval_s: Annotated[float | None, typer.Option("--checkpoint-interval-s")] = None,
-    env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE")] = None,
+    command: Annotated[list[str] | None, typer.Argument(
+        metavar="-- COMMAND...", help="the command to run, after --")] = None,
+    file: Annotated[Path | None, typer.Option("-f", "--file", metavar="FILE",
+                                              help="a job spec YAML; flags given too win")] = None,
+    name: Annotated[str | None, typer.Option(metavar="NAME", help=f"job name: {NAME_RULE}")] = None,
+    team: Annotated[str | None, typer.Option(metavar="TEAM", help="a team of the config")] = None,
+    experiment: Annotated[str | None, typer.Option(
+        metavar="NAME", help="experiment the job belongs to (costs group by it; default 'default')")] = None,
+    priority: Annotated[str | None, typer.Option(metavar="CLASS",
+                                                 help="urgent|high|normal|low (default normal)")] = None,
+    budget_usd: Annotated[float | None, typer.Option(
+        "--budget-usd", metavar="USD", help="stop (after a checkpoint) once it has cost this much")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", metavar="N", help="GPUs per node (default 1)")] = None,
+    nodes: Annotated[int | None, typer.Option(metavar="N", help="nodes, all in one pool (default 1)")] = None,
+    gpu_type: Annotated[list[str] | None, typer.Option(
+        "--gpu-type", metavar="TYPE", help="an acceptable GPU type (repeat for more; default any)")] = None,
+    spot: Annotated[str | None, typer.Option(metavar="POLICY",
+                                             help="never|allowed|only (default allowed)")] = None,
+    checkpoint_interval_s: Annotated[float | None, typer.Option(
+        "--checkpoint-interval-s", metavar="S", help="how often the job checkpoints (a hint; default 1800)")]
+    = None,
+    env: Annotated[list[str] | None, typer.Option("--env", metavar="KEY=VALUE",
+                                                  help="an environment variable (repeat for more)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Queue a job: `onepool submit --name x --team t --gpus 2 -- python train.py`."""
     data: dict[str, Any] = {}
     if file is not None:
+        import yaml
+
         try:
             loaded = yaml.safe_load(file.read_text())
         except (OSError, yaml.YAMLError) as e:
@@ -131,10 +212,18 @@ def submit(
     if as_json:
         _print_json(info.model_dump())
     else:
-        out.print(f"submitted job {info.id} ({info.name}, {info.priority})", markup=False)
+        _out().print(f"submitted job {info.id} ({info.name}, {info.priority})", markup=False)
         for e in c.events(info.id):  # money (issue 6): why it was made spot-only
             if e.kind == "budget_spot_only":
-                out.print(e.message, markup=False)
+                _out().print(e.message, markup=False)
+
+
+def _progress(j: JobInfo) -> str:
+    """`step 12/40, ETA 14:03:10` (or what is known of it)."""
+    if j.progress_step is None:
+        return ""
+    text = f"step {j.progress_step}" + (f"/{j.progress_total}" if j.progress_total is not None else "")
+    return text + (f", ETA {_ts(j.eta)}" if j.eta is not None else "")
 
 
 def _warn_if_down(c: Any, consequence: str) -> None:
@@ -143,53 +232,61 @@ def _warn_if_down(c: Any, consequence: str) -> None:
     if h.broker_up:
         return
     if h.down_since is None and not h.ever_ran:
-        err.print("[yellow]warning:[/yellow] no broker has run on this database yet (start one: "
-                  "`onepool broker`)", highlight=False, soft_wrap=True)
+        _err().print("[yellow]warning:[/yellow] no broker has run on this database yet (start one: "
+                     "`onepool broker`)", highlight=False, soft_wrap=True)
         return
     if h.down_since is None or h.leader is not None:
         why = h.summary
     else:
         why = f"broker down since {_iso(h.down_since)}"
-    err.print(f"[yellow]warning:[/yellow] {escape(why)}: {escape(consequence)}", highlight=False,
-              soft_wrap=True)
+    _err().print(f"[yellow]warning:[/yellow] {_esc(why)}: {_esc(consequence)}", highlight=False,
+                 soft_wrap=True)
 
 
 def _iso(t: float) -> str:
+    from datetime import UTC, datetime
+
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def jobs_table(jobs: list[JobInfo], title: str = "jobs") -> Table:
-    t = Table(title=title)
-    for col in ("id", "name", "team", "class", "status", "GPUs", "attempts", "preempted",
-                "wait s", "GPU-s", "lost GPU-s", "resumed from", "egress $", "why waiting"):
-        t.add_column(col, justify="right" if col not in ("name", "team", "class", "status",
-                                                         "why waiting") else "left")
+    t = _table(title, ["id", "name", "team", "class", "status", "GPUs", "attempts", "preempted",
+                       "wait s", "GPU-s", "lost GPU-s", "resumed from", "progress", "egress $",
+                       "why waiting"],
+               right=("id", "GPUs", "attempts", "preempted", "wait s", "GPU-s", "lost GPU-s",
+                      "resumed from", "egress $"))
     for j in jobs:
-        t.add_row(str(j.id), escape(j.name), escape(j.team), j.priority, j.status,
+        t.add_row(str(j.id), _esc(j.name), _esc(j.team), j.priority, j.status,
                   f"{j.nodes}x{j.gpus_per_node}", str(j.attempts), str(j.preemptions),
                   f"{j.wait_s:.1f}", f"{j.gpu_s:.0f}", f"{j.lost_gpu_s:.1f}",
-                  "" if j.resumed_from_step is None else str(j.resumed_from_step),
-                  f"{j.egress_usd:.4f}" if j.egress_bytes else "", escape(j.waiting_reason or ""))
+                  "" if j.resumed_from_step is None else str(j.resumed_from_step), _progress(j),
+                  f"{j.egress_usd:.4f}" if j.egress_bytes else "", _esc(j.waiting_reason or ""))
     return t
 
 
 @app.command()
-def status(job: Annotated[int | None, typer.Argument()] = None,
-           state: Annotated[list[str] | None, typer.Option("--state", help="filter")] = None,
-           team: Annotated[str | None, typer.Option()] = None, as_json: JsonOpt = False) -> None:
-    """Show jobs (or one job with its attempts)."""
-    c = _client()
+def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one job's id")] = None,
+           state: Annotated[list[str] | None, typer.Option(
+               "--status", "--state", metavar="STATUS",
+               help="only jobs in this state: pending|running|succeeded|failed|cancelled|"
+                    "budget_exhausted (repeat for more)")] = None,
+           team: Annotated[str | None, typer.Option(metavar="TEAM", help="only this team's jobs")] = None,
+           all_: Annotated[bool, typer.Option("--all", help=f"every finished job too (default: the "
+                                                           f"{RECENT_FINISHED} newest)")] = False,
+           as_json: JsonOpt = False) -> None:
+    """Show jobs: every one not finished and the newest finished ones (or one job with its
+    attempts), with progress and an ETA when jobs report them."""
+    c = _reader()
     if job is not None:
         info = c.get(job)
         _warn_if_down(c, "the states below may be stale")
         if as_json:
             _print_json(info.model_dump())
             return
+        out = _out()
         out.print(jobs_table([info], f"job {job}"))
-        t = Table(title="attempts")
-        for col in ("#", "pool", "GPUs", "state", "started", "ended", "cause", "from step",
-                    "to step", "lost GPU-s", "restart s", "restored B", "egress B", "egress $"):
-            t.add_column(col)
+        t = _table("attempts", ["#", "pool", "GPUs", "state", "started", "ended", "cause", "from step",
+                                "to step", "lost GPU-s", "restart s", "restored B", "egress B", "egress $"])
         for a in info.attempt_list:
             where = " ".join(f"{n}[{','.join(map(str, s))}]" for n, s in a.alloc)
             t.add_row(str(a.number), a.pool, where, a.state, _ts(a.started_at), _ts(a.ended_at),
@@ -199,16 +296,16 @@ def status(job: Annotated[int | None, typer.Argument()] = None,
                       str(a.egress_bytes), f"{a.egress_usd:.6f}")
         out.print(t)
         if info.checkpoint_stores:
-            out.print("checkpoints lived in: " + ", ".join(info.checkpoint_stores))
+            out.print("checkpoints lived in: " + ", ".join(info.checkpoint_stores), markup=False)
         if info.caused_lost_gpu_s:
             out.print(f"its preemptions cost other jobs {info.caused_lost_gpu_s:.1f} GPU-s")
         return
-    jobs = c.list(status=state, team=team)
+    jobs = c.list(status=state, team=team, finished_limit=None if all_ or state else RECENT_FINISHED)
     _warn_if_down(c, "the states below may be stale")
     if as_json:
         _print_json([j.model_dump() for j in jobs])
     else:
-        out.print(jobs_table(jobs))
+        _out().print(jobs_table(jobs))
 
 
 def _opt(v: int | None) -> str:
@@ -222,21 +319,43 @@ def health(as_json: JsonOpt = False) -> None:
     if as_json:
         _print_json(h.model_dump())
     else:
-        t = Table(title="broker health")
-        for col in ("up", "leader", "fencing", "last cycle", "age s", "down since"):
-            t.add_column(col)
-        t.add_row("yes" if h.broker_up else "NO", escape(h.leader or ""), str(h.fencing),
+        t = _table("broker health", ["up", "leader", "fencing", "last cycle", "age s", "down since"])
+        t.add_row("yes" if h.broker_up else "NO", _esc(h.leader or ""), str(h.fencing),
                   "" if h.last_cycle_at is None else _iso(h.last_cycle_at),
                   "" if h.last_cycle_age_s is None else f"{h.last_cycle_age_s:.1f}",
                   "" if h.down_since is None else _iso(h.down_since))
-        out.print(t)
-        out.print(h.summary, markup=False)
+        _out().print(t)
+        _out().print(h.summary, markup=False)
     if not h.broker_up:
         raise typer.Exit(1)
 
 
 @app.command()
-def lost(by: Annotated[str, typer.Option(help="team|job (who preempted) or cause")] = "team",
+def pools(as_json: JsonOpt = False) -> None:
+    """Pools and their nodes now: free GPUs per node, who holds the rest, price, age."""
+    rows = _client().pools()
+    if as_json:
+        _print_json([{**p.model_dump(), "free_gpus": p.free_gpus} for p in rows])
+        return
+    t = _table("pools and nodes", ["pool / node", "market", "GPU", "state", "GPUs", "free",
+                                   "jobs holding", "USD/node-h", "USD/GPU-h", "age"],
+               right=("GPUs", "free", "USD/node-h", "USD/GPU-h", "age"))
+    for p in rows:
+        price = ("unpriced", "") if p.usd_per_node_hour is None else (
+            f"{p.usd_per_node_hour:.4f}", f"{p.usd_per_gpu_hour or 0.0:.4f}")
+        cap = f"{len(p.nodes)}/{p.max_nodes} nodes" if p.max_nodes is not None else f"{len(p.nodes)} nodes"
+        t.add_row(_esc(p.name), p.market, p.gpu_type, cap, str(p.gpus), str(p.free_gpus), "", *price, "")
+        for n in p.nodes:
+            t.add_row(f"  {_esc(n.id)}", "", "", n.state, str(n.gpus), str(n.free_gpus),
+                      ", ".join(map(str, n.jobs)), "", "", _ago(n.age_s))
+    _out().print(t)
+    for p in rows:
+        if p.unpriced:
+            _err().print(f"warning: {p.unpriced}", markup=False)
+
+
+@app.command()
+def lost(by: Annotated[str, typer.Option(metavar="KEY", help="team|job (who preempted) or cause")] = "team",
          as_json: JsonOpt = False) -> None:
     """Lost GPU-hours: charged to the preempting team or job, or grouped by cause."""
     if by not in ("team", "job", "cause"):
@@ -245,48 +364,53 @@ def lost(by: Annotated[str, typer.Option(help="team|job (who preempted) or cause
     if as_json:
         _print_json([r.model_dump() for r in rows])
         return
-    t = Table(title=f"lost work by {by}" + (" (who preempted)" if by != "cause" else ""))
-    for col in (by, "lost GPU-s", "lost GPU-h", "attempts", "victim jobs"):
-        t.add_column(col)
+    t = _table(f"lost work by {by}" + (" (who preempted)" if by != "cause" else ""),
+               [by, "lost GPU-s", "lost GPU-h", "attempts", "victim jobs"])
     for r in rows:
         t.add_row(r.key, f"{r.lost_gpu_s:.1f}", f"{r.lost_gpu_hours:.3f}", str(r.attempts),
                   ", ".join(map(str, r.victims)))
-    out.print(t)
+    _out().print(t)
 
 
 @app.command()
-def cancel(job: int, as_json: JsonOpt = False) -> None:
-    """Cancel a job: pending ones at once, running ones get SIGTERM and the grace period."""
+def cancel(job: Annotated[int, typer.Argument(metavar="JOB", help="the job's id")],
+           as_json: JsonOpt = False) -> None:
+    """Cancel a job: a pending one at once; a running one gets SIGTERM and its grace period."""
     info = _client().cancel(job)
     if as_json:
         _print_json(info.model_dump())
+    elif info.status == "CANCELLED":
+        _out().print(f"job {job} cancelled")
     else:
-        out.print(f"cancel requested for job {job} ({info.status})")
+        _out().print(f"cancel requested for job {job} ({info.status}): the broker stops it "
+                     "(SIGTERM, then its grace period) and it ends CANCELLED")
 
 
 @app.command()
-def events(job: Annotated[int | None, typer.Argument()] = None, as_json: JsonOpt = False) -> None:
+def events(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one job's id")] = None,
+           as_json: JsonOpt = False) -> None:
     """The event log (of one job, or all)."""
     evs = _client().events(job)
     if as_json:
         _print_json([e.model_dump() for e in evs])
         return
-    t = Table(title="events")
-    for col in ("time", "job", "kind", "message"):
-        t.add_column(col)
+    t = _table("events", ["time", "job", "kind", "message"])
     for e in evs:
-        t.add_row(_ts(e.time), str(e.job_id or ""), e.kind, escape(e.message))
-    out.print(t)
+        t.add_row(_ts(e.time), str(e.job_id or ""), e.kind, _esc(e.message))
+    _out().print(t)
 
 
 @app.command()
-def logs(job: int,
-         attempt: Annotated[int | None, typer.Option(help="attempt number (default: the newest)")] = None,
-         rank: Annotated[int, typer.Option(help="rank of a multi-node job")] = 0,
+def logs(job: Annotated[int, typer.Argument(metavar="JOB", help="the job's id")],
+         attempt: Annotated[int | None, typer.Option(metavar="N", help="attempt number (default: the last)")]
+         = None,
+         rank: Annotated[int, typer.Option(metavar="R", help="which rank of a multi-node job")] = 0,
          follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing new output "
                                               "(and the next attempts') until the job ends")] = False,
-         poll_s: Annotated[float, typer.Option(hidden=True)] = 0.5) -> None:
-    """Print a job's output (its newest attempt unless --attempt N); -f follows it."""
+         poll_s: Annotated[float, typer.Option(
+             "--poll-s", metavar="S", min=0.05, help="with -f: seconds between looks for new output")]
+         = 0.5) -> None:
+    """Print a job's output (its last attempt unless --attempt N); -f follows it."""
     import time
 
     c = _client()
@@ -302,7 +426,7 @@ def logs(job: int,
         if chunk.attempt_ended:
             info = c.get(job)
             if attempt is None and info.attempts > chunk.attempt:
-                err.print(f"--- attempt {chunk.attempt + 1} ---", highlight=False)
+                _err().print(f"--- attempt {chunk.attempt + 1} ---", highlight=False)
                 chunk = c.logs(job, chunk.attempt + 1, rank)
                 continue
             if attempt is not None or info.status in FINAL_STATES:
@@ -312,12 +436,15 @@ def logs(job: int,
 
 
 @app.command()
-def broker(config: Annotated[Path | None, typer.Option("-c", "--config",
+def broker(config: Annotated[Path | None, typer.Option("-c", "--config", metavar="FILE",
                                                         help="apply this onepool.yaml first")] = None,
-           cycle_s: Annotated[float | None, typer.Option("--cycle-s")] = None,
+           cycle_s: Annotated[float | None, typer.Option(
+               "--cycle-s", metavar="S", help="seconds between cycles (default: broker.cycle_s)")] = None,
            once: Annotated[bool, typer.Option("--once", help="run one cycle and exit")] = False
            ) -> None:
     """Run the broker loop (reconcile, then schedule every cycle)."""
+    import logging
+
     from broker.clock import SystemClock
     from broker.control import service
 
@@ -330,7 +457,7 @@ def broker(config: Annotated[Path | None, typer.Option("-c", "--config",
 
 @app.command()
 def demo(as_json: JsonOpt = False,
-         timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 180
+         timeout: Annotated[float, typer.Option(metavar="S", help="give up after this many seconds")] = 180
          ) -> None:
     """Run the demo: low-priority jobs fill two pools, an urgent gang job preempts, all finish."""
     from broker.client.demo import render, run_demo
@@ -339,16 +466,19 @@ def demo(as_json: JsonOpt = False,
     if as_json:
         _print_json(result)
     else:
-        render(result, out)
+        render(result, _out())
 
 
 @app.command()
 def simulate(
-    trace: Annotated[Path, typer.Option("--trace", help="trace CSV")],
-    scenario: Annotated[Path, typer.Option("--scenario", help="scenario YAML")],
-    policies: Annotated[str | None, typer.Option(help="comma list; default: all")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="write result.json, table.md")] = None,
-    limit: Annotated[int | None, typer.Option(help="only the first N jobs")] = None,
+    trace: Annotated[Path, typer.Option("--trace", metavar="CSV", help="the job trace to replay")],
+    scenario: Annotated[Path, typer.Option("--scenario", metavar="YAML",
+                                           help="pools, teams, classes and prices to replay it on")],
+    policies: Annotated[str | None, typer.Option(metavar="A,B",
+                                                 help="comma list of policies (default: all)")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", metavar="DIR",
+                                                 help="write result.json and table.md here")] = None,
+    limit: Annotated[int | None, typer.Option(metavar="N", help="only the first N jobs")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Replay a job trace through the same policy under several configurations."""
@@ -359,7 +489,7 @@ def simulate(
 
     names = [p.strip() for p in policies.split(",")] if policies else None
     with Progress(TextColumn("{task.description:<16}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeElapsedColumn(), console=err, transient=as_json) as bar:
+                  TimeElapsedColumn(), console=_err(), transient=as_json) as bar:
         tasks: dict[str, Any] = {}
 
         def show(fractions: dict[str, float]) -> None:
@@ -376,27 +506,29 @@ def simulate(
     if as_json:
         _print_json(result)
     else:
-        out.print(rich_table(result))
+        _out().print(rich_table(result))
 
 
 from broker.client.cli_money import register as _register_money  # noqa: E402  (issue 6: cost, budget, dashboard)
 
-_register_money(app, lambda: _client(), out)
+_register_money(app, _client, _out)
 
 from broker.client.cli_remote import register as _register_remote  # noqa: E402  (issue 9)
 
-_register_remote(app, _client, _embedded, out, _print_json)
+_register_remote(app, _client, _embedded, _out, _print_json)
 
 
 def main() -> None:
+    import logging
+
     logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
         app()
     except OnepoolError as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        _err().print(f"[red]error:[/red] {_esc(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except TimeoutError as e:
-        err.print(f"[red]timeout:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        _err().print(f"[red]timeout:[/red] {_esc(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(3)
 
 

@@ -8,16 +8,18 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+if TYPE_CHECKING:
+    from rich.console import Console
 
-def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[], Any], out: Console,
-             print_json: Callable[[Any], None]) -> None:
+
+def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[], Any],
+             console: Callable[[], Console], print_json: Callable[[Any], None]) -> None:
     token_app = typer.Typer(no_args_is_help=True, help="API tokens: who may act, for which team.")
     node_app = typer.Typer(no_args_is_help=True, help="Nodes and the agents that serve them.")
     app.add_typer(token_app, name="token")
@@ -25,9 +27,10 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
 
     @app.command()
     def server(
-        host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-        port: Annotated[int, typer.Option(help="port to listen on", min=1, max=65535)] = 8421,
-        config: Annotated[Path | None, typer.Option("-c", "--config",
+        host: Annotated[str, typer.Option(metavar="HOST", help="address to listen on")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(metavar="PORT", help="port to listen on (1-65535)", min=1,
+                                             max=65535)] = 8421,
+        config: Annotated[Path | None, typer.Option("-c", "--config", metavar="FILE",
                                                     help="apply this onepool.yaml first")] = None,
         no_broker: Annotated[bool, typer.Option("--no-broker", help="serve the API only (another "
                                                 "process runs the broker loop)")] = False,
@@ -39,28 +42,28 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
         c = embedded()
         if config is not None:
             c.apply(config)
-        out.print(f"onepool server: http://{host}:{port}/v1 (OpenAPI at /docs), home {c.store.home}",
+        console().print(f"onepool server: http://{host}:{port}/v1 (OpenAPI at /docs), home {c.store.home}",
                   markup=False)
         serve(c.store, host, port, broker=not no_broker)
 
     @app.command()
     def agent(
-        server: Annotated[str, typer.Option("--server", envvar="ONEPOOL_SERVER",
+        server: Annotated[str, typer.Option("--server", envvar="ONEPOOL_SERVER", metavar="URL",
                                             help="the onepool server's URL")],
         join_token: Annotated[str | None, typer.Option(
-            "--join-token", envvar="ONEPOOL_JOIN_TOKEN",
+            "--join-token", envvar="ONEPOOL_JOIN_TOKEN", metavar="TOKEN",
             help="one-time token from `onepool node join-token NODE` (not needed once joined)")] = None,
-        gpus: Annotated[int | None, typer.Option(help="GPUs to offer (default: nvidia-smi's count)",
-                                                 min=1, max=64)] = None,
-        gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="GPU type to report "
+        gpus: Annotated[int | None, typer.Option(
+            metavar="N", help="GPUs to offer (default: nvidia-smi's count)", min=1, max=64)] = None,
+        gpu_type: Annotated[str | None, typer.Option("--gpu-type", metavar="TYPE", help="GPU type to report "
                                                      "(default: nvidia-smi's name)")] = None,
-        state_dir: Annotated[Path, typer.Option("--state-dir", envvar="ONEPOOL_AGENT_HOME",
+        state_dir: Annotated[Path, typer.Option("--state-dir", envvar="ONEPOOL_AGENT_HOME", metavar="DIR",
                                                 help="where the agent keeps its credential and "
                                                 "its ranks' folders")] = Path.home() / ".onepool-agent",
-        metadata: Annotated[str, typer.Option(help="cloud metadata service to watch for "
+        metadata: Annotated[str, typer.Option(metavar="SERVICE", help="cloud metadata service to watch for "
                                               "interruption notices: aws|gcp|none")] = "none",
         metadata_url: Annotated[str | None, typer.Option(
-            "--metadata-url", envvar="ONEPOOL_METADATA_URL",
+            "--metadata-url", envvar="ONEPOOL_METADATA_URL", metavar="URL",
             help="the metadata service's base URL (default: the cloud's)")] = None,
     ) -> None:
         """Run the node agent: join the server, then run the ranks placed on this node."""
@@ -90,7 +93,7 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
         if as_json:
             print_json({"token": info.token, "id": info.id, "team": info.team, "role": info.role})
         else:
-            out.print(f"token {info.id} ({info.role} of team {info.team}); keep it secret, it is "
+            console().print(f"token {info.id} ({info.role} of team {info.team}); keep it secret, it is "
                       f"not shown again:\n{info.token}", markup=False)
 
     @token_app.command("revoke")
@@ -101,7 +104,7 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
         if as_json:
             print_json(info.model_dump())
         else:
-            out.print(f"token {info.id} of team {info.team} revoked", markup=False)
+            console().print(f"token {info.id} of team {info.team} revoked", markup=False)
 
     @token_app.command("list")
     def token_list(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
@@ -116,7 +119,7 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
         for r in rows:
             t.add_row(r.id, r.team, r.role, escape(r.note), escape(r.created_by),
                       "yes" if r.revoked_at else "")
-        out.print(t)
+        console().print(t)
 
     @node_app.command("join-token")
     def node_join_token(
@@ -130,7 +133,7 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
             print_json(info.model_dump())
         else:
             server = os.environ.get("ONEPOOL_URL", "http://SERVER:8421")
-            out.print(f"on the host of node {info.node} (pool {info.pool}), within {ttl_s:g}s:\n"
+            console().print(f"on the host of node {info.node} (pool {info.pool}), within {ttl_s:g}s:\n"
                       f"onepool agent --server {server} --join-token {info.join_token}", markup=False)
 
     @node_app.command("list")
@@ -149,4 +152,4 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
             seen = "" if r.agent_seen_s_ago is None else f"{r.agent_seen_s_ago:.0f}"
             t.add_row(r.id, r.pool, r.gpu_type, r.market, r.state, str(r.gpus), str(r.free_gpus),
                       r.executor, seen, escape(str(r.agent.get("hostname", ""))))
-        out.print(t)
+        console().print(t)

@@ -182,7 +182,7 @@ def _echo(c: HttpClient, seen: int, say: Any) -> int:
         if e.kind in ("started", "preempting", "preempted", "succeeded", "killed", "failed",
                       "checkpoint_copied", "node_launching", "node_terminated", "no_capacity",
                       "agent_joined"):
-            who = f"job {e.job_id}" if e.job_id else "broker"
+            who = f"job {e.job_id}" if e.job_id is not None else f"node {e.data.get('node', '?')}"
             say(f"  {who}: {e.kind:<13} {escape(e.message)}")
     return len(evs)
 

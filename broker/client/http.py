@@ -137,10 +137,12 @@ class HttpClient:
 
     def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
              experiment: str | None = None, after_id: int = 0,
-             limit: int | None = None) -> list[JobInfo]:
+             limit: int | None = None, finished_limit: int | None = None) -> list[JobInfo]:
         out: list[JobInfo] = []
         while True:
             params: dict[str, Any] = {"after_id": after_id, "limit": min(limit or 1000, 1000)}
+            if finished_limit is not None:
+                params["finished_limit"] = finished_limit
             if status:
                 params["status"] = list(status)
             if team:

@@ -25,11 +25,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sqlmodel import Session, col, select
+from sqlalchemy import update
+from sqlmodel import Session, col, or_, select
 
 from broker.checkpoint import telemetry
 from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.index import default_store_root, stores_of
+from broker.client.filters import check_filters
 from broker.client.sdk_admin import AdminMixin
 from broker.client.waits import FINAL, wait_stopped
 from broker.clock import Clock, SystemClock
@@ -45,7 +47,7 @@ from broker.state.model import Attempt, Event, Job, JobState
 from broker.state.model_access import IdempotentSubmit
 from broker.state.store import Store
 from broker.state.tokens import Principal, local_principal
-from broker.state.views import EventInfo, JobInfo, LogChunk, LostWorkRow
+from broker.state.views import EventInfo, JobInfo, LogChunk, LostWorkRow, PoolInfo
 
 STATES = [s.value for s in JobState]
 MAX_PAGE = 1000
@@ -207,15 +209,15 @@ class Client(AdminMixin):
                           caused_lost_gpu_s=telemetry.caused_lost_gpu_s(s, [job_id]).get(job_id, 0.0))
 
     def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
-             experiment: str | None = None, after_id: int = 0,
-             limit: int | None = None) -> list[JobInfo]:
-        """Jobs, oldest first, optionally filtered; a page of at most `limit` (up to 1000)
-        jobs with ids above `after_id`. A member sees its own team's jobs only.
-        Raises SpecError (unknown state, bad limit), Forbidden (another team)."""
-        states = [x.upper() for x in status or []]
-        bad = [x for x in states if x not in STATES]
-        if bad:
-            raise SpecError("status", [f"status: must be one of {', '.join(STATES)} (got {bad[0]!r})"])
+             experiment: str | None = None, after_id: int = 0, limit: int | None = None,
+             finished_limit: int | None = None) -> list[JobInfo]:
+        """Jobs, oldest first, optionally filtered by state (any case), team, experiment; a page
+        of at most `limit` (up to 1000) jobs with ids above `after_id`; with `finished_limit`,
+        every job not finished but only that many of the newest finished ones. A member sees
+        its own team's jobs only. Raises SpecError for a state or team that does not exist
+        (naming the allowed values) or a bad page, Forbidden (another team)."""
+        states = check_filters(status, team, [t.name for t in self.config().teams]
+                               if team is not None else None)
         if not 0 <= after_id <= MAX_ID:
             raise SpecError("list", [f"after_id: must be between 0 and {MAX_ID} (got {after_id})"])
         if limit is not None and not 1 <= limit <= MAX_PAGE:
@@ -229,6 +231,14 @@ class Client(AdminMixin):
             q = select(Job).where(col(Job.id) > after_id).order_by(col(Job.id))
             if states:
                 q = q.where(col(Job.state).in_(states))
+            if finished_limit is not None:
+                newest = select(Job.id).where(col(Job.state).in_(FINAL)).order_by(
+                    col(Job.id).desc()).limit(finished_limit)
+                if team:
+                    newest = newest.where(Job.team == team)
+                if experiment:
+                    newest = newest.where(Job.experiment == experiment)
+                q = q.where(or_(col(Job.state).not_in(FINAL), col(Job.id).in_(newest)))
             if team:
                 q = q.where(Job.team == team)
             if experiment:
@@ -247,8 +257,9 @@ class Client(AdminMixin):
                                caused_lost_gpu_s=caused.get(j.id or 0, 0.0)) for j in jobs]
 
     def cancel(self, job_id: int) -> JobInfo:
-        """Ask the broker to cancel a job (pending: at once; running: SIGTERM, grace, kill).
-        A job stopped by its budget (nothing running) is cancelled here and now.
+        """Cancel a job. A pending job (or one stopped by its budget: nothing runs) is CANCELLED
+        here and now; a running one is asked to stop (the broker sends SIGTERM, waits the grace
+        period, then kills) and ends CANCELLED.
 
         Raises NotFound, Forbidden, or InvalidState if the job already ended.
         """
@@ -257,6 +268,15 @@ class Client(AdminMixin):
             j = self._job(s, job_id, "cancelling")
             if j.state in FINAL:
                 raise InvalidState(f"job {job_id} already ended ({j.state}); nothing to cancel")
+            # Pending: only if it is still pending when written (the broker may be starting it
+            # right now; then it is stopped like a running job, by the flag below).
+            if j.state == JobState.PENDING and s.execute(
+                    update(Job).where(col(Job.id) == job_id, col(Job.state) == JobState.PENDING)
+                    .values(state=JobState.CANCELLED, end_time=now, cancel_requested=True,
+                            waiting_reason=None).execution_options(synchronize_session=False)
+            ).rowcount:  # type: ignore[attr-defined]
+                record(s, now, "cancelled", "cancelled while pending", job_id=job_id)
+                return self._after(s, job_id)
             if j.state == JobState.BUDGET_EXHAUSTED:
                 j.state, j.end_time, j.cancel_requested = JobState.CANCELLED, now, True
                 s.add(j)
@@ -264,7 +284,12 @@ class Client(AdminMixin):
             elif not j.cancel_requested:
                 j.cancel_requested = True
                 s.add(j)
-                record(s, now, "cancel_requested", "cancel requested", job_id=job_id)
+                record(s, now, "cancel_requested", "cancel requested: the broker stops it (SIGTERM, "
+                       "then its grace period)", job_id=job_id)
+        return self.get(job_id)
+
+    def _after(self, s: Session, job_id: int) -> JobInfo:
+        s.commit()
         return self.get(job_id)
 
     def events(self, job_id: int | None = None) -> list[EventInfo]:
@@ -331,15 +356,15 @@ class Client(AdminMixin):
     # -- money (issue 6) ----------------------------------------------------------------------
     def costs(self, by: cost_queries.CostBy = "experiment", since: float | None = None,
               until: float | None = None) -> list[cost_queries.CostRow]:
-        """USD, GPU-hours and lost work per experiment, team, pool or job (see
-        broker.state.costs). A member sees experiment and job rows of its own team only.
-        Raises SpecError for another `by`."""
+        """USD, GPU-hours and lost work per experiment, team, job, pool, market or UTC day (see
+        broker.state.costs: every view sums to the same total). A member sees experiment and
+        job rows of its own team only. Raises SpecError for another `by`."""
         if by not in cost_queries.COST_BY:
             raise SpecError("cost", [f"by: must be one of {', '.join(cost_queries.COST_BY)} "
                                      f"(got {by!r})"])
         with self.store.session() as s:
             rows = cost_queries.costs(s, by, since, until)
-            if self.principal.is_admin or by in ("team", "pool"):
+            if self.principal.is_admin or by in ("team", "pool", "market", "day"):
                 return rows
             jobs = s.exec(select(Job.id, Job.experiment).where(Job.team == self.principal.team)).all()
             keys = {str(i) for i, _ in jobs} if by == "job" else {e for _, e in jobs}
@@ -359,6 +384,15 @@ class Client(AdminMixin):
             if job_id is not None:
                 return budget_rules.set_job_budget(s, job_id, amount_usd, now)
             return budget_rules.set_team_budget(s, applied_config(s), team or "", amount_usd, now)
+
+    def pools(self, *, include_inactive: bool = False) -> list[PoolInfo]:
+        """Every pool now: market, the price in force (USD per node-hour, and per GPU-hour as
+        charged), its live nodes with their free GPUs, the jobs holding the rest, their age."""
+        from broker.state import inventory
+
+        with self.store.session() as s:
+            return inventory.pools(s, applied_config(s), self.clock.now(),
+                                   include_inactive=include_inactive)
 
     def budgets(self) -> list[budget_rules.TeamBudget]:
         """Every team's window budget now (a member: its own team's): amount, spent, state."""

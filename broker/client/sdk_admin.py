@@ -5,7 +5,6 @@ Mixed into broker.client.sdk.Client (which provides `store`, `clock`, `principal
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from sqlmodel import col, select
@@ -13,8 +12,8 @@ from sqlmodel import col, select
 from broker.control.config_apply import applied_config
 from broker.errors import InvalidState, NotFound, SpecError
 from broker.state.events import acting_as, record
-from broker.state.model import Attempt, AttemptState, Node, Pool
-from broker.state.model_access import ApiToken, NodeAgent
+from broker.state.model import Node, Pool
+from broker.state.model_access import ApiToken
 from broker.state.tokens import create_api_token, new_join_token, revoke_api_token
 from broker.state.views import JoinTokenInfo, NodeInfo, TokenInfo
 
@@ -94,35 +93,14 @@ class AdminMixin:
             return JoinTokenInfo(node=node, pool=row.pool, join_token=token, expires_at=now + ttl_s)
 
     def nodes(self, pool: str | None = None) -> list[NodeInfo]:
-        """Nodes that are or may become schedulable, with their free GPUs. Raises NotFound for
-        an unknown pool."""
-        now = self.clock.now()
+        """Nodes that are or may become schedulable (agent-served ones waiting for or having
+        lost their agent included), with their free GPUs and agents. Raises NotFound for an
+        unknown pool."""
+        from broker.state import inventory
+
         with self.store.session() as s:
             cfg = applied_config(s)
-            pools = {p.name: p for p in cfg.pools}
-            if pool is not None and pool not in pools:
-                raise NotFound(f"no pool {pool!r}; pools: {', '.join(pools)}")
-            held: dict[str, int] = defaultdict(int)
-            for a in s.exec(select(Attempt).where(Attempt.state != AttemptState.ENDED)):
-                for n, slots in a.alloc:
-                    held[n] += len(slots)
-            q = select(Node).where(col(Node.state).not_in(["terminated", "retired"])).order_by(col(Node.id))
-            if pool is not None:
-                q = q.where(Node.pool == pool)
-            rows = s.exec(q).all()
-            agents = {a.node: a for a in s.exec(select(NodeAgent).where(
-                col(NodeAgent.node).in_([n.id for n in rows])))}
-        out = []
-        for n in rows:
-            spec = pools.get(n.pool)
-            if spec is None:
-                continue
-            ag = agents.get(n.id)
-            free = max(0, n.gpus - held[n.id]) if n.state == "up" else 0
-            out.append(NodeInfo(
-                id=n.id, pool=n.pool, gpu_type=spec.gpu_type, market=spec.market.value,
-                state=n.state, gpus=n.gpus, free_gpus=free,
-                executor="local" if spec.provider == "local" else "agent",
-                agent_seen_s_ago=None if ag is None or ag.seen_at is None else max(0.0, now - ag.seen_at),
-                agent=dict(ag.info) if ag is not None else {}))
-        return out
+            if pool is not None and pool not in {p.name for p in cfg.pools}:
+                raise NotFound(f"no pool {pool!r}; pools: {', '.join(p.name for p in cfg.pools)}")
+            pools = inventory.pools(s, cfg, self.clock.now())
+        return [n for p in pools if pool is None or p.name == pool for n in p.nodes]

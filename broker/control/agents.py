@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from sqlmodel import Session, col, or_, select
 
 from broker.errors import NotFound, Unauthorized
+from broker.state import ledger
 from broker.state.events import record
 from broker.state.model import Node, NodeState, Notice, Pool
 from broker.state.model_access import NodeAgent, RankAssignment
@@ -133,6 +134,7 @@ def join(s: Session, verifier: Verifier, req: JoinRequest, now: float, timing: T
     if node.state in (NodeState.WAITING, NodeState.LOST, NodeState.LAUNCHING):
         if node.state == NodeState.LAUNCHING:
             node.ready_at = now
+            ledger.node_ready(s, node.id, now)  # [issue 13 metering hook] its boot ends
         node.state, node.idle_since = NodeState.UP, now
     s.add(node)
     record(s, now, "agent_joined", f"agent on {req.info.get('hostname', '?')} joined as node "

@@ -24,6 +24,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -31,12 +32,13 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from broker.errors import InvalidState, NotFound, OnepoolError
+from broker.errors import InvalidState, NotFound, OnepoolError, SpecError, Unpriced
 from broker.policy import Snapshot
 from broker.spec import ClusterConfig, JobSpec, Market, SpotPolicy, market_ok
 from broker.state.events import record
 from broker.state.ledger import price_in_force, spend_by_job, usd_per_gpu_hour
 from broker.state.model import Attempt, AttemptState, Job, JobState, LedgerEntry, Pool, Setting
+from broker.state.views import fmt_usd
 
 OVERRIDE = "budget:team:"
 
@@ -188,7 +190,10 @@ def estimate(s: Session, cfg: ClusterConfig, js: JobSpec, now: float,
         row = s.get(Pool, p.name)
         if row is None or not row.active:
             continue
-        rate = usd_per_gpu_hour(row, price_in_force(s, row, now), cfg)
+        try:
+            rate = usd_per_gpu_hour(row, price_in_force(s, row, now, cfg), cfg)
+        except Unpriced:  # refused at apply; a catalog changed since: no estimate on it
+            continue
         usd = rate * js.gpus * duration / 3600.0
         if best is None or usd < best.usd:
             best = Estimate(usd, duration, source, p.name, rate)
@@ -214,9 +219,9 @@ def check_submission(s: Session, cfg: ClusterConfig, js: JobSpec, now: float) ->
                                      or s.get(Setting, OVERRIDE + js.team) is not None)
     tb = next((b for b in team_budgets(s, cfg, now) if b.team == js.team), None) if budgeted else None
     if tb is not None and tb.state == "exhausted":
-        raise BudgetError(f"team {js.team} has spent ${tb.spent:.2f} of its ${tb.amount:.2f} "
-                          f"{tb.window} budget; raise it with `onepool budget set --team {js.team} "
-                          "AMOUNT` before submitting more work")
+        raise BudgetError(f"team {js.team} has spent {fmt_usd(tb.spent)} of its "
+                          f"{fmt_usd(tb.amount or 0.0)} {tb.window} budget; raise it with `onepool "
+                          f"budget set --team {js.team} AMOUNT` before submitting more work")
     if js.budget_usd is None:
         return js, None
     # Spot is a discount, not a promise: estimate on reliable capacity when there is some.
@@ -230,20 +235,27 @@ def check_submission(s: Session, cfg: ClusterConfig, js: JobSpec, now: float) ->
         spot = estimate(s, cfg, js, now, SpotPolicy.ONLY)
     if spot is not None and spot.usd <= js.budget_usd:
         return js.model_copy(update={"spot": SpotPolicy.ONLY}), (
-            f"queued spot-only: the estimate ${est.usd:.2f} on {est.pool} exceeds the budget "
-            f"${js.budget_usd:.2f}; on spot pool {spot.pool} it is ${spot.usd:.2f}")
+            f"queued spot-only: the estimate {fmt_usd(est.usd)} on {est.pool} exceeds the budget "
+            f"{fmt_usd(js.budget_usd)}; on spot pool {spot.pool} it is {fmt_usd(spot.usd)}")
+    zero = " (a budget of $0 allows no spending at all)" if js.budget_usd == 0 else ""
     raise BudgetError(
-        f"job {js.name}: estimated cost ${est.usd:.2f} exceeds its budget ${js.budget_usd:.2f} "
-        f"({js.gpus} GPUs x {est.duration_s / 3600:.2f} h at ${est.usd_per_gpu_hour:.2f}/GPU-h on "
-        f"{est.pool}, the cheapest pool that fits; duration from {est.duration_from}); raise "
-        f"--budget-usd to at least {est.usd:.2f}, shorten expected_duration_s, or allow spot")
+        f"job {js.name}: estimated cost {fmt_usd(est.usd)} exceeds its budget "
+        f"{fmt_usd(js.budget_usd)}{zero} ({js.gpus} GPUs x {est.duration_s / 3600:.2f} h at "
+        f"{fmt_usd(est.usd_per_gpu_hour)}/GPU-h on {est.pool}, the cheapest pool that fits; duration "
+        f"from {est.duration_from}); raise --budget-usd to at least {_ceil_cents(est.usd)}, shorten "
+        "expected_duration_s, or allow spot")
+
+
+def _ceil_cents(usd: float) -> str:
+    """The smallest amount in whole cents that covers `usd` (what to type as a budget)."""
+    return f"{math.ceil(usd * 100 - 1e-9) / 100:.2f}"
 
 
 def set_job_budget(s: Session, job_id: int, usd: float, now: float) -> str:
     """Set a job's budget; a BUDGET_EXHAUSTED job goes back to the queue. Returns what happened.
-    Raises NotFound, ValueError (negative), or InvalidState if the job already spent more."""
+    Raises NotFound, SpecError (negative), or InvalidState if the job already spent more."""
     if usd < 0:
-        raise ValueError(f"a budget cannot be negative (got {usd})")
+        raise SpecError("budget", [f"amount: a budget cannot be negative (got {usd:g})"])
     j = s.get(Job, job_id)
     if j is None:
         raise NotFound(f"no job with id {job_id}")
@@ -263,9 +275,9 @@ def set_job_budget(s: Session, job_id: int, usd: float, now: float) -> str:
 
 def set_team_budget(s: Session, cfg: ClusterConfig, team: str, usd: float, now: float) -> str:
     """Override a team's window budget; if no longer exhausted, requeue its jobs that were
-    stopped for budget and whose own budget still has room. Raises NotFound, ValueError."""
+    stopped for budget and whose own budget still has room. Raises NotFound, SpecError."""
     if usd < 0:
-        raise ValueError(f"a budget cannot be negative (got {usd})")
+        raise SpecError("budget", [f"amount: a budget cannot be negative (got {usd:g})"])
     if team not in [t.name for t in cfg.teams]:
         raise NotFound(f"no team {team!r}; teams: {', '.join(t.name for t in cfg.teams)}")
     row = s.get(Setting, OVERRIDE + team) or Setting(key=OVERRIDE + team)

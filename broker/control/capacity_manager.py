@@ -11,7 +11,8 @@ sync() instead (deterministic tests); the logic is the same.
 A rented node boots `onepool agent` from its user data (providers.bootstrap), with a join
 token derived from its launch token. The node is up when its agent joins (not when the cloud
 says the instance runs): ranks placed there run on the instance, through its agent. A node
-whose agent has not joined `boot_timeout_s` after the launch request is given back, and one
+whose agent has not joined `boot_timeout_s` after its launch (or after the request, while the
+cloud has not answered) is given back, and one
 whose agent falls silent is terminated, confirmed gone, and only then is its work requeued.
 
 Never twice. A launch first commits a LAUNCHING node row holding a fresh token; the worker
@@ -30,7 +31,15 @@ at start and every `broker.orphan_sweep_s`.
 
 A pool whose provider answered NoCapacity (or Fatal, or raised anything unexpected) is
 closed to launches for a back-off (see cloud_worker), so the next plan falls through to the
-next-cheapest offer.
+next-cheapest offer. A pool with no known price (broker.errors.Unpriced) is closed to launches
+and says so in its events: it is never treated as free.
+
+Metering (issue 13; broker.state.ledger): every rented node is on the meter from the cloud's
+answer to its launch (`ledger.node_up`, in the transaction that writes its instance id) to the cloud's
+confirmation of its end (`ledger.node_down`, in the transaction that writes TERMINATED, in
+cloud_worker), with `node_ready` (its agent joined) and `node_draining` marking its boot and
+drain. The price a pool is metered at is recorded (`ledger.price_changed`) when first seen and
+whenever it changes.
 """
 
 from __future__ import annotations
@@ -48,12 +57,14 @@ from sqlmodel import Session, col, select
 
 from broker.control.cloud_worker import ALIVE, CloudWorker
 from broker.control.config_apply import RENTED_KEY, applied_config
+from broker.errors import Unpriced
 from broker.policy import NodeView, Plan, Snapshot
 from broker.spec import PoolSpec
+from broker.state import ledger
 from broker.state.events import record
-from broker.state.model import Attempt, AttemptState, Node, NodeState, Notice, Setting
+from broker.state.model import Attempt, AttemptState, Job, Node, NodeState, Notice, Setting
 from pricing.catalog import Catalog
-from providers.base import Instance, Provider
+from providers.base import Instance, Provider, ProviderError
 
 if TYPE_CHECKING:
     from broker.control.engine import Engine
@@ -78,6 +89,8 @@ class CapacityManager:
         self.orphan_sweep_s = engine.settings.orphan_sweep_s
         self._lock = threading.Lock()
         self.retired: dict[str, PoolSpec] = {}
+        self._zone_ids: dict[str, dict[str, str]] = {}  # pool -> its account's AZ name -> AZ id
+        self._unpriced: set[str] = set()  # pools whose missing price was reported
         with engine.store.session() as s:
             self.broker_id = broker_id(s)
             self._refresh_pools(s)
@@ -193,8 +206,9 @@ class CapacityManager:
                 n = s.exec(select(Node).where(Node.instance_id == it.instance_id)).first()
                 if n is None or n.state not in (NodeState.UP, NodeState.LAUNCHING):
                     continue
-                n.state = NodeState.DRAINING
+                n.state, n.end_reason = NodeState.DRAINING, "interrupted"
                 s.add(n)
+                ledger.node_draining(s, n.id, now)  # [issue 13 metering hook]
                 record(s, now, "interruption_notice", f"{it.kind} for node {n.id} ({it.instance_id}): "
                        "draining", pool=n.pool, node=n.id, notice=it.kind)
                 todo.append((n.id, it.kind))
@@ -235,8 +249,9 @@ class CapacityManager:
                                              col(Node.state).in_([NodeState.LAUNCHING, NodeState.UP]))).all()
             drained = []
             for n in rows:
-                n.state = NodeState.DRAINING
+                n.state, n.end_reason = NodeState.DRAINING, "pool_removed"
                 s.add(n)
+                ledger.node_draining(s, n.id, now)  # [issue 13 metering hook]
                 record(s, now, "pool_removed", f"pool {n.pool} is no longer configured: node {n.id} "
                        "drains and is terminated", pool=n.pool, node=n.id)
                 drained.append(n.id)
@@ -252,15 +267,15 @@ class CapacityManager:
             for n in s.exec(select(Node).where(col(Node.pool).in_([*self.pools, *self.retired]),
                                                col(Node.state).in_([NodeState.UP, NodeState.DRAINING]))):
                 if n.state == NodeState.DRAINING and n.id not in busy:
-                    drained.append(n.id)
+                    drained.append((n.id, n.end_reason or "drained"))
                 elif n.id in busy and n.idle_since is not None:
                     n.idle_since = None
                     s.add(n)
                 elif n.id not in busy and n.idle_since is None:
                     n.idle_since = now
                     s.add(n)
-        for nid in drained:
-            self.terminate(nid, now, "drained")
+        for nid, why in drained:
+            self.terminate(nid, now, why)
 
     def _open_attempts_on(self, node_id: str) -> list[int]:
         with self.engine.store.session() as s:
@@ -269,10 +284,19 @@ class CapacityManager:
 
     def launched(self, node_id: str, pool: str, inst: Instance, now: float) -> None:
         """Record a launch's answer (from a worker): the instance id. The node is UP when its
-        agent joins (broker.control.agents.join)."""
+        agent joins (broker.control.agents.join). The node is on the meter from `now` (the
+        cloud bills from the launch's answer, not from the intent), booting until it joins."""
         with self.engine.store.session() as s:
-            s.exec(update(Node).where(col(Node.id) == node_id, col(Node.instance_id).is_(None))  # type: ignore[call-overload]
-                   .values(instance_id=inst.instance_id, zone=inst.zone))
+            res = s.exec(update(Node).where(col(Node.id) == node_id, col(Node.instance_id).is_(None))  # type: ignore[call-overload]
+                         .values(instance_id=inst.instance_id, zone=inst.zone, launched_at=now))
+            n = s.get(Node, node_id)
+            if res.rowcount and n is not None:
+                job = s.get(Job, n.for_job_id) if n.for_job_id is not None else None
+                # [issue 13 metering hook] on the meter from the launch's answer on
+                ledger.node_up(s, node_id, pool, n.gpus, now, job.team if job is not None else None,
+                               rented=True)
+                if n.ready_at is not None:  # its agent joined before this answer was written
+                    ledger.node_ready(s, node_id, n.ready_at)
         self.wake_cycle()
 
     def agent_lost(self, node_id: str, now: float) -> None:
@@ -320,24 +344,59 @@ class CapacityManager:
             cap = spec.max_nodes or 0
             if self.closed_until.get(p.name, 0.0) > now:
                 cap = len(mine)
-            price, rate = self.price(spec)
+            try:
+                price, rate = self.price(spec)
+                self._record_price(spec, price * spec.gpus_per_node, now)
+            except Unpriced as e:  # closed to launches, and said so once: never free
+                price, rate, cap = 0.0, 0.0, len(mine)
+                self._report_unpriced(spec.name, str(e), now)
             pools.append(replace(p, nodes=nodes, max_nodes=cap, launching=tuple(sorted(launching.items())),
                                  launch_latency_s=spec.launch_latency_s, idle_timeout_s=spec.idle_timeout_s,
                                  price_per_gpu_hour=price, interruption_rate_per_h=rate))
         return replace(snap, pools=tuple(pools))
 
     def price(self, spec: PoolSpec) -> tuple[float, float]:
-        """($/GPU-hour, interruptions per hour) of a pool: its own values, else the catalog's."""
-        hit = None
-        if not spec.price_per_node_hour or spec.interruption_rate_per_h is None:
-            hit = self.catalog.find(spec.provider, spec.region, spec.instance_type or "",
-                                    spec.market.value, spec.zone)
-        node_h = spec.price_per_node_hour or (hit.usd_per_hour if hit else 0.0)
+        """($/GPU-hour, interruptions per hour) of a pool: its own values, else the catalog's.
+        Raises Unpriced when neither gives a price."""
+        zone_ids = self.zone_ids(spec) if (not spec.price_per_node_hour
+                                           or spec.interruption_rate_per_h is None) else None
+        node_h = ledger.list_price(spec, self.catalog, zone_ids)
         rate = spec.interruption_rate_per_h
         if rate is None:
-            rate = hit.interruption_rate_per_h if hit else (
-                self.catalog_default_rate if spec.market.value == "spot" else 0.0)
+            try:
+                rate = ledger.catalog_offer(spec, self.catalog, zone_ids).interruption_rate_per_h
+            except Unpriced:  # priced by the config only: the default reclaim rate for spot
+                rate = self.catalog_default_rate if spec.market.value == "spot" else 0.0
         return node_h / spec.gpus_per_node, rate
+
+    def zone_ids(self, spec: PoolSpec) -> dict[str, str] | None:
+        """The account's AZ name -> AZ id mapping for a pool naming a zone, when its provider
+        has one (AWS: describe_availability_zones); asked once per pool. None otherwise."""
+        if not spec.zone:
+            return None
+        if spec.name not in self._zone_ids:
+            ask = getattr(self.provider(spec.name), "zone_ids", None)
+            try:
+                self._zone_ids[spec.name] = ask() if ask is not None else {}
+            except ProviderError as e:
+                log.warning("pool %s: cannot map zone names to ids now (%s)", spec.name, e)
+                return None
+        return self._zone_ids[spec.name]
+
+    def _record_price(self, spec: PoolSpec, usd_per_node_hour: float, now: float) -> None:
+        """[issue 13 metering hook] Record the pool's price when first seen and on every change."""
+        with self.engine.store.session() as s:
+            if ledger.recorded_price(s, spec.name) != usd_per_node_hour:
+                ledger.price_changed(s, spec.name, usd_per_node_hour, now)
+
+    def _report_unpriced(self, pool: str, why: str, now: float) -> None:
+        if pool in self._unpriced:
+            return
+        self._unpriced.add(pool)
+        log.error("%s; the pool is closed to launches", why)
+        with self.engine.store.session() as s:
+            record(s, now, "pool_unpriced", f"{why}; closed to launches until it has a price",
+                   pool=pool)
 
     @property
     def catalog_default_rate(self) -> float:
@@ -372,6 +431,10 @@ class CapacityManager:
             res = s.exec(update(Node).where(col(Node.id) == node_id, col(Node.state).in_(list(ALIVE)))  # type: ignore[call-overload]
                          .values(state=NodeState.TERMINATING, end_reason=reason))
             pool = s.exec(select(Node.pool).where(Node.id == node_id)).first()
+            if res.rowcount:
+                ledger.node_draining(s, node_id, now)  # [issue 13 metering hook] until confirmed gone
+                record(s, now, "node_releasing", f"giving node {node_id} in {pool} back ({reason})",
+                       pool=pool, node=node_id, reason=reason)
         w = self.workers.get(pool or "")
         if res.rowcount and w is not None:
             w.wake()

@@ -34,11 +34,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from broker.control.guards import BROKER_FAILURES
 from broker.crashpoints import crash_point
 from broker.errors import LeaseLost, NotLeader
+from broker.state import ledger
 from broker.state.events import record
 from broker.state.model import Node, NodeState, Notice
 from broker.state.tokens import derived_join_token
@@ -180,12 +181,25 @@ class CloudWorker:
             return list(s.exec(select(Node).where(Node.pool == self.pool, col(Node.state).in_(states))
                                .order_by(Node.id)).all())
 
-    def _transition(self, node_id: str, states: tuple[str, ...], **values: Any) -> bool:
-        """Set `values` on the node if it is still in one of `states`. True if it was."""
+    def _transition(self, node_id: str, states: tuple[str, ...], *,
+                    meter: Callable[[Session], None] | None = None, **values: Any) -> bool:
+        """Set `values` on the node if it is still in one of `states`, and in the same
+        transaction run `meter` (the ledger's hook for that change). True if it was."""
         with self.cm.engine.store.session() as s:
             res = s.exec(update(Node).where(col(Node.id) == node_id, col(Node.state).in_(states))  # type: ignore[call-overload]
                          .values(**values))
+            if res.rowcount and meter is not None:
+                meter(s)
             return bool(res.rowcount)
+
+    @staticmethod
+    def _draining(node_id: str, now: float) -> Callable[[Session], None]:
+        """[issue 13 metering hook] the node drains until its end is confirmed."""
+        return lambda s: ledger.node_draining(s, node_id, now)
+
+    def _down(self, node_id: str, now: float) -> Callable[[Session], None]:
+        """[issue 13 metering hook] the node's meter stops: its end is confirmed."""
+        return lambda s: ledger.node_down(s, node_id, now, self.cm.engine.config)
 
     # -- notices -------------------------------------------------------------------------------
     def _record(self, notices: list[Interruption], now: float) -> None:
@@ -237,7 +251,7 @@ class CloudWorker:
                           f"the provider raised {type(e).__name__}: {e}")
             return
         crash_point("cloud_launch")  # launched, the answer not written yet
-        self.cm.launched(node_id, self.pool, inst, now)
+        self.cm.launched(node_id, self.pool, inst, self.cm.engine.clock.now())
 
     def _refused(self, node_id: str, job_id: int | None, now: float, backoff: float, why: str,
                  msg: str) -> None:
@@ -255,7 +269,7 @@ class CloudWorker:
 
     def _end_launch(self, node_id: str, job_id: int | None, now: float, why: str, msg: str) -> None:
         if self._transition(node_id, (NodeState.LAUNCHING,), state=NodeState.TERMINATED, ended_at=now,
-                            end_reason=why):
+                            end_reason=why, meter=self._down(node_id, now)):
             with self.cm.engine.store.session() as s:
                 record(s, now, why, msg, job_id=job_id, pool=self.pool, node=node_id)
             self.cm.wake_cycle()
@@ -271,7 +285,8 @@ class CloudWorker:
             left = self._call(f"confirm {instance_id} gone", lambda: [prov.describe(instance_id)])
             if left is None or left[0] is not None:
                 return  # not confirmed yet: the next round terminates and looks again
-        if self._transition(node_id, (NodeState.TERMINATING,), state=NodeState.TERMINATED, ended_at=now):
+        if self._transition(node_id, (NodeState.TERMINATING,), state=NodeState.TERMINATED, ended_at=now,
+                            meter=self._down(node_id, now)):
             with self.cm.engine.store.session() as s:
                 record(s, now, "node_terminated", f"node {node_id} in {self.pool} given back ({reason}); "
                        "its instance is confirmed gone", pool=self.pool, node=node_id, reason=reason)
@@ -286,11 +301,7 @@ class CloudWorker:
             if iid is None:
                 continue
             if iid in live:
-                if n.state == NodeState.LAUNCHING and live[iid].state == InstanceState.RUNNING:
-                    self._transition(n.id, (NodeState.LAUNCHING,), state=NodeState.UP, ready_at=now,
-                                     idle_since=now)
-                    self.cm.wake_cycle()
-                continue
+                continue  # running: it is UP once its agent joins (broker.control.agents.join)
             if before.get(n.id) != iid:
                 continue  # its instance was recorded after the listing was taken
             if n.state == NodeState.LAUNCHING and now - (n.launched_at or now) < LOST_GRACE_S:
@@ -298,7 +309,8 @@ class CloudWorker:
             found = self._call(f"look up {iid}", lambda i=iid: [self.cm.provider(self.pool).describe(i)])
             if found is None or (found[0] is not None and found[0].state != InstanceState.GONE):
                 continue  # the listing missed a live instance (or the lookup failed): not lost
-            if self._transition(n.id, ALIVE, state=NodeState.TERMINATING, end_reason="lost"):
+            if self._transition(n.id, ALIVE, state=NodeState.TERMINATING, end_reason="lost",
+                                meter=self._draining(n.id, now)):
                 with self.cm.engine.store.session() as s:
                     record(s, now, "node_lost", f"node {n.id} ({iid}) is gone from {self.pool}: "
                            "its work is requeued once the instance is confirmed gone", pool=self.pool,
@@ -315,9 +327,7 @@ class CloudWorker:
             n = nodes.get(inst.node_id or "")
             if n is not None and n.state in (*ALIVE, NodeState.TERMINATING):
                 if n.instance_id is None:  # launched, but the answer was never written
-                    with self.cm.engine.store.session() as s:
-                        s.exec(update(Node).where(col(Node.id) == n.id, col(Node.instance_id).is_(None))  # type: ignore[call-overload]
-                               .values(instance_id=inst.instance_id, zone=inst.zone))
+                    self.cm.launched(n.id, self.pool, inst, now)
                     continue
                 if n.instance_id == inst.instance_id:
                     continue

@@ -7,7 +7,7 @@ import json
 
 from sqlmodel import Session, select
 
-from broker.errors import NotConfigured
+from broker.errors import NotConfigured, SpecError, Unpriced
 from broker.spec import ClusterConfig, parse_config
 from broker.state.model import Node, NodeState, Pool, Setting, Team
 
@@ -20,7 +20,9 @@ def apply_config(s: Session, cfg: ClusterConfig) -> None:
 
     A pool dropped from the config is deactivated (its history stays); nodes beyond a
     pool's new count are retired (work running there finishes, nothing new lands).
+    Raises SpecError, before writing anything, for a rented pool nothing prices.
     """
+    check_prices(cfg)
     for t in cfg.teams:
         row = s.get(Team, t.name) or Team(name=t.name)
         row.weight, row.priority_allowance_gpus = t.weight, t.priority_allowance_gpus
@@ -64,6 +66,23 @@ def apply_config(s: Session, cfg: ClusterConfig) -> None:
 def _first_state(provider: str) -> str:
     """Local slots are up at once; an agent-served node is up once its agent joins."""
     return NodeState.WAITING if provider == "agent" else NodeState.UP
+
+
+def check_prices(cfg: ClusterConfig) -> None:
+    """Every rented pool has a price: its own `price_per_node_hour` or the catalog's (an AWS
+    zone may be named, us-east-1a, or given by id, use1-az1). Raises SpecError naming each
+    pool without one: a pool nobody can price would look free to the planner and to budgets."""
+    from broker.state.ledger import catalog_offer
+
+    problems = []
+    for i, p in enumerate(cfg.pools):
+        if p.rented and not p.price_per_node_hour:
+            try:
+                catalog_offer(p)
+            except Unpriced as e:
+                problems.append(f"pools.{i}.price_per_node_hour: {e}")
+    if problems:
+        raise SpecError("onepool.yaml", problems)
 
 
 def _node_count(s: Session, pool: str) -> int:

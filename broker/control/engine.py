@@ -269,8 +269,10 @@ class Engine(AttemptGuards):
             msg = {EndReason.PREEMPTED: f"preempted for job {a.preempted_by}",
                    EndReason.INTERRUPTED: f"interrupted ({a.cause})"}.get(
                 reason, "processes vanished without an exit status")
+            since = (f"since its checkpoint at step {a.reached_step}" if a.reached_step is not None
+                     else "since it started: no checkpoint yet")
             record(s, now, reason.value.lower(), f"{msg}; back in the queue (lost "
-                   f"{a.lost_gpu_s:.0f} GPU-s since step {a.reached_step})",
+                   f"{a.lost_gpu_s:.0f} GPU-s {since})",
                    job_id=job.id, attempt_id=a.id, lost_gpu_s=a.lost_gpu_s,
                    preempted_by=a.preempted_by, cause=a.cause,
                    restart_overhead_s=a.restart_overhead_s)

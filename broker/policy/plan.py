@@ -388,7 +388,9 @@ class _Planner:
         assert best is not None
         held = self.cap.hold(best[2], j.gpus_per_node)
         self.reservations.append((j.job_id, held))
-        self.waiting.append((j.job_id, f"head of the queue: holding {best[0]} GPUs in {best[1]}"))
+        self.waiting.append((j.job_id, f"head of the queue: holding {best[0]} GPUs in {best[1]}"
+                             if best[0] else f"head of the queue: next to start in {best[1]}; "
+                             f"GPUs freed there are held for it"))
 
 
 def _pool_nodes(p: PoolView) -> list[str]:

@@ -2,19 +2,30 @@
 
 Contract:
 
-- A node is on the meter from `node_up(...)` (a rented launch, at its launch time) or, for
-  nodes the config creates (on-prem, local), from the first `accrue()` that sees it up, until
-  `node_down(...)` (terminate) or until `accrue()` sees it retired. Nothing before or after is
+- A rented node is on the meter from the cloud's answer to its launch (the cloud bills from
+  then) to its confirmed termination: the capacity manager calls `node_up` in the
+  transaction that writes the node's instance id,
+  `node_ready` when it is up, `node_draining` on an interruption notice or the decision to
+  give it back, and `node_down` in the transaction that records it terminated (or lost, or
+  refused by the cloud). Nodes the config creates (on-prem, local) are on the meter from the
+  first `accrue()` that sees them up until one sees them retired. Nothing before or after is
   charged; nothing in between is charged twice (`NodeMeter.metered_to` is the high-water mark).
+- Every second of a metered node's GPUs is one of: "gpu" (held by an attempt: charged to its
+  job), "boot" (a rented node before it is ready), "idle" (up, nobody's), "drain" (after an
+  interruption notice or the decision to give it back, until the cloud confirms the end).
+  Unused time is charged to the pool, or with `broker.idle_charged_to: launcher` to the team
+  whose job triggered the launch.
 - The price in force at time t for a pool is the newest `price_changed(pool, usd, at)` with
-  at <= t, else the pool's configured `price_per_node_hour`. Rented pools are charged that
-  price per node-hour split evenly over the node's GPUs. On-prem pools are charged their
-  amortized `amortized_usd_per_gpu_hour` (else the node price / GPUs): shown, never used for
-  placement.
-- Each job is charged its share of the node: the GPUs its attempt holds there, for the time it
-  held them. GPUs nobody held are "idle" rows, charged to the pool, or, with
-  `broker.idle_charged_to: launcher`, to the team whose job triggered the launch.
-- Checkpoint egress (bytes copied across stores for an attempt) is one "egress" row per attempt.
+  at <= t, else its list price: the configured `price_per_node_hour`, else (rented pools) the
+  catalog's for its provider, region, instance type, market and zone. The capacity manager
+  records the catalog price when it first prices a pool and every change after. A rented pool
+  neither prices raises `Unpriced`: it is never free. Rented pools are charged that price per
+  node-hour split evenly over the node's GPUs; on-prem pools their amortized rate
+  (`amortize`: purchase price, years, power, hosting; or `amortized_usd_per_gpu_hour`; else
+  the node price / GPUs), shown, never used for placement.
+- Checkpoint egress (bytes copied across stores for an attempt) is one "egress" row per
+  attempt; checkpoint storage is one "storage" row per checkpoint (broker.state.storage_ledger),
+  both charged to the job (and experiment) whose checkpoint it is.
 - Rows are extended in place while nothing changes (same node, payer, GPUs, price), so a
   long-running job is one row per price period, not one per cycle.
 
@@ -25,13 +36,49 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import Mapping
+from functools import cache
 
 from sqlmodel import Session, col, or_, select
 
-from broker.spec import BrokerSettings, ClusterConfig, Market
+from broker.errors import Unpriced
+from broker.spec import BrokerSettings, ClusterConfig, Market, PoolSpec
 from broker.state.model import Attempt, Job, LedgerEntry, Node, NodeMeter, Pool, PriceChange
+from pricing.catalog import Catalog, CatalogOffer
 
-__all__ = ["accrue", "node_down", "node_up", "price_changed", "price_in_force", "usd_per_gpu_hour"]
+__all__ = ["KINDS", "UNUSED", "accrue", "catalog_offer", "list_price", "node_down", "node_draining",
+           "node_ready", "node_up", "price_changed", "price_in_force", "spend_by_job", "usd_per_gpu_hour"]
+
+KINDS = ("gpu", "boot", "idle", "drain", "egress", "storage")
+UNUSED = ("boot", "idle", "drain")  # GPUs paid for and nobody's work
+
+
+# -- prices -----------------------------------------------------------------------------------
+@cache
+def _snapshot() -> Catalog:
+    return Catalog.snapshot()
+
+
+def catalog_offer(spec: PoolSpec, catalog: Catalog | None = None,
+                  zone_ids: Mapping[str, str] | None = None) -> CatalogOffer:
+    """The catalog's offer for a rented pool (see pricing.catalog.Catalog.find for zones).
+    Raises Unpriced naming what was looked up."""
+    hit = (catalog or _snapshot()).find(spec.provider, spec.region, spec.instance_type or "",
+                                       spec.market.value, spec.zone, zone_ids)
+    if hit is None:
+        where = f"{spec.provider} {spec.region}" + (f" zone {spec.zone}" if spec.zone else "")
+        raise Unpriced(f"pool {spec.name}: the price catalog has no {spec.market.value} offer for "
+                       f"{spec.instance_type} in {where}; set price_per_node_hour for it in onepool.yaml")
+    return hit
+
+
+def list_price(spec: PoolSpec, catalog: Catalog | None = None,
+               zone_ids: Mapping[str, str] | None = None) -> float:
+    """USD per node-hour of a pool before any recorded change: its `price_per_node_hour`, else
+    (rented pools) the catalog's. Raises Unpriced for a rented pool neither prices."""
+    if spec.price_per_node_hour or not spec.rented:
+        return spec.price_per_node_hour
+    return catalog_offer(spec, catalog, zone_ids).usd_per_hour
 
 
 def price_changed(s: Session, pool: str, usd_per_node_hour: float, at: float) -> None:
@@ -43,38 +90,79 @@ def price_changed(s: Session, pool: str, usd_per_node_hour: float, at: float) ->
     s.flush()
 
 
-def price_in_force(s: Session, pool: Pool, at: float) -> float:
-    """USD per node-hour of `pool` at time `at`."""
-    row = s.exec(select(PriceChange).where(PriceChange.pool == pool.name, PriceChange.at <= at)
-                 .order_by(col(PriceChange.at).desc(), col(PriceChange.id).desc())).first()
-    return pool.price_per_node_hour if row is None else row.usd_per_node_hour
+def recorded_price(s: Session, pool: str, at: float | None = None) -> float | None:
+    """The newest recorded price of `pool` (at or before `at`), None if none was recorded."""
+    q = select(PriceChange.usd_per_node_hour).where(PriceChange.pool == pool)
+    if at is not None:
+        q = q.where(PriceChange.at <= at)
+    return s.exec(q.order_by(col(PriceChange.at).desc(), col(PriceChange.id).desc())).first()
+
+
+def price_in_force(s: Session, pool: Pool, at: float, cfg: ClusterConfig | None = None) -> float:
+    """USD per node-hour of `pool` at time `at`. Raises Unpriced (see list_price)."""
+    recorded = recorded_price(s, pool.name, at)
+    if recorded is not None:
+        return recorded
+    spec = _spec(cfg, pool.name)
+    return pool.price_per_node_hour if spec is None else list_price(spec)
 
 
 def usd_per_gpu_hour(pool: Pool, usd_per_node_hour: float, cfg: ClusterConfig | None) -> float:
     """What one GPU-hour of `pool` is charged, given the node-hour price in force."""
-    if pool.market == Market.ONPREM.value and cfg is not None:
-        spec = next((p for p in cfg.pools if p.name == pool.name), None)
-        if spec is not None and spec.amortized_usd_per_gpu_hour is not None:
+    spec = _spec(cfg, pool.name)
+    if pool.market == Market.ONPREM.value and spec is not None:
+        if spec.amortize is not None:
+            from pricing.cost import amortized_usd_per_gpu_hour
+
+            a = spec.amortize
+            return amortized_usd_per_gpu_hour(a.purchase_usd_per_node, a.years, spec.gpus_per_node,
+                                              a.power_usd_per_gpu_hour, a.hosting_usd_per_gpu_hour)
+        if spec.amortized_usd_per_gpu_hour is not None:
             return spec.amortized_usd_per_gpu_hour
     return usd_per_node_hour / max(1, pool.gpus_per_node)
 
 
+def _spec(cfg: ClusterConfig | None, pool: str) -> PoolSpec | None:
+    return None if cfg is None else next((p for p in cfg.pools if p.name == pool), None)
+
+
+# -- the node meter ---------------------------------------------------------------------------
 def node_up(s: Session, node: str, pool: str, gpus: int, at: float,
-            launched_for_team: str | None = None) -> NodeMeter:
-    """Put a node on the meter from `at` (its launch). Idempotent: an open meter is returned."""
+            launched_for_team: str | None = None, *, rented: bool = False) -> NodeMeter:
+    """Put a node on the meter from `at`. A rented node (`rented=True`: its launch answered)
+    boots until `node_ready`; other nodes are ready at once. Idempotent: an open meter is
+    returned as it is."""
     open_ = _open_meter(s, node)
     if open_ is not None:
         return open_
     m = NodeMeter(node=node, pool=pool, gpus=gpus, started_at=at, metered_to=at,
-                  launched_for_team=launched_for_team)
+                  launched_for_team=launched_for_team, rented=rented,
+                  ready_at=None if rented else at)
     s.add(m)
     s.flush()
     return m
 
 
+def node_ready(s: Session, node: str, at: float) -> None:
+    """The node is up (its boot ends at `at`). Ignored for a node not on the meter or ready."""
+    m = _open_meter(s, node)
+    if m is not None and m.ready_at is None:
+        m.ready_at = max(at, m.started_at)
+        s.add(m)
+
+
+def node_draining(s: Session, node: str, at: float) -> None:
+    """The node drains from `at` (an interruption notice, or the decision to give it back):
+    its unused GPUs are "drain" until `node_down`. Ignored when not metered or already draining."""
+    m = _open_meter(s, node)
+    if m is not None and m.drain_at is None:
+        m.drain_at = max(at, m.started_at)
+        s.add(m)
+
+
 def node_down(s: Session, node: str, at: float, cfg: ClusterConfig | None = None) -> None:
-    """Charge the node up to `at` (its termination) and take it off the meter. A node that is
-    not on the meter is ignored (terminate of a gone node is quiet)."""
+    """Charge the node up to `at` (its confirmed termination) and take it off the meter. A node
+    that is not on the meter is ignored (terminate of a gone node is quiet)."""
     m = _open_meter(s, node)
     if m is None:
         return
@@ -86,26 +174,39 @@ def node_down(s: Session, node: str, at: float, cfg: ClusterConfig | None = None
 
 def accrue(s: Session, now: float, cfg: ClusterConfig | None = None) -> None:
     """Charge every node on the meter up to `now`; start metering config nodes that came up,
-    stop metering ones retired; write egress rows for attempts that copied checkpoints."""
+    stop metering ones retired (rented nodes are left to the capacity manager's hooks); write
+    egress rows for attempts that copied checkpoints and storage rows for checkpoints kept."""
+    from broker.state.storage_ledger import accrue_storage
+
     pools = {p.name: p for p in s.exec(select(Pool)).all()}
     metered = {m.node: m for m in s.exec(select(NodeMeter).where(col(NodeMeter.ended_at).is_(None)))}
-    for n in s.exec(select(Node)).all():
+    for n in s.exec(select(Node).where(col(Node.token).is_(None))).all():
         up = n.state == "up" and pools.get(n.pool) is not None and pools[n.pool].active
         m = metered.get(n.id)
         if up and m is None:
             metered[n.id] = node_up(s, n.id, n.pool, n.gpus, now)
-        elif not up and m is not None:
+        elif not up and m is not None and not m.rented:
             node_down(s, n.id, now, cfg)
             del metered[n.id]
     for m in metered.values():
         _charge(s, m, now, cfg)
     _egress(s)
+    accrue_storage(s, now)
     s.flush()
 
 
 def _open_meter(s: Session, node: str) -> NodeMeter | None:
     return s.exec(select(NodeMeter).where(NodeMeter.node == node,
                                           col(NodeMeter.ended_at).is_(None))).first()
+
+
+def _phase(m: NodeMeter, t: float) -> str:
+    """What unused GPUs of node m are at time t: boot, idle or drain."""
+    if m.ready_at is None or t < m.ready_at:
+        return "boot"
+    if m.drain_at is not None and t >= m.drain_at:
+        return "drain"
+    return "idle"
 
 
 def _charge(s: Session, m: NodeMeter, until: float, cfg: ClusterConfig | None) -> None:
@@ -124,23 +225,23 @@ def _charge(s: Session, m: NodeMeter, until: float, cfg: ClusterConfig | None) -
     for ch in s.exec(select(PriceChange.at).where(PriceChange.pool == m.pool, PriceChange.at > t0,
                                                   PriceChange.at < until)).all():
         bounds.add(ch)
+    bounds.update(t for t in (m.ready_at, m.drain_at) if t is not None and t0 < t < until)
     for a, _job, _g in held:
         bounds.update(t for t in (a.started_at, a.ended_at) if t is not None and t0 < t < until)
     open_rows = {(r.attempt_id, r.kind): r for r in s.exec(
         select(LedgerEntry).where(LedgerEntry.node == m.node, LedgerEntry.end == t0))}
-    idle_team = m.launched_for_team if settings.idle_charged_to == "launcher" else None
-    edges = sorted(bounds)
-    for a_t, b_t in itertools.pairwise(edges):
-        rate = usd_per_gpu_hour(pool, price_in_force(s, pool, a_t), cfg)
+    unused_team = m.launched_for_team if settings.idle_charged_to == "launcher" else None
+    for a_t, b_t in itertools.pairwise(sorted(bounds)):
+        rate = usd_per_gpu_hour(pool, price_in_force(s, pool, a_t, cfg), cfg)
         used = 0
         for a, job, g in held:
             end = a.ended_at if a.ended_at is not None else until
             if a.started_at <= a_t and end >= b_t:
                 used += g
                 _add(s, open_rows, m, "gpu", a_t, b_t, g, rate, attempt=a, job=job)
-        idle = max(0, m.gpus - used)
-        if idle:
-            _add(s, open_rows, m, "idle", a_t, b_t, idle, rate, team=idle_team)
+        unused = max(0, m.gpus - used)
+        if unused:
+            _add(s, open_rows, m, _phase(m, a_t), a_t, b_t, unused, rate, team=unused_team)
     m.metered_to = until
     s.add(m)
 
@@ -186,7 +287,7 @@ def _egress(s: Session) -> None:
 
 
 def spend_by_job(s: Session, job_ids: list[int]) -> dict[int, float]:
-    """USD charged so far to each job (GPU shares and egress)."""
+    """USD charged so far to each job (GPU shares, egress and checkpoint storage)."""
     out: dict[int, float] = defaultdict(float)
     if job_ids:
         for jid, usd in s.exec(select(LedgerEntry.job_id, LedgerEntry.usd)

@@ -6,43 +6,16 @@ what it has seen committed there.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import JSON, Column, Index
 from sqlmodel import Field, SQLModel
 
+from broker.state.states import AttemptState, CheckpointState, EndReason, JobState, NodeState
 
-class JobState(StrEnum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    # Its budget is spent: it took a final checkpoint and stopped. Not final: raising the
-    # budget (`onepool budget set JOB AMOUNT`) puts it back in the queue (issue 6).
-    BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
-
-    @property
-    def final(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
-
-
-class AttemptState(StrEnum):
-    LAUNCHING = "LAUNCHING"  # row written, processes may or may not have started
-    RUNNING = "RUNNING"
-    STOPPING = "STOPPING"  # signalled; killed after the grace period
-    ENDED = "ENDED"
-
-
-class EndReason(StrEnum):
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    PREEMPTED = "PREEMPTED"
-    CANCELLED = "CANCELLED"
-    LOST = "LOST"  # the processes vanished without an exit status (node failure, reboot)
-    INTERRUPTED = "INTERRUPTED"  # the provider reclaimed the node after a notice (spot)
-    BUDGET = "BUDGET"  # stopped because the job's or its team's budget is spent (issue 6)
+__all__ = ["Attempt", "AttemptState", "Checkpoint", "CheckpointState", "EndReason", "Event", "Job",
+           "JobState", "LedgerEntry", "Node", "NodeMeter", "NodeState", "Pool", "PriceChange",
+           "Setting", "Team"]
 
 
 def _json(default: Any = None) -> Any:
@@ -72,17 +45,6 @@ class Pool(SQLModel, table=True):
     price_per_node_hour: float = 0.0
     store: str | None = None
     active: bool = True
-
-
-class NodeState(StrEnum):
-    LAUNCHING = "launching"  # row (and its token) written; the instance may or may not exist yet
-    UP = "up"
-    DRAINING = "draining"  # an interruption notice came: nothing new lands, it goes when empty
-    TERMINATING = "terminating"  # decided; the provider call may or may not have happened
-    TERMINATED = "terminated"
-    RETIRED = "retired"  # a static node dropped from the config
-    WAITING = "waiting"  # an agent-served on-prem node whose agent has not joined yet
-    LOST = "lost"  # an agent-served on-prem node whose agent stopped calling in (it may return)
 
 
 class Node(SQLModel, table=True):
@@ -167,14 +129,14 @@ class Attempt(SQLModel, table=True):
     egress_usd: float = 0.0
     first_step_at: float | None = None  # when the broker first saw it make new progress
     restart_overhead_s: float | None = None  # first_step_at - started_at
-
-
-class CheckpointState(StrEnum):
-    COMMITTED = "committed"
-    PARTIAL = "partial"  # a step folder without a manifest (so far)
-    DAMAGED = "damaged"  # committed, but its files failed verification
-    DELETED = "deleted"  # removed by retention (it did exist, committed)
-    ABANDONED = "abandoned"  # a partial folder removed by retention
+    # Progress the job reports (broker.runtime.progress(step, total=...), issue 13): its newest
+    # step, the total it announced (None: unknown), when it reported it (the job's clock), its
+    # steps per second over this attempt, and when the broker last read the report.
+    progress_step: int | None = None
+    progress_total: int | None = None
+    progress_at: float | None = None
+    progress_rate: float | None = None
+    progress_read_at: float | None = None
 
 
 class Checkpoint(SQLModel, table=True):
@@ -208,9 +170,11 @@ class Event(SQLModel, table=True):
 
 # -- money (issue 6): see broker/state/ledger.py -------------------------------------------------
 class NodeMeter(SQLModel, table=True):
-    """One node's time on the meter: from `started_at` (on-prem: first seen; rented: launch)
-    to `ended_at` (retired or terminated; None while up). `metered_to` is how far the ledger
-    has charged it. `launched_for_team` is the team whose job triggered a rented launch."""
+    """One node's time on the meter: from `started_at` (on-prem: first seen; rented: the launch
+    request) to `ended_at` (retired, or the confirmed termination; None while metered).
+    `metered_to` is how far the ledger has charged it. `launched_for_team` is the team whose
+    job triggered a rented launch. A rented node boots until `ready_at` and drains from
+    `drain_at` (an interruption notice or the decision to give it back) to its end."""
 
     id: int | None = Field(default=None, primary_key=True)
     node: str = Field(max_length=128, index=True)
@@ -220,6 +184,9 @@ class NodeMeter(SQLModel, table=True):
     metered_to: float
     ended_at: float | None = None
     launched_for_team: str | None = Field(default=None, max_length=63)
+    rented: bool = False  # metered by the capacity manager's hooks, not by accrue()
+    ready_at: float | None = None
+    drain_at: float | None = None
 
 
 class PriceChange(SQLModel, table=True):
@@ -234,9 +201,13 @@ class PriceChange(SQLModel, table=True):
 class LedgerEntry(SQLModel, table=True):
     """Money spent: `usd` for `gpus` GPUs of `node` over [start, end] at `usd_per_gpu_hour`.
 
-    kind: "gpu" (a job's share of a node: job_id/attempt_id set), "idle" (GPUs nobody used:
-    charged to the pool, or to `team` when idle rented time goes to the launching team),
-    "egress" (checkpoint bytes copied across stores for an attempt; start == end)."""
+    kind: "gpu" (a job's share of a node: job_id/attempt_id set); GPUs nobody used, charged to
+    the pool (or to `team` when rented time goes to the launching team): "boot" (a rented node
+    from its launch request to ready), "idle" (up, unused), "drain" (from an interruption
+    notice or the decision to give it back, to the confirmed termination); "egress"
+    (checkpoint bytes copied across stores for an attempt; start == end); "storage" (one
+    checkpoint's `gb` GiB kept in object storage over [start, end]; `checkpoint_id` set, and
+    `usd_per_gpu_hour` holds the USD per GiB-hour)."""
 
     __table_args__ = (Index("ix_ledger_node_attempt_kind", "node", "attempt_id", "kind", "end"),)
     id: int | None = Field(default=None, primary_key=True)
@@ -252,6 +223,8 @@ class LedgerEntry(SQLModel, table=True):
     gpus: int = 0
     usd_per_gpu_hour: float = 0.0
     usd: float = 0.0
+    checkpoint_id: int | None = Field(default=None, index=True)
+    gb: float = 0.0
 
 
 # -- one leader, recorded notices (issue 10): see broker/control/lease.py, capacity_manager.py ----

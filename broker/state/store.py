@@ -8,11 +8,16 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config as AlembicConfig
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, event, text
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, create_engine
+
+from broker.state.schema_head import head_revision
+
+if TYPE_CHECKING:
+    from alembic.config import Config as AlembicConfig
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -55,6 +60,8 @@ def make_engine(url: str) -> Engine:
 
 
 def alembic_config(engine: Engine) -> AlembicConfig:
+    from alembic.config import Config as AlembicConfig
+
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
@@ -63,8 +70,22 @@ def alembic_config(engine: Engine) -> AlembicConfig:
 
 
 def upgrade(engine: Engine) -> None:
-    """Bring the schema to the newest migration (idempotent)."""
+    """Bring the schema to the newest migration (idempotent). A schema already at the newest
+    revision is left alone without loading Alembic."""
+    if current_revision(engine) == head_revision() is not None:
+        return
+    from alembic import command
+
     command.upgrade(alembic_config(engine), "head")
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at (None: no schema yet)."""
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    except DBAPIError:
+        return None
 
 
 class Store:

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+import math
+from typing import TYPE_CHECKING
 
-from broker.state.model import Attempt, Event, Job
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from broker.state.model import Attempt, Event, Job
+
+
+def fmt_usd(x: float) -> str:
+    """Dollars as a person reads them: cents from $1 up, else enough decimals to show two
+    significant digits (so a small estimate is never printed as $0.00), at most six."""
+    if x == 0:
+        return "$0.00"
+    if abs(x) < 5e-7:
+        return f"{'-' if x < 0 else ''}<$0.000001"
+    places = 2 if abs(x) >= 0.995 else min(6, max(2, 1 - math.floor(math.log10(abs(x)))))
+    return f"{'-' if x < 0 else ''}${abs(x):.{places}f}"
 
 
 class AttemptInfo(BaseModel):
+    model_config = ConfigDict(defer_build=True)  # built on first use: a CLI run builds only what it prints
     number: int
     id: int
     pool: str
@@ -29,6 +45,19 @@ class AttemptInfo(BaseModel):
     restore_bytes: int = 0
     egress_bytes: int = 0
     egress_usd: float = 0.0
+    progress_step: int | None = None  # the newest step the job reported (broker.runtime.progress)
+    progress_total: int | None = None
+    progress_at: float | None = None
+    progress_rate: float | None = None  # steps per second over this attempt
+
+    @property
+    def eta(self) -> float | None:
+        """When the job will have done its last step (total - 1) at its rate; None when it did
+        not report a total, or has no rate yet."""
+        if (self.progress_total is None or self.progress_step is None or self.progress_at is None
+                or not self.progress_rate):
+            return None
+        return self.progress_at + max(0, self.progress_total - 1 - self.progress_step) / self.progress_rate
 
     @classmethod
     def of(cls, a: Attempt, now: float) -> AttemptInfo:
@@ -40,10 +69,13 @@ class AttemptInfo(BaseModel):
                    lost_gpu_s=a.lost_gpu_s, gpu_s=max(0.0, end - a.started_at) * a.gpus,
                    cause=a.cause, checkpoint_uri=a.checkpoint_uri,
                    restart_overhead_s=a.restart_overhead_s, restore_bytes=a.restore_bytes,
-                   egress_bytes=a.egress_bytes, egress_usd=a.egress_usd)
+                   egress_bytes=a.egress_bytes, egress_usd=a.egress_usd,
+                   progress_step=a.progress_step, progress_total=a.progress_total,
+                   progress_at=a.progress_at, progress_rate=a.progress_rate)
 
 
 class JobInfo(BaseModel):
+    model_config = ConfigDict(defer_build=True)  # built on first use: a CLI run builds only what it prints
     id: int
     name: str
     experiment: str
@@ -72,6 +104,10 @@ class JobInfo(BaseModel):
     egress_bytes: int = 0
     egress_usd: float = 0.0
     caused_lost_gpu_s: float = 0.0  # work other jobs lost because this one preempted them
+    # Progress of its newest attempt (broker.runtime.progress): step, total, ETA (epoch s).
+    progress_step: int | None = None
+    progress_total: int | None = None
+    eta: float | None = None
 
     @classmethod
     def of(cls, j: Job, attempts: list[Attempt], now: float, *, stores: list[str] | None = None,
@@ -80,21 +116,28 @@ class JobInfo(BaseModel):
         wait = j.wait_s + (max(0.0, now - j.queued_at) if j.state == "PENDING" else 0.0)
         resumed = next((a.restored_step for a in reversed(infos) if a.restored_step is not None),
                        None)
+        last = infos[-1] if infos else None
+        running = last is not None and last.ended_at is None
         return cls(id=j.id or 0, name=j.name, experiment=j.experiment, team=j.team,
                    priority=j.priority, status=j.state, gpus_per_node=j.gpus_per_node,
                    nodes=j.nodes, gpu_types=list(j.gpu_types), budget_usd=j.budget_usd,
                    spot=j.spot, submit_time=j.submit_time, end_time=j.end_time, wait_s=wait,
                    attempts=j.attempts, preemptions=j.preemptions, last_step=j.last_step,
-                   checkpoint_uri=j.checkpoint_uri, waiting_reason=j.waiting_reason,
+                   checkpoint_uri=j.checkpoint_uri,
+                   waiting_reason=j.waiting_reason if j.state == "PENDING" else None,
                    gpu_s=sum(a.gpu_s for a in infos), lost_gpu_s=sum(a.lost_gpu_s for a in infos),
                    resumed_from_step=resumed, attempt_list=infos,
                    checkpoint_stores=list(stores or []),
                    bytes_restored=sum(a.restore_bytes for a in infos),
                    egress_bytes=sum(a.egress_bytes for a in infos),
-                   egress_usd=sum(a.egress_usd for a in infos), caused_lost_gpu_s=caused_lost_gpu_s)
+                   egress_usd=sum(a.egress_usd for a in infos), caused_lost_gpu_s=caused_lost_gpu_s,
+                   progress_step=last.progress_step if last else None,
+                   progress_total=last.progress_total if last else None,
+                   eta=last.eta if last is not None and running else None)
 
 
 class EventInfo(BaseModel):
+    model_config = ConfigDict(defer_build=True)  # built on first use: a CLI run builds only what it prints
     time: float
     job_id: int | None
     attempt_id: int | None
@@ -112,6 +155,7 @@ class EventInfo(BaseModel):
 class LostWorkRow(BaseModel):
     """Lost work under one key (a preempting team or job, or a cause)."""
 
+    model_config = ConfigDict(defer_build=True)  # built on first use: a CLI run builds only what it prints
     key: str
     lost_gpu_s: float
     lost_gpu_hours: float
@@ -134,19 +178,6 @@ class LogChunk(BaseModel):
     job_status: str
 
 
-class NodeInfo(BaseModel):
-    """A node as users see it: where it is, how many GPUs are free, who serves it."""
-
-    id: str
-    pool: str
-    gpu_type: str
-    market: str
-    state: str
-    gpus: int
-    free_gpus: int
-    executor: str  # local (this machine's slots) | agent
-    agent_seen_s_ago: float | None = None
-    agent: dict = {}
 
 
 class TokenInfo(BaseModel):
@@ -167,3 +198,52 @@ class JoinTokenInfo(BaseModel):
     pool: str
     join_token: str
     expires_at: float
+
+
+class NodeInfo(BaseModel):
+    """One node now: its state, GPUs, how many are free, who holds the rest, since when."""
+
+    model_config = ConfigDict(defer_build=True)  # built on first use: a CLI run builds only what it prints
+    id: str
+    pool: str
+    state: str
+    gpus: int
+    free_gpus: int
+    jobs: list[int]  # jobs holding GPUs here
+    since: float | None  # rented: its launch request; config nodes: first metered
+    age_s: float | None
+    instance_id: str | None = None
+    zone: str | None = None
+    gpu_type: str = ""
+    market: str = ""
+    executor: str = "local"  # local (the broker machine's slots) | agent | slurm
+    agent_seen_s_ago: float | None = None  # agent-served nodes: since its last call
+    agent: dict = {}  # what its agent reported when it joined (hostname, pid, GPUs, ...)
+
+
+class PoolInfo(BaseModel):
+    """One pool now: its offer (market, price in force) and its nodes. `usd_per_gpu_hour` is
+    what a GPU-hour is charged (on-prem: amortized; free for placement); None with `unpriced`
+    saying why when a rented pool has no price."""
+
+    model_config = ConfigDict(defer_build=True)  # built on first use: a CLI run builds only what it prints
+    name: str
+    provider: str
+    market: str
+    gpu_type: str
+    gpus_per_node: int
+    region: str
+    active: bool
+    max_nodes: int | None
+    usd_per_node_hour: float | None
+    usd_per_gpu_hour: float | None
+    unpriced: str | None = None
+    nodes: list[NodeInfo]
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(n.free_gpus for n in self.nodes)
+
+    @property
+    def gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes if n.state in ("up", "draining"))

@@ -144,6 +144,13 @@ class AwsProvider:
                 newest[key] = (r["Timestamp"], float(r["SpotPrice"]))
         return {k: v[1] for k, v in newest.items()}
 
+    @retrying
+    def zone_ids(self) -> dict[str, str]:
+        """This account's AZ names -> AZ ids in the region (us-east-1a -> use1-az4): names map
+        to ids differently per account, and prices are keyed by id (pricing.catalog)."""
+        resp = _call(self.ec2.describe_availability_zones, AllAvailabilityZones=False)
+        return {z["ZoneName"]: z["ZoneId"] for z in resp["AvailabilityZones"] if z.get("ZoneId")}
+
     # -- lifecycle ------------------------------------------------------------------------
     @retrying
     def launch(self, req: LaunchRequest) -> Instance:

@@ -1,4 +1,5 @@
-"""The dashboard under streamlit.testing.v1.AppTest on a seeded home: numbers equal the queries'."""
+"""The dashboard under streamlit.testing.v1.AppTest on a seeded home: every tab renders, and its
+numbers equal the query functions' (and the SDK's)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from dashboard.app import TABS
 from tests.dashboard.seed import seed
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
@@ -16,36 +18,101 @@ APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 def app(tmp_path, monkeypatch):
     c = seed(tmp_path / "home")
     monkeypatch.setenv("ONEPOOL_HOME", str(c.store.home))
-    at = AppTest.from_file(str(APP), default_timeout=30).run()
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
     assert not at.exception, at.exception
     return c, at
 
 
-def test_cost_table_equals_costs_by_experiment(app):
+def _tab(at: AppTest, name: str):  # type: ignore[no-untyped-def]
+    return at.tabs[TABS.index(name)]
+
+
+def _frame(at: AppTest, tab: str, i: int):  # type: ignore[no-untyped-def]
+    """The i-th table (st.dataframe) on a tab, as a DataFrame."""
+    return _tab(at, tab).dataframe[i].value
+
+
+def test_tabs(app):
+    _, at = app
+    assert [t.label for t in at.tabs] == TABS
+
+
+def test_overview_is_as_of_now(app):
+    """What runs and waits now, not at the last sample: one job running on 1 GPU, one waiting."""
     c, at = app
-    table = at.table[0].value
+    m = {x.label: x.value for x in _tab(at, "Overview").metric}
+    assert (m["GPUs in use now"], m["jobs running now"], m["jobs waiting now"]) == ("1", "1", "1")
+    assert m["GPUs free now"] == str(sum(p.free_gpus for p in c.pools())) == "5"
+    assert m["total spent (USD)"] == f"{sum(r.usd for r in c.costs('pool')):.2f}"
+    last_hour = sum(r.usd for r in c.costs("pool", c.clock.now() - 3600))
+    # The app's "now" is the system clock, a few seconds after the seed's: at ~$19/h that moves
+    # the last hour's spend by about a cent per two seconds.
+    assert float(m["burn rate (USD/h)"]) == pytest.approx(last_hour, abs=0.2)
+    assert 0 < last_hour < sum(r.usd for r in c.costs("pool"))  # not the total
+    assert [h.value for h in _tab(at, "Overview").subheader] == ["GPUs in use by pool and class",
+                                                                 "jobs waiting by class"]
+
+
+def test_cost_table_equals_costs_by_experiment_with_unused_rows(app):
+    c, at = app
+    table = _tab(at, "Cost per experiment").table[0].value
     rows = c.costs("experiment")
-    assert list(table["experiment"]) == [r.key for r in rows] == ["lr-sweep", "release"]
+    assert list(table["experiment"]) == [r.key for r in rows]
+    assert {"lr-sweep", "release", "idle on-prem", "idle rented"} <= set(table["experiment"])
     assert list(table["usd"]) == [round(r.usd, 4) for r in rows]
-    assert list(table["jobs"]) == [r.jobs for r in rows]
+    assert round(table["usd"].sum(), 2) == round(sum(r.usd for r in c.costs("pool")), 2)
     assert list(table["lost_gpu_hours"]) == [round(r.lost_gpu_hours, 4) for r in rows]
 
 
-def test_overview_total_and_drill_down(app):
+def test_experiment_drill_down_to_jobs_and_attempts(app):
     c, at = app
-    metrics = {m.label: m.value for m in at.metric}
-    assert metrics["total spent (USD)"] == f"{sum(r.usd for r in c.costs('pool')):.2f}"
-    jobs = at.dataframe[0].value
-    assert set(jobs["name"]) == {"sweep-0", "sweep-1"}
+    jobs = _frame(at, "Cost per experiment", 0)
+    assert set(jobs["name"]) == {"sweep-0", "sweep-1", "sweep-2"}
     by_job = {r.key: r.usd for r in c.costs("job")}
     assert {str(j): round(u, 6) for j, u in zip(jobs["job"], jobs["usd"], strict=True)} == \
         {k: round(v, 6) for k, v in by_job.items() if k in {str(j) for j in jobs["job"]}}
+    attempts = _frame(at, "Cost per experiment", 1)
+    assert list(attempts["pool"]) == ["a100", "spot"] and attempts["started_at"][0].count(":") == 2
     at.selectbox(key="experiment").select("release").run()
-    assert list(at.dataframe[0].value["name"]) == ["hotfix"]
+    assert list(_frame(at, "Cost per experiment", 0)["name"]) == ["hotfix", "eval"]
 
 
-@pytest.mark.parametrize(("tab", "must_show"), [
-    (2, "team budgets"), (3, "lost GPU-hours by cause"), (4, "pools and prices")])
-def test_every_section_renders(app, tab, must_show):
+def test_job_page_shows_attempts_progress_and_money(app):
+    c, at = app
+    m = {x.label: x.value for x in _tab(at, "Job").metric}
+    running = next(j for j in c.list() if j.status == "RUNNING")
+    assert (m["status"], m["step"]) == ("RUNNING", "40 of 100")
+    assert m["spent (USD)"] == f"{dict((r.key, r.usd) for r in c.costs('job'))[str(running.id)]:.4f}"
+    att = _frame(at, "Job", 0)
+    assert list(att["why"]) == ["spot_interruption", ""] and list(att["pool"]) == ["spot", "a100"]
+    assert list(att["nodes"]) == ["spot-0[0,1]", "a100-1[1]"]
+
+
+def test_preemptions_include_zero_loss_and_who_caused_them(app):
     _, at = app
-    assert must_show in [h.value for h in at.tabs[tab].subheader]
+    df = _frame(at, "Preemptions", 0)
+    assert sorted(df["cause"]) == ["preempted", "spot_interruption"]
+    assert sorted(df["lost_gpu_hours"].round(4)) == [0.0, round(600 / 3600, 4)]
+    assert list(df.loc[df["cause"] == "preempted", "caused_by_team"]) == ["prod"]
+    m = {x.label: x.value for x in _tab(at, "Preemptions").metric}
+    assert (m["interruptions"], m["with no work lost"]) == ("2", "1")
+
+
+def test_nodes_and_pools(app):
+    c, at = app
+    pools = _frame(at, "Nodes & pools", 0)
+    assert list(pools["pool"]) == ["a100", "spot"]
+    assert list(pools["free_gpus"]) == [p.free_gpus for p in c.pools()] == [3, 2]
+    assert list(pools["usd_per_gpu_hour"]) == [4.0, 1.5]
+    nodes = _frame(at, "Nodes & pools", 1)
+    assert list(nodes["node"]) == ["a100-0", "a100-1", "spot-0"]
+    assert list(nodes["jobs"]) == ["", str(next(j.id for j in c.list() if j.status == "RUNNING")), ""]
+
+
+def test_budgets(app):
+    c, at = app
+    df = _frame(at, "Budgets", 0)
+    research = df[df["team"] == "research"].iloc[0]
+    assert research["budget_usd"] == 50.0
+    assert research["spent_usd"] == pytest.approx(next(b.spent for b in c.budgets() if b.team == "research"))
+    assert [h.value for h in _tab(at, "Budgets").subheader] == ["team budgets"]

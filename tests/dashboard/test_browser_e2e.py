@@ -1,5 +1,11 @@
-"""`onepool dashboard` on 127.0.0.1, loaded in headless Chromium over its DevTools protocol: wait
-for the cost table to render, take a screenshot, check the table is on the page."""
+"""`onepool dashboard` on 127.0.0.1, looked at in headless Chromium (over its DevTools protocol)
+as a person would: every tab is opened, checked for what it must show, and photographed, for a
+seeded home and for the home of a real `onepool demo` run. Screenshots go to
+$ONEPOOL_SCREENSHOTS (default build/screenshots/), one PNG per tab and home.
+
+Chromium is installed before pytest runs (`make test` -> infra/test/install-chromium.sh); this
+test installs nothing. It also stops the dashboard with SIGTERM and checks that `onepool
+dashboard` passed it on to Streamlit and waited for it: nothing is left on the port."""
 
 from __future__ import annotations
 
@@ -19,11 +25,13 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import ROOT
 from tests.dashboard.seed import seed
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1400,1000"]
+                  "--window-size=1500,1500", "--hide-scrollbars"]
+SHOTS = Path(os.environ.get("ONEPOOL_SCREENSHOTS") or ROOT / "build" / "screenshots")
 
 
 def _free_port() -> int:
@@ -53,37 +61,9 @@ def _get(url: str) -> bytes | None:
         return None
 
 
-@pytest.fixture(scope="session")
-def chromium() -> str:
-    """Debian's chromium, installed with apt-get when missing (CI runs as root)."""
-    path = shutil.which("chromium")
-    if path is None:
-        if os.geteuid() != 0:
-            pytest.skip("chromium is not installed and installing it needs root (apt-get install chromium)")
-        subprocess.run(["apt-get", "update"], check=True, capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "chromium"], check=True, capture_output=True,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-        path = shutil.which("chromium")
-    assert path, "apt-get install chromium did not provide a chromium binary"
-    return path
-
-
-@pytest.fixture
-def dashboard(tmp_path: Path) -> Iterator[str]:
-    home = seed(tmp_path / "home").store.home
-    port = _free_port()
-    log = open(tmp_path / "dashboard.log", "wb")  # noqa: SIM115  (closed below)
-    proc = subprocess.Popen([sys.executable, "-m", "broker.client.cli", "--home", str(home), "dashboard",
-                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _until("dashboard health", lambda: _get(f"{url}/_stcore/health") == b"ok")
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-        log.close()
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class DevTools:
@@ -109,22 +89,18 @@ class DevTools:
         return self.call("Runtime.evaluate", expression=js, returnByValue=True)["result"].get("value")
 
 
-OPEN_COST_TAB = """(() => {
-  const tab = [...document.querySelectorAll('[role="tab"], [data-testid="stTab"]')]
-    .find(b => b.innerText.includes('Cost per experiment'));
-  if (tab) tab.click();
-  return !!tab;
-})()"""
-COST_TABLE_READY = """(() => {
-  const t = document.querySelector('[data-testid="stTable"]');
-  return !!t && t.offsetParent !== null && t.innerText.includes('lr-sweep')
-    && t.innerText.includes('release');
-})()"""
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.skip("chromium is not installed: `make test` installs it before pytest "
+                    "(infra/test/install-chromium.sh, needs root and apt-get)")
+    return path
 
 
-@pytest.mark.e2e
-def test_dashboard_in_headless_chromium_shows_the_cost_table(chromium, dashboard, tmp_path):
-    profile = tmp_path / "chromium-profile"
+@pytest.fixture(scope="module")
+def browser(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
+    profile = tmp_path_factory.mktemp("chromium-profile")
     proc = subprocess.Popen([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
                              "--remote-debugging-port=0", "about:blank"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -136,18 +112,148 @@ def test_dashboard_in_headless_chromium_shows_the_cost_table(chromium, dashboard
             _get(f"http://127.0.0.1:{port}/json/list") or b"[]") if p.get("type") == "page"])
         dt = DevTools(pages[0]["webSocketDebuggerUrl"])
         dt.call("Page.enable")
-        dt.call("Page.navigate", url=dashboard)
-        _until("the dashboard's tabs", lambda: dt.eval(OPEN_COST_TAB), timeout=45, every=0.2)
-        _until("the cost table", lambda: dt.eval(COST_TABLE_READY), timeout=30, every=0.2)
-        shot = tmp_path / "dashboard.png"
-        shot.write_bytes(base64.b64decode(dt.call("Page.captureScreenshot", format="png")["data"]))
-        text = dt.eval("document.body.innerText")
+        yield dt
         dt.ws.close()
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-    assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "cost per experiment" in text and "onepool: GPUs and money" in text
-    assert "lr-sweep" in text and "release" in text
-    if os.environ.get("ONEPOOL_KEEP_SCREENSHOT"):
-        shutil.copy(shot, os.environ["ONEPOOL_KEEP_SCREENSHOT"])
+
+
+def _dashboard(home: Path, log: Path) -> tuple[subprocess.Popen[bytes], int, Any]:
+    port = _free_port()
+    out = open(log, "wb")  # noqa: SIM115  (closed by _stop)
+    proc = subprocess.Popen([sys.executable, "-m", "broker.client.cli", "--home", str(home), "dashboard",
+                             "--port", str(port)], stdout=out, stderr=subprocess.STDOUT)
+    _until("dashboard health", lambda: _get(f"http://127.0.0.1:{port}/_stcore/health") == b"ok")
+    return proc, port, out
+
+
+def _stop(proc: subprocess.Popen[bytes], port: int, out: Any) -> None:
+    """SIGTERM to `onepool dashboard` only (not its process group): it must pass it on to
+    Streamlit and wait for it, so nothing listens on the port once it has exited."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=20)
+    finally:
+        out.close()
+    assert code == 0, code
+    assert not _port_open(port), "Streamlit still listens after `onepool dashboard` stopped"
+
+
+# The visible tab's text as a person reads it: its text, the cells of its tables (drawn on a
+# canvas, mirrored in an accessible grid) and the values shown in its select boxes.
+ACTIVE_PANEL = """(() => { const p = document.querySelector('[role="tabpanel"]');
+  if (!p || p.offsetParent === null) return null;
+  const cells = [...p.querySelectorAll('[role="gridcell"], [role="columnheader"]')]
+    .map(c => c.textContent.trim())
+    .concat([...p.querySelectorAll('input[role="combobox"]')].map(i => i.value));
+  return p.innerText + "\\n" + cells.join("\\n"); })()"""
+CHARTS_DRAWN = """[...document.querySelectorAll('[role="tabpanel"] .vega-embed')]
+  .filter(e => e.querySelector('canvas, svg')).length"""
+# Streamlit re-runs the page every few seconds (the refresh): while it runs, parts of the page
+# may be placeholders. A photo is taken only when none is visible.
+AT_REST = """![...document.querySelectorAll('[data-testid="stSkeleton"], [data-testid="stSkeletonElement"]')]
+  .some(e => e.offsetParent !== null)"""
+
+
+def _open(dt: DevTools, tab: str) -> None:
+    clicked = dt.eval(f"""(() => {{
+      const t = [...document.querySelectorAll('[role="tab"]')].find(b => b.innerText.trim() === {tab!r});
+      if (t) t.click();
+      return !!t && t.getAttribute('aria-selected') === 'true'; }})()""")
+    if not clicked:
+        _until(f"tab {tab} selected", lambda: dt.eval(
+            f"""[...document.querySelectorAll('[role="tab"]')].some(b => b.innerText.trim() === {tab!r}
+                && b.getAttribute('aria-selected') === 'true')"""), timeout=15, every=0.2)
+
+
+def _look(dt: DevTools, tab: str, must_show: list[str], charts: int) -> str:
+    """Open `tab`, wait until its panel shows every string and `charts` drawn charts, and
+    return the panel's text."""
+    _open(dt, tab)
+    last: dict[str, Any] = {}
+
+    def ready() -> str | None:
+        last["text"], last["charts"] = dt.eval(ACTIVE_PANEL), dt.eval(CHARTS_DRAWN)
+        if not last["text"] or not all(m in last["text"] for m in must_show):
+            return None
+        return last["text"] if last["charts"] >= charts and dt.eval(AT_REST) else None
+
+    deadline = time.monotonic() + 45
+    while (text := ready()) is None:
+        if time.monotonic() > deadline:
+            missing = [m for m in must_show if m not in (last["text"] or "")]
+            pytest.fail(f"tab {tab}: after 45 s, missing {missing}, {last['charts']} of {charts} charts "
+                        f"drawn; it shows: {(last['text'] or '')[:1500]!r}")
+        time.sleep(0.25)
+    time.sleep(0.5)  # let the charts finish their transition before the photo
+    return text
+
+
+def _photograph(dt: DevTools, name: str) -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    shot = SHOTS / f"{name}.png"
+    shot.write_bytes(base64.b64decode(dt.call("Page.captureScreenshot", format="png")["data"]))
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    return shot
+
+
+def _visit(dt: DevTools, url: str, source: str, expect: dict[str, tuple[list[str], int]]) -> dict[str, str]:
+    dt.call("Page.navigate", url=url)
+    _until("the dashboard's tabs", lambda: dt.eval(
+        "document.querySelectorAll('[role=\"tab\"]').length") == len(expect), timeout=60, every=0.2)
+    seen = {}
+    for i, (tab, (must_show, charts)) in enumerate(expect.items()):
+        for _ in range(5):  # a refresh may start between the look and the photo: look again
+            seen[tab] = _look(dt, tab, must_show, charts)
+            _photograph(dt, f"{source}-{i + 1}-{tab.lower().replace(' & ', '-').replace(' ', '-')}")
+            if dt.eval(AT_REST) and dt.eval(ACTIVE_PANEL) == seen[tab]:
+                break
+    return seen
+
+
+@pytest.mark.e2e
+def test_every_tab_of_a_seeded_home(browser: DevTools, tmp_path: Path) -> None:
+    c = seed(tmp_path / "home")
+    running = next(j for j in c.list() if j.status == "RUNNING")
+    proc, port, out = _dashboard(c.store.home, tmp_path / "dashboard.log")
+    try:
+        seen = _visit(browser, f"http://127.0.0.1:{port}", "seeded", {
+            "Overview": (["GPUs in use now", "jobs waiting now", "burn rate (USD/h)",
+                          "GPUs in use by pool and class", "jobs waiting by class"], 2),
+            "Cost per experiment": (["cost per experiment", "lr-sweep", "idle on-prem", "release"], 1),
+            "Job": (["attempts", "spot_interruption", "40 of 100", f"{running.id}: sweep-2"], 0),
+            "Preemptions": (["with no work lost", "spot_interruption", "preempted", "prod"], 2),
+            "Nodes & pools": (["pools", "nodes", "a100-0", "spot-0", "4"], 0),
+            "Budgets": (["team budgets", "research"], 1),
+        })
+    finally:
+        _stop(proc, port, out)
+    overview = seen["Overview"].split("\n")
+    assert overview[overview.index("GPUs in use now") + 2] == "1"  # as of now, not the last sample
+    assert overview[overview.index("jobs waiting now") + 2] == "1"
+    assert f"{sum(r.usd for r in c.costs('pool')):.2f}" in seen["Overview"]
+    # Local, readable times (never raw epoch seconds) on every table.
+    assert str(int(c.clock.now()))[:6] not in seen["Preemptions"] + seen["Job"]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)  # includes running the demo (the session's demo_run), when this runs first
+def test_every_tab_of_a_real_demo_run(browser: DevTools, demo_run: dict[str, Any], tmp_path: Path) -> None:
+    home = Path(demo_run["home"])
+    proc, port, out = _dashboard(home, tmp_path / "dashboard.log")
+    try:
+        seen = _visit(browser, f"http://127.0.0.1:{port}", "demo", {
+            "Overview": (["GPUs in use now", "GPUs in use by pool and class"], 2),
+            "Cost per experiment": (["lr-sweep", "release", "idle rented"], 1),
+            "Job": (["attempts", "events"], 0),
+            "Preemptions": (["preempted", "prod"], 2),
+            "Nodes & pools": (["aws-spot", "a100-0", "l4-0"], 0),
+            "Budgets": (["team budgets", "research", "prod"], 0),
+        })
+    finally:
+        _stop(proc, port, out)
+    lines = seen["Overview"].split("\n")
+    assert lines[lines.index("GPUs in use now") + 2] == "0"  # the demo is over: nothing runs now
+    assert lines[lines.index("jobs waiting now") + 2] == "0"
+    assert "the broker is not running" in seen["Overview"] or "charged up to" in seen["Overview"]

@@ -89,7 +89,7 @@ def test_gpu_type_excludes_a_pool_even_when_it_is_the_only_one_free():
     p = plan(snap(TYPE_POOLS, running=[busy], pending=[job(2, gpus=2, types=("H100",))]))
     assert p.placements == ()
     assert held(p) == {2: {}}  # it reserves the H100 nodes, but nothing there is free
-    assert "holding 0 GPUs in h100" in waiting(p)[2]
+    assert "next to start in h100" in waiting(p)[2]
 
 
 SPOT_CASES = [

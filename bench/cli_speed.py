@@ -1,0 +1,157 @@
+"""How fast the CLI answers, as a person runs it: whole processes, start to exit.
+
+    .venv/bin/python bench/cli_speed.py                  # this tree -> bench/results/cli_speed.json
+    .venv/bin/python bench/cli_speed.py --tree DIR --label before   # another checkout, same venv
+
+Each command runs `--runs` times (after one discarded warm-up run) as
+`python -c <run the console script's main>` against a broker home seeded with `--jobs` jobs (a
+mix of finished, preempted, running and pending ones with their attempts), built by the tree
+under test itself so its schema matches. Reported: median, min and 90th percentile wall
+seconds, and the median CPU seconds (user + system) the process used, which a busy shared
+machine does not inflate.
+
+Assumptions (all favour neither side; both trees run with the same interpreter and packages):
+- warm OS file cache and compiled .pyc files (the warm-up run is discarded);
+- a SQLite home on local disk, and no broker running;
+- this repository's editable install: its import hook costs ~15 ms that a regular install
+  does not pay;
+- the machine is shared: its load average is recorded with the result; medians, not means.
+The goal (issue 13) is `onepool status` under 0.3 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+COMMANDS: dict[str, list[str]] = {
+    "python (interpreter only)": [],
+    "onepool --help": ["--help"],
+    "onepool status": ["status"],
+    "onepool status --json": ["status", "--json"],
+    "onepool status JOB": ["status", "1"],
+    "onepool status --state running": ["status", "--state", "running"],
+    "onepool pools": ["pools"],  # not in trees before issue 13: reported as unavailable there
+    "onepool cost --by pool": ["cost", "--by", "pool"],
+}
+RUN = ("import sys; sys.path.insert(0, {tree!r}); sys.argv = ['onepool'] + {args!r}\n"
+       "from broker.client.cli import main\n"
+       "try:\n    main()\nexcept SystemExit as e:\n    sys.exit(e.code)\n")
+SEED = """
+import sys; sys.path.insert(0, {tree!r})
+from broker.client.sdk import Client
+from broker.spec import parse_config
+from broker.state.model import Attempt, Job
+c = Client({home!r})
+c.apply(parse_config({{
+    "pools": [{{"name": "a100", "gpu_type": "A100", "gpus_per_node": 8, "nodes": 4,
+               "price_per_node_hour": 16}},
+              {{"name": "l4", "gpu_type": "L4", "gpus_per_node": 4, "nodes": 2}}],
+    "teams": [{{"name": "vision"}}, {{"name": "nlp"}}]}}))
+t0 = 1_790_000_000.0
+with c.store.session() as s:
+    for i in range({jobs}):
+        state = ["SUCCEEDED", "SUCCEEDED", "FAILED", "RUNNING", "PENDING"][i % 5]
+        j = Job(name=f"job-{{i}}", team=["vision", "nlp"][i % 2], experiment=f"exp-{{i % 7}}",
+                command=["python", "train.py"], gpus_per_node=1 + i % 4, priority="normal",
+                state=state, submit_time=t0 + i, queued_at=t0 + i, attempts=1 + (i % 3 == 0))
+        s.add(j)
+        s.flush()
+        for n in range(j.attempts):
+            last = n == j.attempts - 1
+            s.add(Attempt(job_id=j.id, number=n + 1, pool="a100", alloc=[["a100-0", [0]]],
+                          priority="normal", started_at=t0 + i + 100 * n,
+                          ended_at=None if last and state == "RUNNING" else t0 + i + 100 * n + 90,
+                          state="RUNNING" if last and state == "RUNNING" else "ENDED",
+                          end_reason=None if last else "PREEMPTED", gpus=1,
+                          lost_gpu_s=0.0 if last else 30.0))
+        if state == "PENDING":
+            j.attempts = 0
+"""
+
+
+def seed(python: str, tree: Path, home: Path, jobs: int) -> None:
+    subprocess.run([python, "-c", SEED.format(tree=str(tree), home=str(home), jobs=jobs)], check=True,
+                   env={**os.environ, "ONEPOOL_HOME": str(home)})
+
+
+def time_command(python: str, tree: Path, home: Path, args: list[str],
+                 runs: int) -> tuple[list[float], list[float]]:
+    """(wall seconds, CPU seconds) of each run. CPU time (user + system, from wait4) is what the
+    process itself needed; on a busy shared machine wall time also holds waiting for a core."""
+    code = RUN.format(tree=str(tree), args=args) if args else "pass"
+    env = {**os.environ, "ONEPOOL_HOME": str(home)}
+    env.pop("ONEPOOL_DATABASE_URL", None)
+    wall, cpu = [], []
+    for i in range(runs + 1):
+        t = time.perf_counter()
+        p = subprocess.Popen([python, "-c", code], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(p.pid, 0)
+        dt = time.perf_counter() - t
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err = p.stderr.read().decode(errors="replace") if p.stderr else ""
+        if p.stderr:
+            p.stderr.close()
+        if p.returncode != 0 and "No such command" in err:
+            raise LookupError(args[0])
+        if p.returncode != 0:
+            raise SystemExit(f"onepool {' '.join(args)} failed ({p.returncode}): {err[-2000:]}")
+        if i:  # the first run warms caches and writes .pyc files
+            wall.append(dt)
+            cpu.append(usage.ru_utime + usage.ru_stime)
+    return wall, cpu
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tree", type=Path, default=ROOT, help="source tree to time (default: this one)")
+    ap.add_argument("--label", default="", help="suffix of the result file, e.g. before")
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--jobs", type=int, default=200)
+    args = ap.parse_args()
+    python = sys.executable
+    with tempfile.TemporaryDirectory() as d:
+        home = Path(d) / "home"
+        seed(python, args.tree.resolve(), home, args.jobs)
+        results = {}
+        print(f"{'':<34} {'wall median':>12} {'wall min':>9} {'wall p90':>9} {'CPU median':>11}")
+        for name, cmd in COMMANDS.items():
+            try:
+                wall, cpu = time_command(python, args.tree.resolve(), home, cmd, args.runs)
+            except LookupError:
+                results[name] = None
+                print(f"{name:<34} (no such command in this tree)")
+                continue
+            t = sorted(wall)
+            results[name] = {"median_s": round(statistics.median(t), 4), "min_s": round(t[0], 4),
+                             "p90_s": round(t[int(0.9 * (len(t) - 1))], 4),
+                             "cpu_median_s": round(statistics.median(cpu), 4)}
+            r = results[name]
+            print(f"{name:<34} {r['median_s']:>10.3f} s {r['min_s']:>7.3f} s {r['p90_s']:>7.3f} s "
+                  f"{r['cpu_median_s']:>9.3f} s", flush=True)
+    out = {"tree": str(args.tree.resolve()), "runs": args.runs, "jobs_in_home": args.jobs,
+           "python": sys.version.split()[0], "cpus": os.cpu_count(),
+           "load_average_1m_at_end": round(os.getloadavg()[0], 2), "goal": "onepool status < 0.3 s",
+           "commands": results,
+           "assumptions": ["warm file cache and .pyc (one warm-up run discarded)",
+                           "SQLite home on local disk, no broker running",
+                           "editable install (its import hook adds ~15 ms per process)",
+                           "shared 2-core machine: see load_average_1m_at_end"]}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"cli_speed{'_' + args.label if args.label else ''}.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+
+
+if __name__ == "__main__":
+    main()
