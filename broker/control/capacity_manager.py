@@ -85,9 +85,11 @@ class CapacityManager:
 
     def provider(self, pool: str) -> Provider:
         if pool not in self.providers:
+            from broker.state.notices import DbNoticeLog
             from providers.registry import make_provider
 
-            self.providers[pool] = make_provider(self.pools[pool])
+            notices = DbNoticeLog(self.engine.store, pool, self.engine.clock)
+            self.providers[pool] = make_provider(self.pools[pool], notices)
         return self.providers[pool]
 
     # -- hook: Engine.reconcile -----------------------------------------------------------------
