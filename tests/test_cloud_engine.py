@@ -14,7 +14,7 @@ import pytest
 from botocore.exceptions import ClientError
 from sqlmodel import select
 
-from broker.client.demo_ec2 import InstanceBooter
+from broker.client.demo_instances import Ec2Instances, InstanceBooter
 from broker.control.engine import Engine
 from broker.state.model import Attempt, Node, NodeState
 from providers.aws import AwsProvider
@@ -48,7 +48,7 @@ def make_cluster(tmp_path, clock, aws_mock):  # type: ignore[no-untyped-def]
         return site.client, site.engine
 
     ec2 = boto3.client("ec2", region_name="us-east-1")
-    with InstanceBooter(lambda: ec2, tmp_path / "instances"):
+    with InstanceBooter(Ec2Instances(lambda: ec2), tmp_path / "instances"):
         yield make
     for s in sites:
         s.api.stop()

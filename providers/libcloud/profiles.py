@@ -54,7 +54,6 @@ PROFILES: dict[str, DriverProfile] = {
     "openstack": DriverProfile("ex_userdata", tags="ex_metadata", tags_extra="metadata"),
     "vultr": DriverProfile("ex_userdata"),
     "linode": DriverProfile("ex_userdata"),
-    "outscale": DriverProfile("ex_user_data"),
 }
 
 

@@ -102,7 +102,7 @@ def signature_fake(real: type[NodeDriver], cloud: FakeCloud | None = None) -> An
         "list_locations": lambda self, a: [NodeLocation(loc, loc, "US", self) for loc in self.cloud.locations],
     }
 
-    def __init__(self: Any, cloud: FakeCloud) -> None:  # noqa: N807
+    def __init__(self: Any, cloud: FakeCloud) -> None:
         self.cloud = cloud
 
     attrs: dict[str, Any] = {m: _with_signature(getattr(real, m), impl[m]) for m in METHODS}
@@ -120,14 +120,14 @@ ERRORS: dict[str, Callable[[], Exception]] = {
 }
 
 
-def libcloud_provider(drv: Any, **options: Any) -> LibcloudProvider:
-    """A LibcloudProvider over the driver object `drv`, with options as in onepool.yaml
-    (plus `image` and `zone`, the pool's)."""
+def libcloud_provider(drv: Any, pool: str = "pool-a", **options: Any) -> LibcloudProvider:
+    """A LibcloudProvider of `pool` over the driver object `drv`, with options as in
+    onepool.yaml (plus `image` and `zone`, the pool's)."""
     image = options.pop("image", "ami-gpu-ubuntu-2204")
     zone = options.pop("zone", None)
     opts = LibcloudOptions.model_validate({"driver": str(drv.type).upper(),
                                            "sizes": {"g5.xlarge": ["A10G", 1]}, **options})
-    return LibcloudProvider(drv, opts, pool="pool-a", image=image, zone=zone)
+    return LibcloudProvider(drv, opts, pool=pool, image=image, zone=zone)
 
 
 def libcloud_harness() -> Harness:
