@@ -24,6 +24,7 @@ SubnetId = Annotated[str, Field(pattern=r"^subnet-[0-9a-f]{8,17}$")]
 GroupId = Annotated[str, Field(pattern=r"^sg-[0-9a-f]{8,17}$")]
 Zone = Annotated[str, Field(pattern=r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")]
 Scope = Annotated[str, Field(pattern=r"^https://www\.googleapis\.com/auth/[a-z0-9_.-]+$")]
+NetworkTag = Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")]
 AWS_IMAGE = re.compile(r"^(ami-[0-9a-z]{8,17}|resolve:ssm:/?[A-Za-z0-9_./-]+)$")
 GCP_IMAGE = re.compile(r"^(https://www\.googleapis\.com/compute/v1/)?projects/[a-z0-9.:-]+/global/images/"
                        r"(family/)?[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -42,6 +43,7 @@ HELP = {
     "project": "a GCP project id",
     "accelerator_type": "a GCP accelerator type like nvidia-tesla-t4",
     "driver": "a libcloud Provider name like AZURE_ARM, EC2, OPENSTACK",
+    "network_tags": "network tags (lowercase letters, digits, '-')",
 }
 
 
@@ -81,6 +83,7 @@ class GcpOptions(_Options):
     subnetwork: str | None = Field(default=None,
                                    pattern=r"^(projects/[^/]+/)?regions/[a-z0-9-]+/subnetworks/\S+$")
     external_ip: bool = False  # True: an ephemeral public IP (no Cloud NAT on the subnet)
+    network_tags: list[NetworkTag] = Field(default_factory=lambda: ["onepool-node"])  # firewall targets
 
     @model_validator(mode="after")
     def _unique(self) -> GcpOptions:

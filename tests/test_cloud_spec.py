@@ -44,8 +44,10 @@ AZURE = {"provider": "libcloud", "market": "on_demand", "instance_type": "Standa
     ({"options": {"subnet_ids": ["subnet-1"]}},
      "options.subnet_ids.0: must be subnet ids like subnet-0123456789abcdef0 (got 'subnet-1')"),
     ({"options": {"subnet_ids": ["subnet-0123456789abcdef0"] * 2}}, "subnet_ids: listed twice"),
-    ({"options": {"security_group_ids": ["default"]}}, "options.security_group_ids.0: must be security group"),
-    ({"options": {"root_volume_gb": 4}}, "options.root_volume_gb: Input should be greater than or equal to 8"),
+    ({"options": {"security_group_ids": ["default"]}},
+     "options.security_group_ids.0: must be security group"),
+    ({"options": {"root_volume_gb": 4}},
+     "options.root_volume_gb: Input should be greater than or equal to 8"),
     ({"options": {"instance_profile": "arn:aws:iam::12:role/x"}}, "options.instance_profile: must be"),
     ({"options": {"subnet": "subnet-0123456789abcdef0"}}, "options.subnet: unknown option"),
     ({"zone": "us-east-1a", "options": {"subnet_ids": ["subnet-0123456789abcdef0"]}},
@@ -58,12 +60,14 @@ AZURE = {"provider": "libcloud", "market": "on_demand", "instance_type": "Standa
      "set options.zones (several, tried in order) or zone, not both"),
     ({**GCP, "gpu_type": "MI300X", "options": {"project": "p"}},
      "options.accelerator_type: n1-standard-8 carries no GPUs and gpu_type 'MI300X'"),
-    ({**GCP, "options": {"project": "p", "scopes": ["storage"]}}, "options.scopes.0: must be OAuth scope URLs"),
+    ({**GCP, "options": {"project": "p", "scopes": ["storage"]}},
+     "options.scopes.0: must be OAuth scope URLs"),
     ({**GCP, "image": "ubuntu-2204", "options": {"project": "p"}},
      "image: must be projects/PROJECT/global/images/family/FAMILY"),
     # libcloud options
     ({**AZURE, "market": "spot", "options": {"driver": "AZURE_ARM"}},
-     "market: libcloud's azure_arm driver has no spot option; use market: on_demand (drivers with spot: ec2)"),
+     "market: libcloud's azure_arm driver has no spot option; use market: on_demand "
+     "(drivers with spot: ec2)"),
     ({**AZURE, "options": {"driver": "AZURE_ARM", "create_node": {"name": "x", "image": "y"}}},
      "options.create_node: image, name are set by onepool"),
     ({**AZURE, "name": "gpu.t4", "options": {"driver": "VULTR"}},
@@ -85,7 +89,8 @@ def test_gcp_labels_must_tell_pools_apart() -> None:
     data["pools"][1]["name"] = "spot-x"
     with pytest.raises(SpecError) as e:
         parse_config(data)
-    assert "GCP label values cannot tell pools 'spot.x' and 'spot-x' apart (both become 'spot-x')" in str(e.value)
+    assert "GCP label values cannot tell pools 'spot.x' and 'spot-x' apart (both become 'spot-x')" \
+        in str(e.value)
 
 
 @pytest.mark.parametrize(("pool", "needle"), [

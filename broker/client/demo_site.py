@@ -74,7 +74,8 @@ class DemoSite:
         import boto3  # the simulated EC2: AWS_ENDPOINT_URL_EC2 points at it
 
         ec2 = boto3.client("ec2", region_name="us-east-1")
-        self.booter = InstanceBooter(Ec2Instances(lambda: ec2, broker_id=bid), self.home / "instances").__enter__()
+        source = Ec2Instances(lambda: ec2, broker_id=bid)
+        self.booter = InstanceBooter(source, self.home / "instances").__enter__()
         return self
 
     def _spawn(self, name: str, args: list[str], log: Path) -> None:

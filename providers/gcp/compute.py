@@ -112,7 +112,11 @@ class GcpProvider:
         elif credentials_file:
             from google.oauth2 import service_account
 
-            kw["credentials"] = service_account.Credentials.from_service_account_file(credentials_file)
+            try:
+                kw["credentials"] = service_account.Credentials.from_service_account_file(credentials_file)
+            except (OSError, ValueError) as e:
+                raise Fatal(f"GCP credentials: cannot use the service-account key {credentials_file} ({e}); "
+                            "fix the pool's credentials (a key file path)") from None
         clients = {"instances": compute_v1.InstancesClient(**kw),
                    "operations": compute_v1.ZoneOperationsClient(**kw),
                    "machine_types": compute_v1.MachineTypesClient(**kw),

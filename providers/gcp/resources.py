@@ -10,6 +10,9 @@
 - service_accounts: the pool's service account with its scopes (Cloud Storage for
   checkpoints by default).
 - boot disk: the pool's image (an image family by default), options.root_volume_gb.
+- network: options.network / subnetwork, an external IP only with options.external_ip, and
+  options.network_tags (firewall rules target them; infra/gcp lets nodes of a multi-node job
+  talk to each other and nothing else in).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def instance_resource(req: LaunchRequest, name: str, zone: str, opts: Any, image
         disks=[c.AttachedDisk(boot=True, auto_delete=True,
                               initialize_params=c.AttachedDiskInitializeParams(
                                   source_image=image, disk_size_gb=opts.root_volume_gb))],
-        network_interfaces=[nic])
+        network_interfaces=[nic], tags=c.Tags(items=list(opts.network_tags)))
 
 
 def instance_id(zone: str, name: str) -> str:

@@ -28,10 +28,11 @@ from tests.conftest import drive, kill_leftovers, train
 
 pytestmark = pytest.mark.e2e
 BASE = {"name": "rented", "gpus_per_node": 2, "nodes": 0, "max_nodes": 1, "market": "spot",
-        "price_per_node_hour": 2.0, "launch_latency_s": 0, "idle_timeout_s": 0, "interruption_rate_per_h": 0.01}
+        "price_per_node_hour": 2.0, "launch_latency_s": 0, "idle_timeout_s": 0,
+        "interruption_rate_per_h": 0.01}
 
 
-def aws(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[dict[str, Any], BootSource, Provider | None]:
+def aws(tmp_path: Path, request: pytest.FixtureRequest) -> Cloud:
     region = request.getfixturevalue("aws_mock")
     pool = {**BASE, "provider": "aws", "gpu_type": "A10G", "region": region, "instance_type": "g5.12xlarge",
             "image": "ami-12345678"}
@@ -39,20 +40,24 @@ def aws(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[dict[str, Any],
     return pool, Ec2Instances(lambda: ec2), None
 
 
-def gcp(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[dict[str, Any], BootSource, Provider | None]:
+def gcp(tmp_path: Path, request: pytest.FixtureRequest) -> Cloud:
     from google.api_core.client_options import ClientOptions
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import compute_v1
 
     url, _ = request.getfixturevalue("gcp_fake")
-    pool = {**BASE, "provider": "gcp", "gpu_type": "T4", "region": "us-central1", "instance_type": "n1-standard-8",
+    pool = {**BASE, "provider": "gcp", "gpu_type": "T4", "region": "us-central1",
+            "instance_type": "n1-standard-8",
             "endpoint_url": url, "options": {"project": "p", "zones": ["us-central1-a", "us-central1-b"]}}
     client = compute_v1.InstancesClient(credentials=AnonymousCredentials(), transport="rest",
                                         client_options=ClientOptions(api_endpoint=url))
     return pool, GceInstances(client, "p"), None
 
 
-def libcloud_ec2(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[dict[str, Any], BootSource, Provider]:
+Cloud = tuple[dict[str, Any], BootSource, Provider | None]  # the pool, how to boot, a prebuilt provider
+
+
+def libcloud_ec2(tmp_path: Path, request: pytest.FixtureRequest) -> Cloud:
     from tests.providers.libcloud_fake import libcloud_provider, signature_fake
 
     drv = signature_fake(EC2NodeDriver)
@@ -62,7 +67,7 @@ def libcloud_ec2(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[dict[s
     return pool, source, libcloud_provider(drv, pool="rented")
 
 
-def libcloud_azure(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[dict[str, Any], BootSource, Provider]:
+def libcloud_azure(tmp_path: Path, request: pytest.FixtureRequest) -> Cloud:
     from tests.providers.azure_fake import AZURE_IMAGE, AZURE_OPTIONS, azure_driver
     from tests.providers.libcloud_fake import libcloud_provider
 
@@ -77,7 +82,7 @@ def libcloud_azure(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[dict
                                                                    **AZURE_OPTIONS)
 
 
-CLOUDS: dict[str, Callable[..., tuple[dict[str, Any], BootSource, Provider | None]]] = {
+CLOUDS: dict[str, Callable[..., Cloud]] = {
     "aws": aws, "gcp": gcp, "libcloud-ec2": libcloud_ec2, "libcloud-azure": libcloud_azure}
 
 
@@ -107,7 +112,7 @@ def _nodes(site: Site) -> list[Node]:
 
 
 def test_a_rented_node_boots_its_user_data_and_its_agent_runs_the_job(cloud: tuple[Site, str]) -> None:
-    site, name = cloud
+    site, _ = cloud
     c = site.client
     j = c.submit(name="sweep", team="research", command=train(6), gpus_per_node=2, priority="low").id
     drive(site.engine, lambda: c.get(j).status == "SUCCEEDED", timeout=90)

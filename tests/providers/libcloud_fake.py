@@ -41,7 +41,8 @@ METHODS = ("create_node", "list_nodes", "destroy_node", "list_images", "get_imag
 class FakeCloud:
     """The state behind a fake driver."""
 
-    sizes: list[tuple[str, float]] = field(default_factory=lambda: [("g5.xlarge", 1.0), ("p4d.24xlarge", 32.8)])
+    sizes: list[tuple[str, float]] = field(default_factory=lambda: [("g5.xlarge", 1.0),
+                                                                    ("p4d.24xlarge", 32.8)])
     images: list[str] = field(default_factory=lambda: ["ami-gpu-ubuntu-2204", "ami-gpu-ubuntu-2404"])
     locations: list[str] = field(default_factory=lambda: ["us-east-1a", "us-east-1b"])
     nodes: dict[str, Node] = field(default_factory=dict)
@@ -99,7 +100,7 @@ def signature_fake(real: type[NodeDriver], cloud: FakeCloud | None = None) -> An
         "list_images": lambda self, a: [NodeImage(i, i, self) for i in self.cloud.images],
         "get_image": get_image,
         "list_sizes": lambda self, a: [NodeSize(s, s, 0, 0, 0, p, self) for s, p in self.cloud.sizes],
-        "list_locations": lambda self, a: [NodeLocation(loc, loc, "US", self) for loc in self.cloud.locations],
+        "list_locations": lambda self, a: [NodeLocation(x, x, "US", self) for x in self.cloud.locations],
     }
 
     def __init__(self: Any, cloud: FakeCloud) -> None:

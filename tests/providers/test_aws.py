@@ -33,7 +33,8 @@ def described(p: AwsProvider, iid: str) -> dict[str, Any]:
 
 def subnets(region: str, n: int) -> list[str]:
     ec2 = boto3.client("ec2", region_name=region)
-    return [s["SubnetId"] for s in sorted(ec2.describe_subnets()["Subnets"], key=lambda s: s["AvailabilityZone"])][:n]
+    found = sorted(ec2.describe_subnets()["Subnets"], key=lambda s: s["AvailabilityZone"])
+    return [s["SubnetId"] for s in found][:n]
 
 
 def test_a_node_gets_its_role_its_network_imdsv2_and_a_spot_market(aws_mock: str) -> None:
@@ -120,7 +121,8 @@ def test_botocore_is_the_one_retry_layer(aws_mock: str, monkeypatch) -> None:
 
 
 def spot_record(t: str, zone: str | None, zone_id: str | None, price: str, ts: datetime) -> dict[str, Any]:
-    r: dict[str, Any] = {"InstanceType": t, "ProductDescription": "Linux/UNIX", "SpotPrice": price, "Timestamp": ts}
+    r: dict[str, Any] = {"InstanceType": t, "ProductDescription": "Linux/UNIX", "SpotPrice": price,
+                         "Timestamp": ts}
     if zone:
         r["AvailabilityZone"] = zone
     if zone_id:
@@ -137,7 +139,8 @@ def test_spot_prices_come_from_a_start_time_every_page_and_every_az_with_its_id(
             {"InstanceType": "g5.xlarge", "GpuInfo": {"Gpus": [{"Name": "A10G", "Count": 1}]}},
             {"InstanceType": "m5.large"}]}, {})
         stub.add_response("describe_availability_zones", {"AvailabilityZones": [
-            {"ZoneName": "us-east-1a", "ZoneId": "use1-az6"}, {"ZoneName": "us-east-1b", "ZoneId": "use1-az1"}]}, {})
+            {"ZoneName": "us-east-1a", "ZoneId": "use1-az6"},
+            {"ZoneName": "us-east-1b", "ZoneId": "use1-az1"}]}, {})
         base = {"InstanceTypes": ["g5.xlarge"], "ProductDescriptions": ["Linux/UNIX"],
                 "StartTime": datetime(2026, 12, 3, 11, 0, tzinfo=UTC), "MaxResults": 1000}
         stub.add_response("describe_spot_price_history", {"NextToken": "page-2", "SpotPriceHistory": [

@@ -32,8 +32,8 @@ def test_an_n1_node_gets_its_gpus_as_guest_accelerators_of_its_zone(gcp_fake: tu
     p = gcp_provider(url, ZONES, gpu_type="T4", gpus=2)
     inst = p.launch(request(instance_type="n1-standard-8"))
     body = inserted(state, inst.instance_id)
-    assert body["guestAccelerators"] == [{"acceleratorType": "zones/us-central1-a/acceleratorTypes/nvidia-tesla-t4",
-                                          "acceleratorCount": 2}]
+    assert body["guestAccelerators"] == [
+        {"acceleratorType": "zones/us-central1-a/acceleratorTypes/nvidia-tesla-t4", "acceleratorCount": 2}]
     assert body["scheduling"]["onHostMaintenance"] == "TERMINATE"
     assert body["scheduling"]["provisioningModel"] == "SPOT"
     assert body["scheduling"]["instanceTerminationAction"] == "DELETE"
@@ -61,7 +61,8 @@ def test_a_zone_without_the_accelerator_passes_the_launch_to_the_next(gcp_fake: 
     nowhere = gcp_provider(url, ["us-central1-a", "us-central1-c"], gpu_type="V100")
     with pytest.raises(Fatal) as e:
         nowhere.launch(request(node="pool-a-0002", token="tok-0002", instance_type="n1-standard-8"))
-    assert "nvidia-tesla-v100 is not offered in us-central1-a (zones that offer it: us-central1-b)" in str(e.value)
+    assert "nvidia-tesla-v100 is not offered in us-central1-a (zones that offer it: us-central1-b)" \
+        in str(e.value)
 
 
 def test_a_zone_out_of_capacity_passes_the_launch_to_the_next(gcp_fake: tuple[str, State]) -> None:
@@ -88,7 +89,9 @@ def test_the_node_runs_as_the_pools_service_account_from_an_image_family(gcp_fak
     disk = body["disks"][0]["initializeParams"]
     assert disk["sourceImage"].startswith("projects/deeplearning-platform-release/global/images/family/")
     assert disk["diskSizeGb"] == "300"
-    assert body["networkInterfaces"][0]["accessConfigs"] == [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
+    [nic] = body["networkInterfaces"]
+    assert nic["accessConfigs"] == [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
+    assert body["tags"] == {"items": ["onepool-node"]}  # what infra/gcp's firewall rule targets
     p.terminate(inst.instance_id)
 
 
@@ -104,8 +107,9 @@ def test_any_pool_name_makes_a_valid_instance_name_and_labels(gcp_fake: tuple[st
     assert all(len(v) <= 63 and "." not in v for v in body["labels"].values())
     [seen] = p.poll(BROKER)
     assert (seen.tags[TAG_NODE], seen.tags[TAG_POOL]) == (node, "7gpu.t4_spot")
-    assert gcp_provider(url, gpu_type="T4").launch(
-        request(node=node, pool="7gpu.t4_spot", instance_type="n1-standard-8")).instance_id == inst.instance_id
+    again = gcp_provider(url, gpu_type="T4").launch(
+        request(node=node, pool="7gpu.t4_spot", instance_type="n1-standard-8"))
+    assert again.instance_id == inst.instance_id
     p.terminate(inst.instance_id)
 
 

@@ -23,8 +23,8 @@ from providers.base import TAG_BROKER, TAG_NODE, Fatal
 from providers.libcloud.profiles import PROFILES
 from tests.providers.azure_fake import AZURE_IMAGE, AZURE_OPTIONS, azure_driver
 from tests.providers.harness import BOOT, BROKER, request
-from tests.providers.libcloud_fake import signature_fake
 from tests.providers.libcloud_fake import libcloud_provider as provider
+from tests.providers.libcloud_fake import signature_fake
 
 A100 = "Standard_NC24ads_A100_v4"
 
@@ -38,7 +38,8 @@ def azure(**changes: Any) -> tuple[Any, Any]:
 def test_azure_arm_boots_the_agent_from_custom_data_in_the_pools_resource_group() -> None:
     p, arm = azure()
     inst = p.launch(request(instance_type=A100, market="on_demand"))
-    assert inst.instance_id.endswith("/resourceGroups/onepool/providers/Microsoft.Compute/virtualMachines/pool-a-0001")
+    assert inst.instance_id.endswith(
+        "/resourceGroups/onepool/providers/Microsoft.Compute/virtualMachines/pool-a-0001")
     body = arm.bodies[inst.instance_id]
     assert base64.b64decode(body["properties"]["osProfile"]["customData"]).decode() == BOOT
     assert body["tags"] == {"cost-center": "ml-research", TAG_BROKER: BROKER, "onepool-pool": "pool-a",
@@ -79,7 +80,8 @@ def test_libcloud_3_9_1_cannot_send_azure_custom_data_unaided_and_the_provider_m
      "create_node does not take ex_priority"),
     ({"destroy_node": {"ex_poll_interval": 1}}, "destroy_node does not take ex_poll_interval"),
 ])
-def test_driver_arguments_are_checked_against_the_real_signature(changes: dict[str, Any], needle: str) -> None:
+def test_driver_arguments_are_checked_against_the_real_signature(changes: dict[str, Any],
+                                                                 needle: str) -> None:
     with pytest.raises(Fatal) as e:
         azure(**changes)
     assert needle in str(e.value) and "it takes" in str(e.value)
@@ -92,11 +94,11 @@ def test_an_unknown_image_or_size_names_the_ones_that_exist() -> None:
     assert "no image 'Canonical:ubuntu-24_04-lts:server:24.04.1'" in str(e.value)
     assert "24.04.202410010, " in str(e.value) or "server:24.04.202410010" in str(e.value)
     ec2 = provider(signature_fake(EC2NodeDriver), image="ami-nope")
-    with pytest.raises(Fatal, match="no image 'ami-nope'.*ami-gpu-ubuntu-2204, ami-gpu-ubuntu-2404"):
+    with pytest.raises(Fatal, match=r"no image 'ami-nope'.*ami-gpu-ubuntu-2204, ami-gpu-ubuntu-2404"):
         ec2.launch(request())
-    with pytest.raises(Fatal, match="no size 'p5.48xlarge'.*sizes that exist: g5.xlarge, p4d.24xlarge"):
+    with pytest.raises(Fatal, match=r"no size 'p5\.48xlarge'.*sizes that exist: g5\.xlarge, p4d\.24xlarge"):
         ec2.launch(request(instance_type="p5.48xlarge"))
-    with pytest.raises(Fatal, match="no location 'eu-west-1a'.*locations: us-east-1a, us-east-1b"):
+    with pytest.raises(Fatal, match=r"no location 'eu-west-1a'.*locations: us-east-1a, us-east-1b"):
         provider(signature_fake(EC2NodeDriver), zone="eu-west-1a").launch(request())
 
 
@@ -115,9 +117,10 @@ DRIVERS = [(EC2NodeDriver, {}, None), (OpenStack_2_NodeDriver, {}, None),
 
 
 @pytest.mark.parametrize(("real", "extra", "zone"), DRIVERS, ids=[d[0].__name__ for d in DRIVERS])
-def test_every_profile_binds_its_drivers_real_create_node(real: Any, extra: dict[str, Any], zone: str | None) -> None:
+def test_every_profile_binds_its_drivers_real_create_node(real: Any, extra: dict[str, Any],
+                                                          zone: str | None) -> None:
     drv = signature_fake(real)
-    assert inspect.signature(drv.create_node) == inspect.signature(getattr(real, "create_node").__get__(drv))
+    assert inspect.signature(drv.create_node) == inspect.signature(real.create_node.__get__(drv))
     profile = PROFILES[str(real.type)]
     p = provider(drv, zone=zone, create_node=extra)
     node = "pool-a-0a1b2c3d"  # as the broker names nodes: drivers without tags are found by it
