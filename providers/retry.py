@@ -2,8 +2,9 @@
 
 - boto3: botocore's own retries in adaptive mode (providers.aws.client_config uses ATTEMPTS);
   nothing retries around it.
-- google-cloud-compute (REST, no default retries on instance calls) and libcloud (none):
-  `retrying`, tenacity's exponential backoff with jitter on Transient.
+- google-cloud-compute (its clients' default retries on reads are turned off: every call
+  passes retry=None) and libcloud (it has none): `retrying`, tenacity's exponential backoff
+  with jitter on Transient.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """End to end, per provider: the broker rents a spot node (on-demand for Azure, whose libcloud
-driver has no spot), the instance boots the user data the provider passed (EC2 user data, the
-GCE startup-script, libcloud's driver argument), its `onepool agent` joins the API server, and
-the job runs there and succeeds.
+driver has no spot), the instance boots the user data the provider passed (the GCE
+startup-script, libcloud's driver argument), its `onepool agent` joins the API server, and the
+job runs there and succeeds. (AWS: tests/test_cloud_engine.py's first test does the same with
+EC2 user data on moto, and tests/agents/test_cloud_agents.py goes on to notices and lost agents.)
 
-The clouds are moto's EC2, the Compute fake (through the real google-cloud-compute client, the
-provider built from onepool.yaml by the registry) and libcloud drivers (a fake with EC2's
-signatures; the real Azure ARM driver over a fake Resource Manager). One InstanceBooter boots
-them all, through a BootSource per cloud."""
+The clouds are the Compute fake (through the real google-cloud-compute client, the provider
+built from onepool.yaml by the registry) and libcloud drivers (a fake with EC2's signatures;
+the real Azure ARM driver over a fake Resource Manager). One InstanceBooter boots every cloud,
+moto's EC2 included, through a BootSource per cloud."""
 
 from __future__ import annotations
 
@@ -15,12 +16,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from libcloud.compute.drivers.ec2 import EC2NodeDriver
 from sqlmodel import select
 
-from broker.client.demo_instances import BootSource, Ec2Instances, GceInstances, InstanceBooter, LibcloudNodes
+from broker.client.demo_instances import BootSource, GceInstances, InstanceBooter, LibcloudNodes
 from broker.state.model import Attempt, Node
 from providers.base import Provider
 from tests.agents.harness import Site, make_site
@@ -32,12 +32,7 @@ BASE = {"name": "rented", "gpus_per_node": 2, "nodes": 0, "max_nodes": 1, "marke
         "interruption_rate_per_h": 0.01}
 
 
-def aws(tmp_path: Path, request: pytest.FixtureRequest) -> Cloud:
-    region = request.getfixturevalue("aws_mock")
-    pool = {**BASE, "provider": "aws", "gpu_type": "A10G", "region": region, "instance_type": "g5.12xlarge",
-            "image": "ami-12345678"}
-    ec2 = boto3.client("ec2", region_name=region)
-    return pool, Ec2Instances(lambda: ec2), None
+Cloud = tuple[dict[str, Any], BootSource, Provider | None]  # the pool, how to boot, a prebuilt provider
 
 
 def gcp(tmp_path: Path, request: pytest.FixtureRequest) -> Cloud:
@@ -52,9 +47,6 @@ def gcp(tmp_path: Path, request: pytest.FixtureRequest) -> Cloud:
     client = compute_v1.InstancesClient(credentials=AnonymousCredentials(), transport="rest",
                                         client_options=ClientOptions(api_endpoint=url))
     return pool, GceInstances(client, "p"), None
-
-
-Cloud = tuple[dict[str, Any], BootSource, Provider | None]  # the pool, how to boot, a prebuilt provider
 
 
 def libcloud_ec2(tmp_path: Path, request: pytest.FixtureRequest) -> Cloud:
@@ -82,8 +74,8 @@ def libcloud_azure(tmp_path: Path, request: pytest.FixtureRequest) -> Cloud:
                                                                    **AZURE_OPTIONS)
 
 
-CLOUDS: dict[str, Callable[..., Cloud]] = {
-    "aws": aws, "gcp": gcp, "libcloud-ec2": libcloud_ec2, "libcloud-azure": libcloud_azure}
+CLOUDS: dict[str, Callable[..., Cloud]] = {"gcp": gcp, "libcloud-ec2": libcloud_ec2,
+                                           "libcloud-azure": libcloud_azure}
 
 
 @pytest.fixture(params=list(CLOUDS))
