@@ -9,6 +9,8 @@ locals {
 }
 
 data "aws_iam_policy_document" "broker" {
+  source_policy_documents = [data.aws_iam_policy_document.node_checkpoints.json]
+
   statement {
     sid = "ReadOffersPricesImagesAndInstances"
     actions = [
@@ -109,20 +111,10 @@ data "aws_iam_policy_document" "broker" {
   }
 
   statement {
-    sid       = "ListCheckpoints"
-    actions   = ["s3:ListBucket"]
-    resources = [local.bucket_arn]
-    condition {
-      test     = "StringLike"
-      variable = "s3:prefix"
-      values   = ["${var.checkpoint_prefix}/*"]
-    }
-  }
-
-  statement {
-    # Verify, copy across stores, and delete old checkpoints (retention).
-    sid       = "ManageCheckpoints"
-    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
+    # Delete old checkpoints (retention). Listing, reading and writing them, as the nodes do,
+    # comes from node_checkpoints (source_policy_documents above).
+    sid       = "DeleteOldCheckpoints"
+    actions   = ["s3:DeleteObject"]
     resources = [local.objects_arn]
   }
 }

@@ -8,32 +8,28 @@ resource "aws_sqs_queue" "notices" {
   sqs_managed_sse_enabled   = true
 }
 
-resource "aws_cloudwatch_event_rule" "spot_interruption" {
-  name        = "${var.name}-spot-interruption"
-  description = "EC2 Spot Instance Interruption Warning (two minutes' notice)"
+locals {
+  # rule name suffix -> the EC2 event it forwards
+  notices = {
+    spot-interruption = "EC2 Spot Instance Interruption Warning" # two minutes' notice
+    rebalance         = "EC2 Instance Rebalance Recommendation"  # elevated risk of interruption
+  }
+}
+
+resource "aws_cloudwatch_event_rule" "notice" {
+  for_each    = local.notices
+  name        = "${var.name}-${each.key}"
+  description = each.value
   event_pattern = jsonencode({
     source        = ["aws.ec2"]
-    "detail-type" = ["EC2 Spot Instance Interruption Warning"]
+    "detail-type" = [each.value]
   })
 }
 
-resource "aws_cloudwatch_event_rule" "rebalance" {
-  name        = "${var.name}-rebalance"
-  description = "EC2 Instance Rebalance Recommendation (elevated risk of interruption)"
-  event_pattern = jsonencode({
-    source        = ["aws.ec2"]
-    "detail-type" = ["EC2 Instance Rebalance Recommendation"]
-  })
-}
-
-resource "aws_cloudwatch_event_target" "spot_interruption" {
-  rule = aws_cloudwatch_event_rule.spot_interruption.name
-  arn  = aws_sqs_queue.notices.arn
-}
-
-resource "aws_cloudwatch_event_target" "rebalance" {
-  rule = aws_cloudwatch_event_rule.rebalance.name
-  arn  = aws_sqs_queue.notices.arn
+resource "aws_cloudwatch_event_target" "notice" {
+  for_each = local.notices
+  rule     = aws_cloudwatch_event_rule.notice[each.key].name
+  arn      = aws_sqs_queue.notices.arn
 }
 
 data "aws_iam_policy_document" "notices_queue" {
@@ -48,7 +44,7 @@ data "aws_iam_policy_document" "notices_queue" {
     condition {
       test     = "ArnEquals"
       variable = "aws:SourceArn"
-      values   = [aws_cloudwatch_event_rule.spot_interruption.arn, aws_cloudwatch_event_rule.rebalance.arn]
+      values   = [for r in aws_cloudwatch_event_rule.notice : r.arn]
     }
   }
 }

@@ -213,12 +213,7 @@ class LibcloudProvider:
         return self._instance(self._call(self.driver.create_node, **kw), req.market)
 
     def _size(self, size_id: str) -> Any:
-        sizes = self._call(self.driver.list_sizes)
-        found = next((s for s in sizes if size_id in (s.id, s.name)), None)
-        if found is None:
-            raise Fatal(f"libcloud {self.kind}: no size {size_id!r} (check the pool's instance_type; "
-                        f"sizes that exist: {_names(s.id for s in sizes)})")
-        return found
+        return self._one(self.driver.list_sizes, size_id, "size", "instance_type")
 
     def _image(self, image_id: str | None) -> Any:
         """The pool's image. Drivers whose profile scopes images (Azure: the versions of a
@@ -255,11 +250,15 @@ class LibcloudProvider:
         return found
 
     def _location(self, zone: str) -> Any:
-        locations = self._call(self.driver.list_locations)
-        found = next((loc for loc in locations if zone in (loc.id, loc.name)), None)
+        return self._one(self.driver.list_locations, zone, "location", "zone")
+
+    def _one(self, list_all: Any, wanted: str, what: str, field: str) -> Any:
+        """The item of list_all() whose id or name is `wanted`; Fatal naming the ones that exist."""
+        items = self._call(list_all)
+        found = next((x for x in items if wanted in (x.id, x.name)), None)
         if found is None:
-            raise Fatal(f"libcloud {self.kind}: no location {zone!r} (check the pool's zone; locations: "
-                        f"{_names(loc.id for loc in locations)})")
+            raise Fatal(f"libcloud {self.kind}: no {what} {wanted!r} (check the pool's {field}; "
+                        f"{what}s that exist: {_names(x.id for x in items)})")
         return found
 
     @retrying
