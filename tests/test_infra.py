@@ -54,10 +54,14 @@ def test_the_examples_rented_pools_build_or_say_what_is_missing(aws_mock: str) -
 
 
 def _help(command: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "broker.client.cli", command, "--help"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+    """`onepool COMMAND --help`, as the CLI prints it."""
+    from typer.testing import CliRunner
+
+    from broker.client.cli import app
+
+    out = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    return out.output
 
 
 @pytest.mark.parametrize(("unit", "command", "env_file"), [
