@@ -98,7 +98,7 @@ def test_an_unknown_image_or_size_names_the_ones_that_exist() -> None:
         ec2.launch(request())
     with pytest.raises(Fatal, match=r"no size 'p5\.48xlarge'.*sizes that exist: g5\.xlarge, p4d\.24xlarge"):
         ec2.launch(request(instance_type="p5.48xlarge"))
-    with pytest.raises(Fatal, match=r"no location 'eu-west-1a'.*locations that exist: us-east-1a, us-east-1b"):
+    with pytest.raises(Fatal, match=r"no location 'eu-west-1a'.*that exist: us-east-1a, us-east-1b"):
         provider(signature_fake(EC2NodeDriver), zone="eu-west-1a").launch(request())
 
 
