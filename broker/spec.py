@@ -128,7 +128,7 @@ class PoolSpec(_Strict):
     # file path, or for libcloud "env:VAR1,VAR2" naming environment variables holding them.
     credentials: str | None = None
     endpoint_url: str | None = None  # a non-default API endpoint (a local emulator, a private cloud)
-    options: dict[str, Any] = Field(default_factory=dict)  # provider-specific, see providers.registry
+    options: dict[str, Any] = Field(default_factory=dict)  # provider-specific, see providers.options
 
     @model_validator(mode="after")
     def _rented(self) -> PoolSpec:
@@ -143,6 +143,9 @@ class PoolSpec(_Strict):
             raise ValueError(f"a {self.provider} pool needs max_nodes and instance_type")
         if self.nodes:
             raise ValueError("nodes: must be 0 for a rented pool (the broker launches up to max_nodes)")
+        from providers.options import check_pool
+
+        check_pool(self)  # options, image and name, per provider (issue 15)
         return self
 
     @property
@@ -270,6 +273,15 @@ class ClusterConfig(_Strict):
             raise ValueError(f"broker.server_url: required when a pool rents nodes ({', '.join(rented)}): "
                              "the URL at which their agents reach `onepool server`, e.g. "
                              "http://10.0.0.5:8421 (got none)")
+        return self
+
+    @model_validator(mode="after")
+    def _cloud_names(self) -> ClusterConfig:
+        from providers.options import check_pools
+
+        problems = check_pools(self.pools)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @model_validator(mode="after")

@@ -101,6 +101,7 @@ class Offer:
     gpus: int
     market: str  # on_demand | spot
     usd_per_hour: float | None  # per node; None: unknown (the catalog fills it)
+    zone_id: str | None = None  # AWS: the AZ id (use1-az1) of `zone` (us-east-1a), which differs per account
 
     @property
     def usd_per_gpu_hour(self) -> float | None:
@@ -161,6 +162,38 @@ class Interruption:
     def identity(self) -> str:
         """The notice's key, or one made of its content when the source gives none."""
         return self.key or f"{self.kind}:{self.instance_id}:{self.deadline}"
+
+
+class NoticeLog(Protocol):
+    """Where a provider remembers the notices the broker acknowledged (ack()) that it read
+    from a cloud's API with no queue to delete from (GCP's `compute.instances.preempted`
+    operations), so each stops being reported once recorded, across broker restarts and
+    every zone of the pool. The broker's is its database (broker.state.notices.DbNoticeLog);
+    MemoryNoticeLog serves tests and stand-alone use."""
+
+    def seen(self, key: str) -> bool:
+        """Whether the notice `key` (unique per pool, e.g. the operation's name) was recorded."""
+        ...
+
+    def add(self, key: str, instance_id: str, kind: str, scope: str) -> bool:
+        """Record a notice; False if it was already recorded (then do not report it again)."""
+        ...
+
+
+class MemoryNoticeLog:
+    """A NoticeLog in memory (forgets on restart)."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, tuple[str, str, str]] = {}
+
+    def seen(self, key: str) -> bool:
+        return key in self.keys
+
+    def add(self, key: str, instance_id: str, kind: str, scope: str) -> bool:
+        if key in self.keys:
+            return False
+        self.keys[key] = (instance_id, kind, scope)
+        return True
 
 
 class Provider(Protocol):

@@ -1,4 +1,11 @@
-"""Retries of Transient provider errors, with tenacity (exponential backoff with jitter)."""
+"""One retry layer per SDK. ONEPOOL_PROVIDER_RETRIES is the number of attempts of one call.
+
+- boto3: botocore's own retries in adaptive mode (providers.aws.client_config uses ATTEMPTS);
+  nothing retries around it.
+- google-cloud-compute (its clients' default retries on reads are turned off: every call
+  passes retry=None) and libcloud (it has none): `retrying`, tenacity's exponential backoff
+  with jitter on Transient.
+"""
 
 from __future__ import annotations
 

@@ -147,10 +147,10 @@ def drive(engine: Engine, until: Callable[[], bool], timeout: float = 30.0,
 def cloud_cluster(tmp_path: Path, clock: FakeClock, aws_mock: str):  # type: ignore[no-untyped-def]
     """cloud_cluster(**config kwargs) -> (client, engine), for rented pools in moto: an API
     server the agents reach, and every instance the broker launches booted from its user
-    data (broker.client.demo_ec2.InstanceBooter)."""
+    data (broker.client.demo_instances.InstanceBooter)."""
     import boto3
 
-    from broker.client.demo_ec2 import InstanceBooter
+    from broker.client.demo_instances import Ec2Instances, InstanceBooter
     from tests.agents.harness import make_site
 
     sites = []
@@ -161,7 +161,7 @@ def cloud_cluster(tmp_path: Path, clock: FakeClock, aws_mock: str):  # type: ign
         return site.client, site.engine
 
     ec2 = boto3.client("ec2", region_name=aws_mock)
-    with InstanceBooter(lambda: ec2, tmp_path / "instances"):
+    with InstanceBooter(Ec2Instances(lambda: ec2), tmp_path / "instances"):
         yield make
         for s in sites:
             s.close()

@@ -27,6 +27,7 @@ from broker.state.model import Attempt, LedgerEntry, Node, NodeState, PriceChang
 from pricing.catalog import Catalog
 from providers.aws import AwsProvider
 from providers.base import Instance, LaunchRequest
+from providers.options import AwsOptions
 from tests.conftest import drive, train
 
 AMI = "ami-12345678"
@@ -79,7 +80,7 @@ def test_ledger_equals_instance_seconds_times_price(cloud_cluster, clock, aws_mo
     c, eng = cloud_cluster(pools=[onprem, spot], cloud_after_wait_s=0, grace_s=3600)
     eng.capacity.close()
     eng.capacity.background = False  # cloud rounds inline in the cycle: the clock is the test's
-    bill = CloudBill(AwsProvider("us-east-1", image=AMI, queue_url=queue), clock)
+    bill = CloudBill(AwsProvider("us-east-1", image=AMI, options=AwsOptions(queue_url=queue)), clock)
     eng.capacity.providers["spot"] = bill
     cat = Catalog.snapshot()
     eng.capacity._catalog = cat

@@ -69,7 +69,7 @@ def test_a_negative_budget_is_a_spec_error_naming_the_amount(make_cluster, amoun
     c, _ = make_cluster(pools=[ONPREM])
     j = c.submit(name="j", team="research", command=["true"]).id
     for kw in ({"job_id": j}, {"team": "research"}):
-        with pytest.raises(SpecError, match="amount: a budget cannot be negative"):
+        with pytest.raises(SpecError, match="amount: must be a finite number of USD >= 0"):
             c.set_budget(amount, **kw)
 
 

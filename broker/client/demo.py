@@ -4,7 +4,7 @@ The lab's set-up in miniature: `onepool server` (the HTTP API and the broker loo
 own process; two on-prem A100 hosts each run `onepool agent` (separate processes, joined with
 one-time tokens); a local L4 pool is the server machine's own slots; and an AWS spot pool
 rents instances in a SIMULATED EC2 (moto's server on 127.0.0.1), each of which "boots" its
-user data on this machine (broker.client.demo_ec2): the script starts the agent that joins
+user data on this machine (broker.client.demo_instances): the script starts the agent that joins
 the server. The demo itself acts as the researchers: it submits through the API with
 per-team tokens.
 

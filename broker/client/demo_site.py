@@ -1,5 +1,5 @@
 """The demo's lab: `onepool server` and the on-prem agents as separate processes, and the
-simulated instances of the spot pool (broker.client.demo_ec2), started and stopped together.
+simulated instances of the spot pool (broker.client.demo_instances), started and stopped together.
 
 Everything the processes need comes from the home: the config (with `broker.server_url`
 pointing at the server), admin and team tokens, one join token per on-prem host.
@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 from sqlmodel import col, select
 
-from broker.client.demo_ec2 import InstanceBooter
+from broker.client.demo_instances import Ec2Instances, InstanceBooter
 from broker.client.http import HttpClient
 from broker.client.sdk import Client
 from broker.control.capacity_manager import broker_id
@@ -74,7 +74,8 @@ class DemoSite:
         import boto3  # the simulated EC2: AWS_ENDPOINT_URL_EC2 points at it
 
         ec2 = boto3.client("ec2", region_name="us-east-1")
-        self.booter = InstanceBooter(lambda: ec2, self.home / "instances", broker_id=bid).__enter__()
+        source = Ec2Instances(lambda: ec2, broker_id=bid)
+        self.booter = InstanceBooter(source, self.home / "instances").__enter__()
         return self
 
     def _spawn(self, name: str, args: list[str], log: Path) -> None:

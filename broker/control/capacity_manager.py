@@ -120,9 +120,11 @@ class CapacityManager:
     def provider(self, pool: str) -> Provider:
         with self._lock:
             if pool not in self.providers:
+                from broker.state.notices import DbNoticeLog
                 from providers.registry import make_provider
 
-                self.providers[pool] = make_provider(self.spec(pool))
+                notices = DbNoticeLog(self.engine.store, pool, self.engine.clock)
+                self.providers[pool] = make_provider(self.spec(pool), notices)
             return self.providers[pool]
 
     def close_pool(self, pool: str, until: float) -> None:

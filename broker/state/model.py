@@ -54,7 +54,7 @@ class Node(SQLModel, table=True):
     state: str = Field(default="up", max_length=16, index=True)  # see NodeState
     # Rented nodes only (broker.control.capacity_manager):
     token: str | None = Field(default=None, max_length=64)  # the idempotency token, set before launch
-    instance_id: str | None = Field(default=None, max_length=128)
+    instance_id: str | None = Field(default=None, max_length=300)  # Azure ids are resource paths
     for_job_id: int | None = None  # the job it was launched for
     zone: str | None = Field(default=None, max_length=64)
     launched_at: float | None = None
@@ -256,3 +256,19 @@ class Notice(SQLModel, table=True):
     deadline: float | None = None
     received_at: float
     handled_at: float | None = Field(default=None, index=True)
+
+
+# -- providers (issue 15): see broker/state/notices.py ----------------------------------------
+class ProviderNotice(SQLModel, table=True):
+    """A notice a provider read from its cloud's API (GCP `compute.instances.preempted`
+    operations), recorded once per pool: the provider stops reading at the first notice it
+    finds here, so none is reported twice, also after a restart."""
+
+    __table_args__ = (Index("ix_providernotice_pool_key", "pool", "key", unique=True),)
+    id: int | None = Field(default=None, primary_key=True)
+    pool: str = Field(max_length=63)
+    key: str = Field(max_length=200)  # the notice's own id (the operation's name)
+    instance_id: str = Field(max_length=200)
+    kind: str = Field(max_length=32)  # preempted | ...
+    scope: str = Field(default="", max_length=64)  # the zone it was read in
+    seen_at: float

@@ -1,22 +1,41 @@
 """AWS EC2: on-demand and spot nodes, tagged, idempotent, reconciled (the Provider contract).
 
-- offers(): GPU instance types from describe_instance_types (GpuInfo), priced by
-  describe_spot_price_history (spot) or the catalog (on-demand; see pricing.catalog).
-- launch(): run_instances with ClientToken = the broker's token, InstanceMarketOptions for
-  spot (one-time, terminate on interruption), TagSpecifications and the bootstrap user data.
-  Before calling, it looks for an instance already tagged with the node id (a launch whose
-  answer was lost), so the token's 24-hour window is not the only guard.
+- offers(): GPU instance types from describe_instance_types (GpuInfo), priced per AZ by the
+  spot price history (providers.aws.prices; on-demand prices come from the catalog).
+- launch(): run_instances with
+  - ClientToken derived from the broker's token; before calling, it looks for an instance
+    already tagged with the node id (a launch whose answer was lost), so the token's
+    24-hour window is not the only guard;
+  - the pool's subnets tried in order (options.subnet_ids): a capacity error in one
+    (InsufficientInstanceCapacity, ...) passes the launch to the next, each with its own
+    derived token; security groups, the instance profile (the node's credentials for its
+    S3 checkpoint store), a gp3 root volume of options.root_volume_gb, encrypted;
+  - the image: an AMI id, or `resolve:ssm:/...` (a public SSM parameter such as the Deep
+    Learning AMI's, resolved at each launch, so new nodes get the current AMI); the default
+    is the Deep Learning Base OSS NVIDIA Driver AMI (Ubuntu 22.04);
+  - IMDSv2 required (HttpTokens=required), hop limit 2 so containers on the node reach it;
+  - spot: one-time, terminate on interruption; tags on the instance, its volumes and its
+    spot request; the bootstrap user data (providers.bootstrap).
 - interruptions(): "EC2 Spot Instance Interruption Warning" and "EC2 Instance Rebalance
-  Recommendation" events delivered by an EventBridge rule to an SQS queue (queue_url).
+  Recommendation" events delivered by an EventBridge rule to an SQS queue (queue_url;
+  infra/aws creates both). A notice stays in the queue until the broker has recorded it and
+  ack()s it (at-least-once; each carries its message id as its key).
+- describe(): one instance by id (the broker confirms a node lost, or terminated, with it).
+- Retries: botocore's adaptive retry mode is the single retry layer (client_config); nothing
+  here retries again.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from providers.aws.errors import mapped
+from providers.aws.prices import spot_quotes, zone_ids
 from providers.base import (
     TAG_BROKER,
     TAG_NODE,
@@ -27,180 +46,199 @@ from providers.base import (
     LaunchRequest,
     NoCapacity,
     Offer,
-    Transient,
 )
-from providers.retry import retrying
+from providers.options import AwsOptions
+from providers.retry import ATTEMPTS
 
-CAPACITY_CODES = {"InsufficientInstanceCapacity", "MaxSpotInstanceCountExceeded",
-                  "InstanceLimitExceeded", "VcpuLimitExceeded", "SpotMaxPriceTooLow",
-                  "InsufficientCapacity", "Unsupported"}
-TRANSIENT_CODES = {"RequestLimitExceeded", "Throttling", "ThrottlingException", "InternalError",
-                   "ServiceUnavailable", "Unavailable", "RequestTimeout"}
 STATES = {"pending": InstanceState.PENDING, "running": InstanceState.RUNNING,
           "stopping": InstanceState.STOPPING, "stopped": InstanceState.STOPPING,
           "shutting-down": InstanceState.GONE, "terminated": InstanceState.GONE}
 EVENTS = {"EC2 Spot Instance Interruption Warning": "spot_interruption",
           "EC2 Instance Rebalance Recommendation": "rebalance"}
-DEFAULT_AMI = "ami-0onepool00000000"  # made up: set `image` in the pool for a real AMI
+DEFAULT_IMAGE = ("resolve:ssm:/aws/service/deeplearning/ami/x86_64/"
+                 "base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
+SSM_PREFIX = "resolve:ssm:"
+IMDS = {"HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"}
 MAX_RECEIVES = 20  # receive calls per interruptions(): at most 200 notices, then the next round
 
 
-def map_error(e: Exception) -> Exception:
-    """botocore errors -> NoCapacity / Transient / Fatal, each saying what to do."""
-    from botocore.exceptions import (
-        ClientError,
-        ConnectionError,
-        EndpointConnectionError,
-        NoCredentialsError,
-        ReadTimeoutError,
-    )
+def client_config(connect_timeout_s: float = 5.0, read_timeout_s: float = 20.0) -> Any:
+    """botocore's adaptive retries (backoff with jitter, plus client-side rate limiting after
+    throttling), ONEPOOL_PROVIDER_RETRIES attempts in all; the timeouts bound a hung call
+    (the pool's options connect_timeout_s, read_timeout_s)."""
+    from botocore.config import Config
 
-    if isinstance(e, ClientError):
-        code = e.response.get("Error", {}).get("Code", "")
-        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        msg = f"AWS {code}: {e.response.get('Error', {}).get('Message', '')}"
-        if code in CAPACITY_CODES:
-            return NoCapacity(f"{msg} (no capacity here now: another pool will be tried)")
-        if code in TRANSIENT_CODES or status >= 500:
-            return Transient(f"{msg} (temporary: retried with backoff)")
-        return Fatal(f"{msg} (check the pool's instance_type, image, zone and the IAM policy "
-                     "in infra/)")
-    if isinstance(e, NoCredentialsError):
-        return Fatal("no AWS credentials: set the pool's `credentials` to a profile name, or "
-                     "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the broker's environment")
-    if isinstance(e, EndpointConnectionError | ReadTimeoutError | ConnectionError):
-        return Transient(f"AWS unreachable: {e} (retried with backoff)")
-    return e
-
-
-def _call(fn: Any, **kw: Any) -> Any:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        return fn(**kw)
-    except (ClientError, BotoCoreError) as e:
-        raise map_error(e) from e
+    return Config(retries={"mode": "adaptive", "total_max_attempts": ATTEMPTS},
+                  connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
+                  user_agent_extra="onepool")
 
 
 class AwsProvider:
-    """One region's EC2 (and the interruption queue). `session` is a boto3 Session (a
-    profile named by the pool's `credentials`); endpoint_url points at moto in tests/demo."""
+    """One pool's EC2 region (and its interruption queue). `session` is a boto3 Session (a
+    profile named by the pool's `credentials`); endpoint_url points at moto in tests/demo;
+    `now` is the clock for the spot price look-back."""
 
     name = "aws"
 
     def __init__(self, region: str, *, session: Any = None, endpoint_url: str | None = None,
-                 queue_url: str | None = None, image: str | None = None,
-                 instance_types: list[str] | None = None, connect_timeout_s: float = 5.0,
-                 read_timeout_s: float = 20.0) -> None:
+                 options: AwsOptions | None = None, image: str | None = None,
+                 instance_types: list[str] | None = None, now: Callable[[], float] = time.time) -> None:
         import boto3
-        from botocore.config import Config
 
-        sess = session or boto3.session.Session()
-        # Timeouts bound a hung call; retries are ours (providers.retry, on Transient), not
-        # botocore's as well, so a throttled call is not retried 4 x 5 times.
-        cfg = Config(connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
-                     retries={"mode": "standard", "max_attempts": 1})
-        kw: dict[str, Any] = {"region_name": region, "config": cfg}
+        self.session = session or boto3.session.Session()
+        self.opts = options or AwsOptions()
+        self._kw: dict[str, Any] = {"region_name": region, "config": client_config(
+            self.opts.connect_timeout_s, self.opts.read_timeout_s)}
         if endpoint_url:
-            kw["endpoint_url"] = endpoint_url
+            self._kw["endpoint_url"] = endpoint_url
         self.region = region
-        self.ec2 = sess.client("ec2", **kw)
-        self.sqs = sess.client("sqs", **kw) if queue_url else None
-        self.queue_url = queue_url
-        self.image = image or DEFAULT_AMI
+        self.ec2 = self.session.client("ec2", **self._kw)
+        self.sqs = self.session.client("sqs", **self._kw) if self.opts.queue_url else None
+        self._ssm: Any = None
+        self.image = image or DEFAULT_IMAGE
         self.instance_types = instance_types
+        self.now = now
+        self._root_devices: dict[str, str] = {}
 
     # -- offers ---------------------------------------------------------------------------
-    @retrying
     def offers(self) -> list[Offer]:
-        """GPU instance types (GpuInfo), with the latest spot price per type and zone."""
+        """GPU instance types (GpuInfo), with the newest spot price per type and AZ."""
         kw: dict[str, Any] = {}
         if self.instance_types:
             kw["InstanceTypes"] = self.instance_types
-        out: list[Offer] = []
         types: dict[str, tuple[str, int]] = {}
-        for page in self.ec2.get_paginator("describe_instance_types").paginate(**kw):
-            for it in page["InstanceTypes"]:
-                gpus = it.get("GpuInfo", {}).get("Gpus", [])
-                if gpus:
-                    types[it["InstanceType"]] = (gpus[0]["Name"], sum(g["Count"] for g in gpus))
-        for t, (gpu, n) in sorted(types.items()):
-            out.append(Offer("aws", self.region, "", t, gpu, n, "on_demand", None))
-        for (t, zone), price in sorted(self.spot_prices(sorted(types)).items()):
-            if t in types:
-                out.append(Offer("aws", self.region, zone, t, types[t][0], types[t][1], "spot", price))
+        with mapped():
+            for page in self.ec2.get_paginator("describe_instance_types").paginate(**kw):
+                for it in page["InstanceTypes"]:
+                    gpus = it.get("GpuInfo", {}).get("Gpus", [])
+                    if gpus:
+                        types[it["InstanceType"]] = (gpus[0]["Name"], sum(g["Count"] for g in gpus))
+        out = [Offer("aws", self.region, "", t, gpu, n, "on_demand", None)
+               for t, (gpu, n) in sorted(types.items())]
+        for q in spot_quotes(self.ec2, types, self.now(), zone_ids(self.ec2)):
+            gpu, n = types[q.instance_type]
+            out.append(Offer("aws", self.region, q.zone, q.instance_type, gpu, n, "spot", q.usd_per_hour,
+                             zone_id=q.zone_id))
         return out
 
-    def spot_prices(self, instance_types: list[str]) -> dict[tuple[str, str], float]:
-        """Newest spot price per (instance type, zone) from describe_spot_price_history."""
-        if not instance_types:
-            return {}
-        resp = _call(self.ec2.describe_spot_price_history, InstanceTypes=instance_types,
-                     ProductDescriptions=["Linux/UNIX"], MaxResults=1000)
-        newest: dict[tuple[str, str], tuple[datetime, float]] = {}
-        for r in resp["SpotPriceHistory"]:
-            key = (r["InstanceType"], r["AvailabilityZone"])
-            if key not in newest or r["Timestamp"] > newest[key][0]:
-                newest[key] = (r["Timestamp"], float(r["SpotPrice"]))
-        return {k: v[1] for k, v in newest.items()}
-
-    @retrying
     def zone_ids(self) -> dict[str, str]:
         """This account's AZ names -> AZ ids in the region (us-east-1a -> use1-az4): names map
         to ids differently per account, and prices are keyed by id (pricing.catalog)."""
-        resp = _call(self.ec2.describe_availability_zones, AllAvailabilityZones=False)
-        return {z["ZoneName"]: z["ZoneId"] for z in resp["AvailabilityZones"] if z.get("ZoneId")}
+        return zone_ids(self.ec2)
 
     # -- lifecycle ------------------------------------------------------------------------
-    @retrying
     def launch(self, req: LaunchRequest) -> Instance:
         existing = self._by_node(req.node_id)
         if existing is not None:
             return existing
+        image = self.resolve_image(req.image or self.image)
+        base = self._run_args(req, image)
+        where: list[dict[str, Any]] = [{"SubnetId": s} for s in self.opts.subnet_ids]
+        if not where:
+            where = [{"Placement": {"AvailabilityZone": req.zone}} if req.zone else {}]
+        refused = []
+        for i, place in enumerate(where):
+            token = req.token if i == 0 else f"{req.token}-{i}"
+            try:
+                with mapped():
+                    inst = self.ec2.run_instances(ClientToken=token, **base, **place)["Instances"][0]
+                return _instance(inst)
+            except NoCapacity as e:
+                refused.append(f"{place.get('SubnetId', 'the region')}: {e}")
+        raise NoCapacity(f"no capacity for {req.instance_type} in any subnet of the pool: "
+                         f"{'; '.join(refused)}")
+
+    def _run_args(self, req: LaunchRequest, image: str) -> dict[str, Any]:
+        """run_instances arguments shared by every subnet tried."""
+        resources = ["instance", "volume"] + (["spot-instances-request"] if req.market == "spot" else [])
         kw: dict[str, Any] = {
-            "ImageId": req.image or self.image, "InstanceType": req.instance_type,
-            "MinCount": 1, "MaxCount": 1, "ClientToken": req.token, "UserData": req.user_data,
+            "ImageId": image, "InstanceType": req.instance_type, "MinCount": 1, "MaxCount": 1,
+            "UserData": req.user_data, "MetadataOptions": dict(IMDS),
             "TagSpecifications": [{"ResourceType": r, "Tags": [{"Key": k, "Value": v}
                                                                for k, v in req.tags().items()]}
-                                  for r in ("instance", "volume")],
+                                  for r in resources],
         }
-        if req.zone:
-            kw["Placement"] = {"AvailabilityZone": req.zone}
+        o = self.opts
+        if o.instance_profile:
+            key = "Arn" if o.instance_profile.startswith("arn:") else "Name"
+            kw["IamInstanceProfile"] = {key: o.instance_profile}
+        if o.security_group_ids:
+            kw["SecurityGroupIds"] = list(o.security_group_ids)
+        if o.root_volume_gb:
+            kw["BlockDeviceMappings"] = [{"DeviceName": self._root_device(image), "Ebs": {
+                "VolumeSize": o.root_volume_gb, "VolumeType": "gp3", "DeleteOnTermination": True,
+                "Encrypted": True}}]
         if req.market == "spot":
             kw["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
                 "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
-        inst = _call(self.ec2.run_instances, **kw)["Instances"][0]
-        return _instance(inst)
+        return kw
 
-    @retrying
+    def resolve_image(self, image: str) -> str:
+        """An AMI id as it is; `resolve:ssm:NAME` -> the AMI id the SSM parameter holds now.
+        Raises Fatal when the parameter does not exist in this region."""
+        if not image.startswith(SSM_PREFIX):
+            return image
+        from botocore.exceptions import ClientError
+
+        name = image[len(SSM_PREFIX):]
+        if self._ssm is None:
+            self._ssm = self.session.client("ssm", **self._kw)
+        try:
+            with mapped():
+                return str(self._ssm.get_parameter(Name=name)["Parameter"]["Value"])
+        except Fatal as e:
+            if isinstance(e.__cause__, ClientError) and \
+                    e.__cause__.response.get("Error", {}).get("Code") == "ParameterNotFound":
+                raise Fatal(f"AWS: the SSM parameter {name} does not exist in {self.region} "
+                            "(check the pool's image)") from None
+            raise
+
+    def _root_device(self, image: str) -> str:
+        """The image's root device name (where root_volume_gb applies)."""
+        if image not in self._root_devices:
+            from botocore.exceptions import ClientError
+
+            try:
+                with mapped():
+                    found = self.ec2.describe_images(ImageIds=[image])["Images"]
+            except Fatal as e:
+                if not isinstance(e.__cause__, ClientError):
+                    raise
+                found = []
+            if not found:
+                raise Fatal(f"AWS: image {image} does not exist in {self.region} (check the pool's image)")
+            self._root_devices[image] = found[0]["RootDeviceName"]
+        return self._root_devices[image]
+
     def terminate(self, instance_id: str) -> None:
         from botocore.exceptions import ClientError
 
         try:
-            self.ec2.terminate_instances(InstanceIds=[instance_id])
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("InvalidInstanceID.NotFound",
-                                                           "InvalidInstanceID.Malformed"):
+            with mapped():
+                self.ec2.terminate_instances(InstanceIds=[instance_id])
+        except Fatal as e:
+            cause = e.__cause__
+            if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") in (
+                    "InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"):
                 return
-            raise map_error(e) from e
+            raise
 
-    @retrying
     def poll(self, broker_id: str) -> list[Instance]:
         return self._describe([{"Name": f"tag:{TAG_BROKER}", "Values": [broker_id]}])
 
-    @retrying
     def describe(self, instance_id: str) -> Instance | None:
-        from botocore.exceptions import BotoCoreError, ClientError
+        """The instance by id, None when it is gone or unknown."""
+        from botocore.exceptions import ClientError
 
         try:
-            resp = self.ec2.describe_instances(InstanceIds=[instance_id])
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("InvalidInstanceID.NotFound",
-                                                           "InvalidInstanceID.Malformed"):
+            with mapped():
+                resp = self.ec2.describe_instances(InstanceIds=[instance_id])
+        except Fatal as e:
+            cause = e.__cause__
+            if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") in (
+                    "InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"):
                 return None
-            raise map_error(e) from e
-        except BotoCoreError as e:
-            raise map_error(e) from e
+            raise
         found = [_instance(i) for r in resp["Reservations"] for i in r["Instances"]]
         return next((i for i in found if i.state != InstanceState.GONE), None)
 
@@ -210,15 +248,15 @@ class AwsProvider:
 
     def _describe(self, filters: list[dict[str, Any]]) -> list[Instance]:
         out = []
-        resp = _call(self.ec2.describe_instances, Filters=filters)
-        for res in resp["Reservations"]:
-            for inst in res["Instances"]:
-                i = _instance(inst)
-                if i.state != InstanceState.GONE:
-                    out.append(i)
+        with mapped():
+            for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters):
+                for res in page["Reservations"]:
+                    for inst in res["Instances"]:
+                        i = _instance(inst)
+                        if i.state != InstanceState.GONE:
+                            out.append(i)
         return out
 
-    @retrying
     def interruptions(self) -> list[Interruption]:
         """Receive the EventBridge->SQS queue's notices. A notice is NOT deleted here: the
         broker records it, then ack()s it (a broker that dies in between gets it again after
@@ -226,22 +264,21 @@ class AwsProvider:
         if self.sqs is None:
             return []
         out: dict[str, Interruption] = {}
-        for _ in range(MAX_RECEIVES):
-            resp = _call(self.sqs.receive_message, QueueUrl=self.queue_url,
-                         MaxNumberOfMessages=10, WaitTimeSeconds=0)
-            msgs = resp.get("Messages", [])
-            if not msgs:
-                break
-            for m in msgs:
-                it = parse_event(m["Body"])
-                if it is None:
-                    _call(self.sqs.delete_message, QueueUrl=self.queue_url,
-                          ReceiptHandle=m["ReceiptHandle"])
-                else:
-                    out[m["MessageId"]] = replace(it, key=m["MessageId"], receipt=m["ReceiptHandle"])
+        with mapped():
+            for _ in range(MAX_RECEIVES):
+                msgs = self.sqs.receive_message(QueueUrl=self.opts.queue_url, MaxNumberOfMessages=10,
+                                                WaitTimeSeconds=0).get("Messages", [])
+                if not msgs:
+                    break
+                for m in msgs:
+                    it = parse_event(m["Body"])
+                    if it is None:
+                        self.sqs.delete_message(QueueUrl=self.opts.queue_url,
+                                                ReceiptHandle=m["ReceiptHandle"])
+                    else:
+                        out[m["MessageId"]] = replace(it, key=m["MessageId"], receipt=m["ReceiptHandle"])
         return list(out.values())
 
-    @retrying
     def ack(self, notices: list[Interruption]) -> None:
         """Delete recorded notices from the queue (one already gone is quiet)."""
         from botocore.exceptions import ClientError
@@ -252,11 +289,13 @@ class AwsProvider:
             if n.receipt is None:
                 continue
             try:
-                self.sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=n.receipt)
-            except ClientError as e:
-                if e.response.get("Error", {}).get("Code") not in ("ReceiptHandleIsInvalid",
-                                                                   "InvalidParameterValue"):
-                    raise map_error(e) from e
+                with mapped():
+                    self.sqs.delete_message(QueueUrl=self.opts.queue_url, ReceiptHandle=n.receipt)
+            except Fatal as e:
+                cause = e.__cause__
+                if not (isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") in (
+                        "ReceiptHandleIsInvalid", "InvalidParameterValue")):
+                    raise
 
 
 def parse_event(body: str) -> Interruption | None:

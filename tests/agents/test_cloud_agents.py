@@ -13,7 +13,7 @@ from typing import Any
 import boto3
 import pytest
 
-from broker.client.demo_ec2 import InstanceBooter
+from broker.client.demo_instances import Ec2Instances, InstanceBooter
 from tests.agents.harness import FakeImds, Site, alive, make_site, wait_for
 from tests.conftest import drive, kill_leftovers, train
 
@@ -44,7 +44,7 @@ def cloud(tmp_path: Path, clock, aws_mock, imds) -> Iterator[tuple[Site, Instanc
         imds.setdefault(iid, FakeImds())
         return imds[iid].url
 
-    with InstanceBooter(lambda: ec2, tmp_path / "instances", metadata_url=url) as booter:
+    with InstanceBooter(Ec2Instances(lambda: ec2), tmp_path / "instances", metadata_url=url) as booter:
         yield site, booter
         _finish(site)
     site.close()

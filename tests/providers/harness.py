@@ -10,12 +10,13 @@ from typing import Any
 from providers.base import LaunchRequest, Provider
 
 BROKER = "op-test"
+BOOT = "#!/bin/bash\necho onepool boot script\n"
 
 
 def request(node: str = "pool-a-0001", token: str = "tok-0001", job: int | None = 7,
             broker: str = BROKER, **kw: Any) -> LaunchRequest:
     base: dict[str, Any] = dict(token=token, broker_id=broker, pool="pool-a", node_id=node, job_id=job,
-                                instance_type="g5.xlarge", market="spot", user_data="#!/bin/bash\n")
+                                instance_type="g5.xlarge", market="spot", user_data=BOOT)
     return LaunchRequest(**{**base, **kw})
 
 
@@ -29,6 +30,15 @@ class Harness:
     instance_type: str = "g5.xlarge"
     # notify(instance_id): the cloud sends an interruption notice for it (None: no channel)
     notify: Callable[[str], None] | None = None
+    market: str = "spot"
+    # what the instance boots: instance id -> its boot script (None: not readable here)
+    boot_script: Callable[[str], str | None] | None = None
+    # the market the cloud says an instance runs on (None: the cloud does not say)
+    market_of: Callable[[str], str | None] | None = None
+
+    def req(self, **kw: Any) -> LaunchRequest:
+        """A launch request this provider can serve (its instance type and market)."""
+        return request(**{"instance_type": self.instance_type, "market": self.market, **kw})
 
 
 def failing(real: Callable[..., Any], make_error: Callable[[], Exception], times: int) -> Callable[..., Any]:
