@@ -9,7 +9,9 @@ An Executor runs the processes of one attempt, one per rank (node). Its contract
 - start() is idempotent per (attempt_id, rank): a second call returns the first process's
   handle instead of starting another, also after a broker crash (recover=True searches for
   a process started by a crashed broker before starting one).
-- status() tells RUNNING, EXITED (with the exit code) or LOST (gone without an exit code).
+- status() tells RUNNING, EXITED (with the exit code) or LOST (gone without an exit code),
+  with a `cause` when the platform, not the job, ended it (e.g. slurm_preempted,
+  node_failure): the engine then requeues the attempt as interrupted (lost for node_failure).
 - signal() of a process that is gone returns quietly.
 - `node` names the node the rank was placed on (executors that run ranks elsewhere use it).
 
@@ -50,6 +52,7 @@ class RankState(StrEnum):
 class RankStatus:
     state: RankState
     exit_code: int | None = None
+    cause: str | None = None  # set when the platform ended it (see the module doc)
 
 
 Handle = dict[str, Any]

@@ -13,7 +13,8 @@ Contract:
   placement.
 - Each job is charged its share of the node: the GPUs its attempt holds there, for the time it
   held them. GPUs nobody held are "idle" rows, charged to the pool, or, with
-  `broker.idle_charged_to: launcher`, to the team whose job triggered the launch.
+  `broker.idle_charged_to: launcher`, to the team whose job triggered the launch. Slurm pools
+  (shared with the cluster's other users) have no idle rows: only onepool's jobs are charged.
 - Checkpoint egress (bytes copied across stores for an attempt) is one "egress" row per attempt.
 - Rows are extended in place while nothing changes (same node, payer, GPUs, price), so a
   long-running job is one row per price period, not one per cycle.
@@ -29,7 +30,11 @@ from collections import defaultdict
 from sqlmodel import Session, col, or_, select
 
 from broker.spec import BrokerSettings, ClusterConfig, Market
-from broker.state.model import Attempt, Job, LedgerEntry, Node, NodeMeter, Pool, PriceChange
+from broker.state.model import Attempt, Job, LedgerEntry, Node, NodeMeter, NodeState, Pool, PriceChange
+
+# Pools whose nodes others use too (a Slurm partition): only onepool's GPU-seconds are charged.
+SHARED_PROVIDERS = ("slurm",)
+METERED = (NodeState.UP, NodeState.UNAVAILABLE)
 
 __all__ = ["accrue", "node_down", "node_up", "price_changed", "price_in_force", "usd_per_gpu_hour"]
 
@@ -90,7 +95,8 @@ def accrue(s: Session, now: float, cfg: ClusterConfig | None = None) -> None:
     pools = {p.name: p for p in s.exec(select(Pool)).all()}
     metered = {m.node: m for m in s.exec(select(NodeMeter).where(col(NodeMeter.ended_at).is_(None)))}
     for n in s.exec(select(Node)).all():
-        up = n.state == "up" and pools.get(n.pool) is not None and pools[n.pool].active
+        # A Slurm node drained or down (unavailable) stays on the meter: work may still run there.
+        up = n.state in METERED and pools.get(n.pool) is not None and pools[n.pool].active
         m = metered.get(n.id)
         if up and m is None:
             metered[n.id] = node_up(s, n.id, n.pool, n.gpus, now)
@@ -139,7 +145,7 @@ def _charge(s: Session, m: NodeMeter, until: float, cfg: ClusterConfig | None) -
                 used += g
                 _add(s, open_rows, m, "gpu", a_t, b_t, g, rate, attempt=a, job=job)
         idle = max(0, m.gpus - used)
-        if idle:
+        if idle and pool.provider not in SHARED_PROVIDERS:
             _add(s, open_rows, m, "idle", a_t, b_t, idle, rate, team=idle_team)
     m.metered_to = until
     s.add(m)

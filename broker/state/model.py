@@ -83,6 +83,9 @@ class NodeState(StrEnum):
     RETIRED = "retired"  # a static node dropped from the config
     WAITING = "waiting"  # an agent-served on-prem node whose agent has not joined yet
     LOST = "lost"  # an agent-served on-prem node whose agent stopped calling in (it may return)
+    # A Slurm node that is drained, down, not responding or out of the partition (it may
+    # return): nothing new lands; work already there runs on and is still charged.
+    UNAVAILABLE = "unavailable"
 
 
 class Node(SQLModel, table=True):
@@ -100,6 +103,8 @@ class Node(SQLModel, table=True):
     idle_since: float | None = None
     ended_at: float | None = None
     end_reason: str | None = Field(default=None, max_length=32)
+    # Slurm nodes only: GPUs that others hold (other users' jobs): not free to onepool.
+    held_elsewhere: int = 0
 
 
 class Job(SQLModel, table=True):
