@@ -61,21 +61,35 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
 
 
-SLURM_NAME_RE = r"^[A-Za-z0-9_.+-]{1,64}$"  # partitions, accounts, QOS, GRES types
+# The forms of a slurm pool's settings: (regex, what the error says is allowed).
+_SLURM_FORMS = {
+    "name": (r"^[A-Za-z0-9_.+-]{1,64}$", "a Slurm name: letters, digits, '_', '.', '+', '-' (1-64 chars)"),
+    "login": (r"^([A-Za-z0-9._-]+@)?[A-Za-z0-9][A-Za-z0-9._-]*$", "host or user@host"),
+    "mem": (r"^\d+[KMGT]?$", "a size like 64G or 65536 (MB)"),
+    "time": (r"^(\d+-)?\d+(:\d+){0,2}$|^(UNLIMITED|INFINITE)$", "a Slurm time like 60, 4:00:00 or 2-00:00:00"),
+    "ssh": (r"^[A-Za-z]+=\S.*$", "an ssh -o setting like Port=2222"),
+}
+
+
+def _slurm_form(kind: str, v: str) -> str:
+    regex, allowed = _SLURM_FORMS[kind]
+    if not re.match(regex, v):
+        raise ValueError(f"must be {allowed} (got {v!r})")
+    return v
 
 
 class SlurmSpec(_Strict):
     """Where a `provider: slurm` pool submits (issue 14): a partition of an existing cluster,
     reached with the Slurm commands on the broker's machine, or over SSH on `login`."""
 
-    partition: str = Field(pattern=SLURM_NAME_RE)
-    account: str | None = Field(default=None, pattern=SLURM_NAME_RE)
-    qos: str | None = Field(default=None, pattern=SLURM_NAME_RE)
+    partition: str
+    account: str | None = None
+    qos: str | None = None
     # The GRES type of the pool's GPUs (`gpu:<type>:N`), matched case-insensitively; None:
     # untyped (`--gres=gpu:N`), every GPU of a node counts.
-    gres_type: str | None = Field(default=None, pattern=SLURM_NAME_RE)
+    gres_type: str | None = None
     # "host" or "user@host" of a login node; None: the commands run on the broker's machine.
-    login: str | None = Field(default=None, pattern=r"^([A-Za-z0-9._-]+@)?[A-Za-z0-9._:\[\]-]+$")
+    login: str | None = None
     ssh_options: list[str] = Field(default_factory=list)  # ssh -o settings, e.g. Port=2222
     command_timeout_s: float = Field(default=30.0, gt=0.0, le=600.0)
     # Where each attempt's output goes, on the cluster's filesystem. None: the broker home's
@@ -88,15 +102,34 @@ class SlurmSpec(_Strict):
     # GPUs first) is cancelled and goes back to onepool's queue.
     start_timeout_s: float = Field(default=120.0, gt=0.0, le=86400.0)
     cpus_per_gpu: int | None = Field(default=None, ge=1, le=1024)
-    mem_per_gpu: str | None = Field(default=None, pattern=r"^\d+[KMGT]?$")
-    time_limit: str | None = Field(default=None, pattern=r"^[0-9:-]+$|^(UNLIMITED|INFINITE)$")
+    mem_per_gpu: str | None = None
+    time_limit: str | None = None
+
+    @field_validator("partition", "account", "qos", "gres_type")
+    @classmethod
+    def _names(cls, v: str | None) -> str | None:
+        return None if v is None else _slurm_form("name", v)
+
+    @field_validator("login")
+    @classmethod
+    def _login(cls, v: str | None) -> str | None:
+        return None if v is None else _slurm_form("login", v)
+
+    @field_validator("mem_per_gpu")
+    @classmethod
+    def _mem(cls, v: str | None) -> str | None:
+        return None if v is None else _slurm_form("mem", v)
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time(cls, v: str | None) -> str | None:
+        return None if v is None else _slurm_form("time", v)
 
     @field_validator("ssh_options")
     @classmethod
     def _ssh_options(cls, v: list[str]) -> list[str]:
         for opt in v:
-            if not re.match(r"^[A-Za-z]+=\S.*$", opt):
-                raise ValueError(f"each entry is an ssh -o setting like Port=2222 (got {opt!r})")
+            _slurm_form("ssh", opt)
         return v
 
 

@@ -63,12 +63,16 @@ def parse_gres(text: str) -> list[Gres]:
             raise SlurmParseError(f"cannot parse GRES {raw!r} in {text!r}")
         count = m["count"]
         typ = m["type"]
-        if count is None and typ is not None and typ.isdigit():  # `gpu:4`: the number is the count
-            typ, count = None, m["type"]
-        n = 1 if count is None else int(count.rstrip("KMG")) * _COUNT_MULT[count[-1] if count[-1] in "KMG"
-                                                                           else ""]
-        out.append(Gres(m["name"], typ, n))
+        if count is None and typ is not None and re.fullmatch(r"\d+[KMG]?", typ):  # `gpu:4`: a count
+            typ, count = None, typ
+        out.append(Gres(m["name"], typ, 1 if count is None else _count(count)))
     return out
+
+
+def _count(text: str) -> int:
+    """`4` -> 4, `1K` -> 1024 (Slurm's suffixes for large counts)."""
+    suffix = text[-1] if text[-1] in "KMG" else ""
+    return int(text.removesuffix(suffix)) * _COUNT_MULT[suffix]
 
 
 def _split_gres(text: str) -> list[str]:
