@@ -82,7 +82,7 @@ def test_a_job_runs_through_slurm_with_the_onepool_environment(slurm_site, tmp_p
 
 def test_urgent_onepool_job_preempts_a_low_one_which_checkpoints_and_resumes(slurm_site):
     c, eng = slurm_site()
-    low = c.submit(name="low", team="research", command=train(400, ckpt_every=5), gpus_per_node=4,
+    low = c.submit(name="low", team="research", command=train(200, ckpt_every=5), gpus_per_node=4,
                    priority="low").id
     drive(eng, lambda: (c.get(low).last_step or -1) >= 5, timeout=60)
     first_slurm_job = handle(c, low)["job_id"]
@@ -113,7 +113,7 @@ def held_elsewhere(c) -> int:
 
 def test_slurm_side_preemption_is_an_interruption_and_the_job_resumes(slurm_site, clock):
     c, eng = slurm_site()
-    j = c.submit(name="victim", team="research", command=train(400, ckpt_every=5), gpus_per_node=4).id
+    j = c.submit(name="victim", team="research", command=train(200, ckpt_every=5), gpus_per_node=4).id
     drive(eng, lambda: (c.get(j).last_step or -1) >= 5, timeout=60)
     # another Slurm user's job in a higher-priority partition, submitted straight to Slurm
     other = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "--gres=gpu:a100:4", "-J", "not-onepool",
