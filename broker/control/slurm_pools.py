@@ -160,10 +160,10 @@ class SlurmPools:
     @staticmethod
     def _set(s: Session, row: Node, gpus: int, held: int, state: str, now: float, why: str) -> None:
         if row.state != state:
-            record(s, now, "slurm_node", f"node {row.id} is {state}" + ("" if state == NodeState.UP else
-                                                                     f": {why}"),
-                   node=row.id, pool=row.pool, state=state, reason=why)
-            log.info("slurm node %s: %s (%s)", row.id, state, why)
+            said = f"node {row.id} is {state}" + ("" if state == NodeState.UP else f": {why}")
+            record(s, now, "slurm_node", said, node=row.id, pool=row.pool, state=state,
+                   reason=None if state == NodeState.UP else why)
+            log.info("slurm %s", said)
         row.gpus, row.held_elsewhere, row.state = gpus, held, state
         s.add(row)
 

@@ -70,3 +70,19 @@ def slurm_site(slurm_node: str, tmp_path: Path, clock: FakeClock
 
         with c.store.session() as s:
             scancel_all(f"onepool-{broker_id(s)}-")
+
+
+GANG_POOL = "slurm-gang"
+
+
+@pytest.fixture(scope="session")
+def two_nodes(slurm_node: str) -> list[str]:
+    """The nodes of partition `gang` (this one and `sn2` in a network namespace). Skips, saying
+    why, where the second node could not be made."""
+    out = subprocess.run(["sinfo", "-h", "-N", "-p", "gang", "-o", "%N %T"], capture_output=True, text=True)
+    nodes = [line.split()[0] for line in out.stdout.splitlines() if line.split()[1:] == ["idle"]
+             or line.split()[1:2] in (["mixed"], ["allocated"])]
+    if len(nodes) < 2:
+        pytest.skip("the test Slurm has no second node (no network namespace here): "
+                    f"sinfo -p gang says {out.stdout.strip() or out.stderr.strip()!r}")
+    return nodes
