@@ -66,7 +66,8 @@ _SLURM_FORMS = {
     "name": (r"^[A-Za-z0-9_.+-]{1,64}$", "a Slurm name: letters, digits, '_', '.', '+', '-' (1-64 chars)"),
     "login": (r"^([A-Za-z0-9._-]+@)?[A-Za-z0-9][A-Za-z0-9._-]*$", "host or user@host"),
     "mem": (r"^\d+[KMGT]?$", "a size like 64G or 65536 (MB)"),
-    "time": (r"^(\d+-)?\d+(:\d+){0,2}$|^(UNLIMITED|INFINITE)$", "a Slurm time like 60, 4:00:00 or 2-00:00:00"),
+    "time": (r"^(\d+-)?\d+(:\d+){0,2}$|^(UNLIMITED|INFINITE)$",
+             "a Slurm time like 60, 4:00:00 or 2-00:00:00"),
     "ssh": (r"^[A-Za-z]+=\S.*$", "an ssh -o setting like Port=2222"),
 }
 

@@ -101,7 +101,8 @@ def test_node_states(state, usable):
 
 
 def test_sinfo_expands_node_ranges_and_keeps_one_line_per_node():
-    nodes = parse_sinfo("n[1-2]|mixed|gpu:h100:8(S:0-1)|gpu:h100:3(IDX:0-2)|\nn1|mixed|gpu:h100:8|gpu:h100:3|\n")
+    nodes = parse_sinfo("n[1-2]|mixed|gpu:h100:8(S:0-1)|gpu:h100:3(IDX:0-2)|\n"
+                        "n1|mixed|gpu:h100:8|gpu:h100:3|\n")
     assert [(n.name, n.gpus("h100"), n.gpus_used("h100")) for n in nodes] == [("n1", 8, 3), ("n2", 8, 3)]
 
 

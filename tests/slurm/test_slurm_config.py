@@ -36,11 +36,13 @@ def test_a_minimal_slurm_pool_and_every_option():
     ({"slurm": {}}, "pools.0.slurm.partition", "Field required"),
     ({"slurm": {"partition": "gpu; rm -rf /"}}, "pools.0.slurm.partition", "must be a Slurm name: letters"),
     ({"slurm": {"partition": "gpu", "qos": "a b"}}, "pools.0.slurm.qos", "must be a Slurm name"),
-    ({"slurm": {"partition": "gpu", "login": "-oProxyCommand=x"}}, "pools.0.slurm.login", "must be host or user@host (got '-oProxyCommand=x')"),
+    ({"slurm": {"partition": "gpu", "login": "-oProxyCommand=x"}}, "pools.0.slurm.login",
+     "must be host or user@host (got '-oProxyCommand=x')"),
     ({"slurm": {"partition": "gpu", "ssh_options": ["-p 22"]}}, "pools.0.slurm.ssh_options",
      "must be an ssh -o setting like Port=2222 (got '-p 22')"),
     ({"slurm": {"partition": "gpu", "mem_per_gpu": "lots"}}, "pools.0.slurm.mem_per_gpu", "a size like 64G"),
-    ({"slurm": {"partition": "gpu", "start_timeout_s": 0}}, "pools.0.slurm.start_timeout_s", "greater than 0"),
+    ({"slurm": {"partition": "gpu", "start_timeout_s": 0}}, "pools.0.slurm.start_timeout_s",
+     "greater than 0"),
     ({"slurm": {"partition": "gpu", "wat": 1}}, "pools.0.slurm.wat", "unknown field"),
     ({"slurm": {"partition": "gpu", "time_limit": "soon"}}, "pools.0.slurm.time_limit", "a Slurm time like"),
     ({"market": "spot"}, "pools.0", "a slurm pool is onprem"),
@@ -77,7 +79,8 @@ def test_one_allocation_one_rank_per_node_with_the_gres_and_no_requeue():
         "--gres=gpu:a100:4", "--no-requeue", "--signal=USR1@60",
         "--output=/shared/runs/attempt-7/slurm-%j.out"]
     srun = shlex.split(script.splitlines()[-1])
-    assert srun[:6] == ["exec", "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
+    assert srun[:6] == ["exec", "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+                        "--kill-on-bad-exit=0"]
     assert srun[-5:] == ["onepool-rank", "python", "train.py", "--msg", "it's; $HOME"]
     assert "--output=/shared/runs/attempt-7/rank-%t/output.log" in srun
 

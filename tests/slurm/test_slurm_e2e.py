@@ -54,7 +54,8 @@ def test_a_job_runs_through_slurm_with_the_onepool_environment(slurm_site, tmp_p
           advance=1.0)
     assert c.get(envj).status == "SUCCEEDED" and c.get(trainj).status == "SUCCEEDED", c.events(trainj)
     a = c.get(envj).attempt_list[0]
-    assert a.pool == POOL and a.alloc[0][0] == f"{POOL}-{eng.slurm.executor.pools.cluster(POOL).nodes()[0].name}"
+    (slurm_name,) = [n.name for n in eng.slurm.cluster(POOL).nodes()]
+    assert a.pool == POOL and a.alloc[0][0] == f"{POOL}-{slurm_name}"
     env = json.loads(rank_log(c, a.id).split("ENV ", 1)[1].splitlines()[0])
     assert env["ONEPOOL_RANK"] == "0" and env["ONEPOOL_WORLD_SIZE"] == "1"
     assert env["ONEPOOL_JOB_ID"] == str(envj) and env["ONEPOOL_ATTEMPT"] == "1"

@@ -34,7 +34,7 @@ def test_unreachable_slurm_is_transient_and_says_where(runner, says):
 
 
 def test_a_command_that_does_not_answer_times_out():
-    with pytest.raises(SlurmUnreachable, match="did not answer in 0.5s"):
+    with pytest.raises(SlurmUnreachable, match=r"did not answer in 0\.5s"):
         LocalRunner(timeout_s=0.5).run([sys.executable, "-c", "import time; time.sleep(5)"])
 
 
