@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from broker.errors import SpecError
 
@@ -106,25 +114,11 @@ class SlurmSpec(_Strict):
     mem_per_gpu: str | None = None
     time_limit: str | None = None
 
-    @field_validator("partition", "account", "qos", "gres_type")
+    @field_validator("partition", "account", "qos", "gres_type", "login", "mem_per_gpu", "time_limit")
     @classmethod
-    def _names(cls, v: str | None) -> str | None:
-        return None if v is None else _slurm_form("name", v)
-
-    @field_validator("login")
-    @classmethod
-    def _login(cls, v: str | None) -> str | None:
-        return None if v is None else _slurm_form("login", v)
-
-    @field_validator("mem_per_gpu")
-    @classmethod
-    def _mem(cls, v: str | None) -> str | None:
-        return None if v is None else _slurm_form("mem", v)
-
-    @field_validator("time_limit")
-    @classmethod
-    def _time(cls, v: str | None) -> str | None:
-        return None if v is None else _slurm_form("time", v)
+    def _forms(cls, v: str | None, info: ValidationInfo) -> str | None:
+        kinds = {"login": "login", "mem_per_gpu": "mem", "time_limit": "time"}
+        return None if v is None else _slurm_form(kinds.get(info.field_name or "", "name"), v)
 
     @field_validator("ssh_options")
     @classmethod

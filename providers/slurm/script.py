@@ -84,18 +84,9 @@ def batch_script(sub: Submission) -> str:
             f"--nodes={k}", "--ntasks-per-node=1", f"--nodelist={','.join(sub.nodes)}",
             f"--gres={sub.gres}", "--no-requeue", f"--signal=USR1@{max(1, sub.signal_before_s)}",
             f"--output={sub.attempt_dir}/slurm-%j.out", "--open-mode=append"]
-    if sub.account:
-        opts.append(f"--account={sub.account}")
-    if sub.qos:
-        opts.append(f"--qos={sub.qos}")
-    if sub.workdir:
-        opts.append(f"--chdir={sub.workdir}")
-    if sub.cpus_per_gpu:
-        opts.append(f"--cpus-per-gpu={sub.cpus_per_gpu}")
-    if sub.mem_per_gpu:
-        opts.append(f"--mem-per-gpu={sub.mem_per_gpu}")
-    if sub.time_limit:
-        opts.append(f"--time={sub.time_limit}")
+    optional = {"account": sub.account, "qos": sub.qos, "chdir": sub.workdir,
+                "cpus-per-gpu": sub.cpus_per_gpu, "mem-per-gpu": sub.mem_per_gpu, "time": sub.time_limit}
+    opts += [f"--{flag}={value}" for flag, value in optional.items() if value]
     opts.extend(sub.extra)
     lines = ["#!/bin/bash"]
     lines += [f"#SBATCH {o}" for o in opts]
