@@ -75,6 +75,11 @@ class SshRunner:
         for opt in options:
             self.base += ["-o", opt]
 
+    def close(self) -> None:
+        """End the shared connection (it would otherwise linger ControlPersist seconds)."""
+        subprocess.run([*self.base, "-O", "exit", self.login], capture_output=True, timeout=self.timeout_s,
+                       stdin=subprocess.DEVNULL)
+
     def run(self, argv: list[str], stdin: str | None = None, ok_codes: tuple[int, ...] = (0,)) -> str:
         remote = " ".join(shlex.quote(a) for a in argv)
         return _run([*self.base, self.login, "--", remote], argv, stdin, self.timeout_s, self.where,

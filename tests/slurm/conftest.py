@@ -86,3 +86,17 @@ def two_nodes(slurm_node: str) -> list[str]:
         pytest.skip("the test Slurm has no second node (no network namespace here): "
                     f"sinfo -p gang says {out.stdout.strip() or out.stderr.strip()!r}")
     return nodes
+
+
+@pytest.fixture(scope="session")
+def sshd(slurm_node: str) -> tuple[int, str]:
+    """(port, client key) of an sshd on 127.0.0.1 that lets the key in as root
+    (tests/slurm/start_sshd.sh). Skips, saying why, where it cannot start."""
+    try:
+        p = subprocess.run([str(HERE / "start_sshd.sh")], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"cannot start the test sshd: {e}")
+    if p.returncode != 0:
+        pytest.skip(f"cannot start the test sshd (exit {p.returncode}): {p.stderr.strip()[-500:]}")
+    port, key = p.stdout.split()
+    return int(port), key
