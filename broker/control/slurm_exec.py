@@ -21,7 +21,8 @@ name `onepool-<broker>-a<attempt>`, unique per broker home.
   failure is LOST with cause node_failure. Slurm unreachable: RUNNING (unknown; asked again
   next cycle). A job no source remembers: LOST.
 - signal(): SIGKILL cancels the job (`scancel`); other signals go to every rank
-  (`scancel --signal`); SIGTERM to a job still queued cancels it (nothing ran). A job that
+  (`scancel --signal`); SIGTERM to a job whose ranks have not started yet (queued, or its
+  srun step not there yet) cancels it: nothing to checkpoint, and a signal would reach no rank. A job that
   has ended is ignored, and so (with a warning) is Slurm being unreachable: the engine
   signals again (the kill after the grace period, and on reconcile).
 """
@@ -213,11 +214,15 @@ class SlurmExecutor:
             if sig == signals.SIGKILL:
                 cluster.cancel(jid)
                 return
-            j = self.pools.jobs(pool, STATUS_MAX_AGE_S).get(jid)
-            if sig == signals.SIGTERM and j is not None and outcome(j.state, j.restarts) == Outcome.QUEUED:
-                cluster.cancel(jid)  # never started: nothing to checkpoint
+            if sig != signals.SIGTERM:
+                cluster.signal(jid, signals.Signals(sig).name.removeprefix("SIG"))
                 return
-            cluster.signal(jid, signals.Signals(sig).name.removeprefix("SIG"))
+            j = self.pools.jobs(pool, STATUS_MAX_AGE_S).get(jid) or self.pools.jobs(pool).get(jid)
+            if j is None or outcome(j.state, j.restarts) == Outcome.QUEUED or not cluster.ranks_started(jid):
+                cluster.cancel(jid)  # no rank runs yet: nothing to checkpoint
+                return
+            # to the ranks only: srun treats a TERM of its own as "kill the step now"
+            cluster.signal(jid, "TERM")
         except (ProviderError, SlurmParseError) as e:
             log.warning("slurm job of attempt %s: signal %s not sent (%s); the engine sends it again",
                         handle.get("attempt_id"), sig, e)

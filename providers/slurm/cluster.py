@@ -119,9 +119,14 @@ class SlurmCluster:
             raise
         return parse_sacct(out)
 
+    def ranks_started(self, job_id: str) -> bool:
+        """Whether the job's srun step (its ranks) exists yet (`squeue -s`: a step `ID.N`)."""
+        out = self.runner.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"])
+        return any(re.fullmatch(rf"{re.escape(job_id)}\.\d+", line.strip()) for line in out.splitlines())
+
     def signal(self, job_id: str, signal_name: str) -> None:
-        """Send a signal to every rank (every step's tasks) of a job. A job that has ended is
-        ignored."""
+        """Send a signal to every rank (every step's tasks) of a job, not to its batch shell.
+        A job that has ended is ignored."""
         self._scancel(["--signal", signal_name, job_id])
 
     def cancel(self, job_id: str) -> None:
