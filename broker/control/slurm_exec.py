@@ -147,6 +147,8 @@ class SlurmExecutor:
             return RankStatus(RankState.RUNNING)
         if st.state != RankState.RUNNING:
             self._final[jid] = st
+            if st.cause in ("slurm_preempted", "slurm_requeued"):
+                self.pools.hold_after_preemption(int(handle["attempt_id"]), self.pools.clock.now())
         return st
 
     def _job_id(self, handle: Handle) -> str | None:

@@ -4,7 +4,9 @@
 partition's nodes (sinfo: state, GPUs of the pool's GRES type, GPUs in use by anyone) and this
 user's jobs (squeue), and writes them as the pool's Node rows (id `<pool>-<slurm node>`):
 - `gpus`: the node's GPUs of the pool's type; `held_elsewhere`: the ones other Slurm users
-  hold (in use, minus what this broker's running jobs hold there): not free to onepool.
+  hold (in use, minus what this broker's running jobs hold there): not free to onepool. The
+  GPUs of an attempt Slurm preempted or requeued count as held elsewhere until the work that
+  took them shows up (at most PREEMPTED_HOLD_S), so onepool does not resubmit into them.
 - state `up`, or `unavailable` when the node is drained, draining, down, not responding, out
   of the partition, or Slurm cannot be reached: nothing new lands there; attempts already
   there run on (Slurm ends them if the node fails) and are still charged.
@@ -26,7 +28,7 @@ from broker.control.config_apply import applied_config
 from broker.errors import NotConfigured
 from broker.spec import PoolSpec
 from broker.state.events import record
-from broker.state.model import Node, NodeState, Setting
+from broker.state.model import Attempt, Node, NodeState, Setting
 from broker.state.store import Store
 from providers.base import ProviderError
 from providers.slurm import SlurmCluster, SlurmJob, SlurmParseError, make_cluster
@@ -34,6 +36,7 @@ from providers.slurm.parse import Outcome, gpus_in, outcome
 
 log = logging.getLogger("onepool.slurm")
 JOB_PREFIX = "onepool-"
+PREEMPTED_HOLD_S = 30.0  # see SlurmPools.hold_after_preemption
 
 
 def job_name(broker: str, attempt_id: int) -> str:
@@ -64,6 +67,7 @@ class SlurmPools:
         self._specs: dict[str, PoolSpec] = {}
         self._broker: str | None = None
         self._jobs: dict[str, tuple[float, dict[str, SlurmJob]]] = {}  # pool -> (monotonic, jobs)
+        self._holds: dict[str, tuple[int, float]] = {}  # node -> (GPUs, until): see hold_after_preemption
         self.executor = SlurmExecutor(self)
 
     # -- configuration --------------------------------------------------------------------------
@@ -114,6 +118,29 @@ class SlurmPools:
             self._jobs[pool] = (time.monotonic(), jobs)
         return jobs
 
+    def hold_after_preemption(self, attempt_id: int, now: float) -> None:
+        """Slurm took this attempt's GPUs for other work, which may not have started yet (it
+        does once they are free): count them as held elsewhere from now (this cycle's plan
+        included) until Slurm shows that work holding them, or PREEMPTED_HOLD_S passed, so
+        onepool does not submit into them again at once."""
+        with self.store.session() as s:
+            a = s.get(Attempt, attempt_id)
+            if a is None:
+                return
+            for node, slots in a.alloc:
+                self._holds[node] = (len(slots), now + PREEMPTED_HOLD_S)
+                row = s.get(Node, node)
+                if row is not None:
+                    row.held_elsewhere = max(row.held_elsewhere, len(slots))
+                    s.add(row)
+
+    def _with_hold(self, node: str, held: int, now: float) -> int:
+        gpus, until = self._holds.get(node, (0, 0.0))
+        if until <= now or held >= gpus:  # expired, or Slurm shows the other work now
+            self._holds.pop(node, None)
+            return held
+        return gpus
+
     def close(self, pool: str, until: float) -> None:
         """Nothing new lands in `pool` before `until` (after Slurm rejected a submission)."""
         self.closed_until[pool] = max(until, self.closed_until.get(pool, 0.0))
@@ -151,7 +178,8 @@ class SlurmPools:
                     row = s.get(Node, nid) or Node(id=nid, pool=pool, gpus=gpus, state=NodeState.UNAVAILABLE)
                     state = NodeState.UP if sn.usable and not closed else NodeState.UNAVAILABLE
                     why = "closed after a rejected submission" if sn.usable else f"Slurm state {sn.state}"
-                    self._set(s, row, gpus, max(0, sn.gpus_used(gres_type) - mine[sn.name]), state, now, why)
+                    held = max(0, sn.gpus_used(gres_type) - mine[sn.name])
+                    self._set(s, row, gpus, self._with_hold(nid, held, now), state, now, why)
                 for row in s.exec(select(Node).where(Node.pool == pool)).all():
                     if row.id not in seen:
                         self._set(s, row, row.gpus, 0, NodeState.UNAVAILABLE, now,

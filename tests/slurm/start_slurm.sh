@@ -20,7 +20,7 @@ NODE=$(hostname -s)
 GPUS=4
 CPUS=${SLURM_CPUS:-16}
 LOG=$STATE/start.log
-CONF_VERSION=onepool-test-slurm-v2
+CONF_VERSION=onepool-test-slurm-v3
 NS=opslurm2 BR=opslurm-br NET=10.231.254 N2=sn2
 
 say() { echo "start_slurm: $*" >&2; }
@@ -147,7 +147,7 @@ JobRequeue=1
 SlurmctldParameters=preempt_send_user_signal
 SlurmdParameters=config_overrides
 SchedulerParameters=bf_interval=1,sched_interval=2
-KillWait=5
+KillWait=15
 MinJobAge=600
 InactiveLimit=0
 AccountingStorageType=accounting_storage/none

@@ -120,9 +120,10 @@ def test_slurm_side_preemption_is_an_interruption_and_the_job_resumes(slurm_site
     other = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "--gres=gpu:a100:4", "-J", "not-onepool",
                             "-o", "/dev/null", "--wrap", "sleep 4"],
                            capture_output=True, text=True, check=True).stdout.strip()
-    drive(eng, lambda: c.get(j).status == "PENDING", timeout=60)
+    drive(eng, lambda: c.get(j).attempt_list[0].end_reason is not None, timeout=60)
     first = c.get(j).attempt_list[0]
     assert first.end_reason == "INTERRUPTED" and first.cause == "slurm_preempted"
+    assert c.get(j).status == "PENDING"  # not resubmitted into the GPUs Slurm took
     assert "preempted: saved step" in rank_log(c, first.id)  # Slurm's SIGTERM reached the rank
     # While the other user's job holds all four GPUs, they are not free to onepool.
     drive(eng, lambda: held_elsewhere(c) == 4, timeout=30)
