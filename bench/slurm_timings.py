@@ -12,7 +12,10 @@ Assumptions (they favour neither side, but say what the numbers are about):
   checkpoint every 5 steps and on SIGTERM, to the broker home's folder);
 - "running" is the first broker cycle that sees the Slurm job RUNNING (squeue); "first
   step" is when the broker first sees the job's progress marker; "requeued" is when the
-  victim is PENDING in onepool again; "resumed" is the resumed attempt's first new step.
+  victim is PENDING in onepool again; "resumed" is the resumed attempt's first new step, so
+  requeued-to-resumed includes the preemptor's own run (the urgent job's 20 steps, the
+  other user's `sleep 1`) and the requeued job's start; restart overhead is the resumed
+  attempt's start to its first new step (Python start, restore, first step).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ placed on the pool, nothing lost."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -71,3 +72,23 @@ def test_a_submission_slurm_rejects_goes_back_to_the_queue_and_closes_the_pool(s
     with c.store.session() as s:
         assert {n.state for n in s.exec(select(Node).where(Node.pool == POOL))} == {"unavailable"}
     assert c.get(j).attempts == 1  # not placed again while the pool is closed
+
+
+def test_a_drained_node_takes_no_new_work_until_it_is_resumed(slurm_site, slurm_node):
+    c, eng = slurm_site()
+    eng.cycle()
+    subprocess.run(["scontrol", "update", f"nodename={slurm_node}", "state=drain", "reason=onepool test"],
+                   check=True)
+    try:
+        j = c.submit(name="waits", team="research", command=["true"], gpus_per_node=1).id
+        eng.cycle()
+        eng.cycle()
+        with c.store.session() as s:
+            node = s.get(Node, f"{POOL}-{slurm_node}")
+            assert node is not None and node.state == "unavailable"
+        assert c.get(j).status == "PENDING" and c.get(j).attempts == 0
+        (ev,) = [e for e in c.events() if e.kind == "slurm_node" and e.data["state"] == "unavailable"]
+        assert "Slurm state drained" in ev.message
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={slurm_node}", "state=resume"], check=True)
+    drive(eng, lambda: c.get(j).status == "SUCCEEDED", timeout=30)
