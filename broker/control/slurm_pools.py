@@ -64,7 +64,7 @@ class SlurmPools:
         self.store, self.clock = store, clock
         self.clusters: dict[str, SlurmCluster] = dict(clusters or {})
         self.closed_until: dict[str, float] = {}  # pool -> until when nothing new lands there
-        self._specs: dict[str, PoolSpec] = {}
+        self._specs: dict[str, PoolSpec] | None = None
         self._broker: str | None = None
         self._jobs: dict[str, tuple[float, dict[str, SlurmJob]]] = {}  # pool -> (monotonic, jobs)
         self._holds: dict[str, tuple[int, float]] = {}  # node -> (GPUs, until): see hold_after_preemption
@@ -72,8 +72,9 @@ class SlurmPools:
 
     # -- configuration --------------------------------------------------------------------------
     def specs(self, reload: bool = False) -> dict[str, PoolSpec]:
-        """The Slurm pools of the applied config ({} when none is applied)."""
-        if reload or not self._specs:
+        """The Slurm pools of the applied config, read once (as the engine reads it) and again
+        on `reload` ({} when none is applied)."""
+        if reload or self._specs is None:
             try:
                 with self.store.session() as s:
                     cfg = applied_config(s)
@@ -149,8 +150,7 @@ class SlurmPools:
     def sync(self, now: float) -> None:
         """Refresh every Slurm pool's nodes from Slurm (see the module doc). Never raises for
         Slurm being unreachable: its nodes become unavailable until it answers again."""
-        specs = self.specs(reload=True)
-        for pool, spec in specs.items():
+        for pool, spec in self.specs().items():
             assert spec.slurm is not None
             gres_type = spec.slurm.gres_type
             try:
