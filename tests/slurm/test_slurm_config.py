@@ -109,3 +109,13 @@ def test_bad_submissions_are_refused():
         batch_script(sub(nodes=()))
     with pytest.raises(ValueError, match="not a name a shell can export"):
         batch_script(sub(env={"BAD-NAME": "x"}))
+
+
+def test_the_example_config_with_a_slurm_pool_is_valid():
+    from pathlib import Path
+
+    from broker.spec import load_config
+
+    c = load_config(Path(__file__).resolve().parents[2] / "examples" / "onepool-slurm.yaml")
+    (pool,) = [p for p in c.pools if p.provider == "slurm"]
+    assert pool.slurm is not None and pool.slurm.partition == "onepool" and pool.slurm.gres_type == "a100"
