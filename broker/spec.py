@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from broker.errors import SpecError
 
@@ -102,6 +110,65 @@ class OnpremCost(_Strict):
     hosting_usd_per_gpu_hour: float = Field(default=0.0, ge=0.0)
 
 
+# The forms of a slurm pool's settings: (regex, what the error says is allowed).
+_SLURM_FORMS = {
+    "name": (r"^[A-Za-z0-9_.+-]{1,64}$", "a Slurm name: letters, digits, '_', '.', '+', '-' (1-64 chars)"),
+    "login": (r"^([A-Za-z0-9._-]+@)?[A-Za-z0-9][A-Za-z0-9._-]*$", "host or user@host"),
+    "mem": (r"^\d+[KMGT]?$", "a size like 64G or 65536 (MB)"),
+    "time": (r"^(\d+-)?\d+(:\d+){0,2}$|^(UNLIMITED|INFINITE)$",
+             "a Slurm time like 60, 4:00:00 or 2-00:00:00"),
+    "ssh": (r"^[A-Za-z]+=\S.*$", "an ssh -o setting like Port=2222"),
+}
+
+
+def _slurm_form(kind: str, v: str) -> str:
+    regex, allowed = _SLURM_FORMS[kind]
+    if not re.match(regex, v):
+        raise ValueError(f"must be {allowed} (got {v!r})")
+    return v
+
+
+class SlurmSpec(_Strict):
+    """Where a `provider: slurm` pool submits (issue 14): a partition of an existing cluster,
+    reached with the Slurm commands on the broker's machine, or over SSH on `login`."""
+
+    partition: str
+    account: str | None = None
+    qos: str | None = None
+    # The GRES type of the pool's GPUs (`gpu:<type>:N`), matched case-insensitively; None:
+    # untyped (`--gres=gpu:N`), every GPU of a node counts.
+    gres_type: str | None = None
+    # "host" or "user@host" of a login node; None: the commands run on the broker's machine.
+    login: str | None = None
+    ssh_options: list[str] = Field(default_factory=list)  # ssh -o settings, e.g. Port=2222
+    command_timeout_s: float = Field(default=30.0, gt=0.0, le=600.0)
+    # Where each attempt's output goes, on the cluster's filesystem. None: the broker home's
+    # runs/ folder when local (where `onepool logs` reads), `onepool-runs` in the login home over SSH.
+    output_dir: str | None = Field(default=None, min_length=1)
+    # The jobcomp/filetxt log (JobCompLoc), read for jobs that left slurmctld's memory when
+    # accounting (sacct) is off.
+    jobcomp_log: str | None = Field(default=None, min_length=1)
+    # An attempt Slurm has not started this long after submission (someone else got the
+    # GPUs first) is cancelled and goes back to onepool's queue.
+    start_timeout_s: float = Field(default=120.0, gt=0.0, le=86400.0)
+    cpus_per_gpu: int | None = Field(default=None, ge=1, le=1024)
+    mem_per_gpu: str | None = None
+    time_limit: str | None = None
+
+    @field_validator("partition", "account", "qos", "gres_type", "login", "mem_per_gpu", "time_limit")
+    @classmethod
+    def _forms(cls, v: str | None, info: ValidationInfo) -> str | None:
+        kinds = {"login": "login", "mem_per_gpu": "mem", "time_limit": "time"}
+        return None if v is None else _slurm_form(kinds.get(info.field_name or "", "name"), v)
+
+    @field_validator("ssh_options")
+    @classmethod
+    def _ssh_options(cls, v: list[str]) -> list[str]:
+        for opt in v:
+            _slurm_form("ssh", opt)
+        return v
+
+
 class PoolSpec(_Strict):
     """One pool: identical nodes of one GPU type behind one provider."""
 
@@ -129,9 +196,24 @@ class PoolSpec(_Strict):
     credentials: str | None = None
     endpoint_url: str | None = None  # a non-default API endpoint (a local emulator, a private cloud)
     options: dict[str, Any] = Field(default_factory=dict)  # provider-specific, see providers.options
+    # provider slurm: the partition it submits to. Its nodes and free GPUs are read from Slurm
+    # every cycle; `nodes` x `gpus_per_node` is the shape submissions are checked against.
+    slurm: SlurmSpec | None = None
 
     @model_validator(mode="after")
     def _rented(self) -> PoolSpec:
+        if (self.provider == "slurm") != (self.slurm is not None):
+            raise ValueError("slurm: a slurm pool needs a `slurm:` section naming its partition, e.g. "
+                             "slurm: {partition: gpu}" if self.provider == "slurm" else
+                             f"slurm: only a pool with provider slurm has a `slurm:` section (got "
+                             f"provider {self.provider!r})")
+        if self.provider == "slurm":
+            if self.market != Market.ONPREM:
+                raise ValueError(f"market: a slurm pool is onprem (charged amortized), got "
+                                 f"{self.market.value}")
+            if self.max_nodes is not None:
+                raise ValueError("max_nodes: a slurm pool does not grow; its nodes come from the partition")
+            return self
         if self.provider in ("local", "agent"):
             if self.max_nodes is not None:
                 raise ValueError("max_nodes: only rented pools (provider aws, gcp, libcloud) grow; "

@@ -12,7 +12,9 @@ An Executor runs the processes of one attempt, one per rank (node). Its contract
   the rank cannot start for a reason of its own (the attempt fails, the broker goes on).
 - status() tells RUNNING, EXITED (with the exit code) or LOST (gone without an exit code),
   and ORPHANED while processes of a rank whose supervisor died still live. EXITED and LOST
-  promise that no process of the rank is alive.
+  promise that no process of the rank is alive. A `cause` says when the platform, not the
+  job, ended it (e.g. slurm_preempted, node_failure): the engine then requeues the attempt
+  as interrupted (lost for node_failure).
 - signal() of a process that is gone returns quietly; SIGKILL kills every process of the
   rank, wherever it went (its containment).
 - `node` names the node the rank was placed on (executors that run ranks elsewhere use it).
@@ -62,6 +64,7 @@ class RankState(StrEnum):
 class RankStatus:
     state: RankState
     exit_code: int | None = None
+    cause: str | None = None  # set when the platform ended it (see the module doc)
 
 
 Handle = dict[str, Any]

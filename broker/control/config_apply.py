@@ -43,6 +43,8 @@ def apply_config(s: Session, cfg: ClusterConfig) -> None:
         s.flush()
         if p.rented:  # rented nodes are launched and ended by broker.control.capacity_manager
             continue
+        if p.provider == "slurm":  # read from Slurm every cycle (broker.control.slurm_pools)
+            continue
         for i in range(max(p.nodes, _node_count(s, p.name))):
             nid = f"{p.name}-{i}"
             node = s.get(Node, nid) or Node(id=nid, pool=p.name, gpus=p.gpus_per_node,

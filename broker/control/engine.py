@@ -88,6 +88,8 @@ class Engine(AttemptGuards):
         self.policy = policy or PolicyConfig(min_run_s=self.settings.min_run_s,
                                              cloud_after_wait_s=self.settings.cloud_after_wait_s)
         self.capacity = CapacityManager(self)  # rented pools (issue 4); providers built lazily
+        # Slurm pools (issue 14): their nodes are read from Slurm each cycle; the executor runs them
+        self.slurm = self.executor.slurm if isinstance(self.executor, Executors) else None
         self._team_budget_state: dict[str, str] = {}  # money (issue 6): last team budget states
         self._quarantined: set[int] = set()  # attempts that fail even to be failed (skipped)
         self.wake: Callable[[], None] = lambda: None  # the loop's "cycle now" (service.run sets it)
@@ -131,6 +133,8 @@ class Engine(AttemptGuards):
         with self.store.session() as s:
             self._cancel_requested(s, now)
         self._watch_agents(now)
+        if self.slurm is not None:  # [issue 14 hook] Slurm nodes, free GPUs and job states
+            self.slurm.sync(now)
         self._poll(now, rep)
         with self.store.session() as s:  # money (issue 6): charge the ledger, enforce budgets
             team_budgets = budgets.on_cycle(s, now, self._request_stop, self._team_budget_state)
@@ -235,6 +239,9 @@ class Engine(AttemptGuards):
             reason = EndReason.COMPLETED
         elif a.stop_reason in STOP_REASONS:
             reason = STOP_REASONS[a.stop_reason]
+        elif a.stop_reason is None and (cause := next((x.cause for x in st if x.cause), None)):
+            a.cause = cause  # the platform ended it (issue 14: Slurm preempted it, a node failed)
+            reason = EndReason.LOST if cause == "node_failure" else EndReason.INTERRUPTED
         elif a.stop_reason == "failed" or not lost:
             reason = EndReason.FAILED
         else:

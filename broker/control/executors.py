@@ -1,5 +1,6 @@
-"""Where an attempt's ranks run: the broker's own slots (providers.local.LocalProcesses) or the
-agent of the node they were placed on (AgentExecutor). `Executors` routes by node.
+"""Where an attempt's ranks run: the broker's own slots (providers.local.LocalProcesses), the
+agent of the node they were placed on (AgentExecutor), or one Slurm job per attempt
+(broker.control.slurm_exec.SlurmExecutor). `Executors` routes by the node's pool provider.
 
 AgentExecutor keeps the Executor contract of providers.base over the database: start() writes
 a RankAssignment (idempotent per attempt and rank), the agent picks it up on its next sync,
@@ -18,6 +19,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
 from broker.clock import Clock
+from broker.control.slurm_exec import SLURM, SlurmExecutor
+from broker.control.slurm_pools import SlurmPools
 from broker.state.model import Node, Pool
 from broker.state.model_access import RankAssignment
 from broker.state.model_access import RankState as AState
@@ -108,10 +111,11 @@ class AgentExecutor:
 
 
 class Executors:
-    """The engine's executor: routes each rank to the local slots or to its node's agent.
+    """The engine's executor: routes each rank to the local slots, its node's agent, or Slurm.
 
     A node is served by an agent unless its pool's provider is `local` (the broker's own
-    machine). `wait_for_change` returns when a local rank exits or `changed()` is called
+    machine) or `slurm` (the pool's Slurm partition runs it). `wait_for_change` returns when a
+    local rank exits or `changed()` is called
     (the API calls it when an agent reports)."""
 
     def __init__(self, store: Store, clock: Clock, runs_dir: str | os.PathLike[str], *,
@@ -121,25 +125,34 @@ class Executors:
         self._on_change = on_change
         self.local = LocalProcesses(runs_dir, on_change=self.changed)
         self.agents = AgentExecutor(store, clock, notify)
-        self._remote: dict[str, bool] = {}
+        self.slurm = SlurmPools(store, clock)
+        self._provider: dict[str, str] = {}
 
-    def is_remote(self, node: str) -> bool:
-        """Whether `node` is served by an agent (cached: a node never changes pool)."""
-        if node not in self._remote:
+    def provider(self, node: str) -> str:
+        """The provider of `node`'s pool (cached: a node never changes pool); "local" if unknown."""
+        if node not in self._provider:
             with self.agents.store.session() as s:
                 row = s.exec(select(Pool.provider).join(Node, col(Node.pool) == Pool.name)
                              .where(Node.id == node)).first()
-            self._remote[node] = row is not None and row != "local"
-        return self._remote[node]
+            self._provider[node] = row or "local"
+        return self._provider[node]
+
+    def is_remote(self, node: str) -> bool:
+        """Whether `node` is served by an agent."""
+        return self.provider(node) not in ("local", SLURM)
 
     def start(self, attempt_id: int, rank: int, argv: list[str], env: dict[str, str],
               *, recover: bool = False, node: str | None = None) -> Handle:
-        if node is not None and self.is_remote(node):
+        provider = "local" if node is None else self.provider(node)
+        if provider == SLURM:
+            return self.slurm.executor.start(attempt_id, rank, argv, env, recover=recover, node=node)
+        if provider != "local":
             return self.agents.start(attempt_id, rank, argv, env, recover=recover, node=node)
         return self.local.start(attempt_id, rank, argv, env, recover=recover)
 
-    def _for(self, handle: Handle) -> LocalProcesses | AgentExecutor:
-        return self.agents if handle.get("kind") == AGENT else self.local
+    def _for(self, handle: Handle) -> LocalProcesses | AgentExecutor | SlurmExecutor:
+        kind = handle.get("kind")
+        return self.agents if kind == AGENT else self.slurm.executor if kind == SLURM else self.local
 
     def status(self, handle: Handle) -> RankStatus:
         return self._for(handle).status(handle)

@@ -17,23 +17,32 @@ from broker.policy import (
     decayed_gpu_seconds,
 )
 from broker.spec import Market, Priority, SpotPolicy
-from broker.state.model import Attempt, AttemptState, Job, JobState, Node, Pool, Team
+from broker.state.model import Attempt, AttemptState, Job, JobState, Node, NodeState, Pool, Team
 
 USAGE_HORIZON_HALF_LIVES = 6  # older usage weighs < 2% and is not read
 
 
 def build_snapshot(s: Session, now: float, config: PolicyConfig, half_life_s: float) -> Snapshot:
     """Everything plan() needs, read in one transaction."""
+    active = s.exec(select(Attempt, Job).join(Job, Job.id == Attempt.job_id)
+                    .where(Attempt.state != AttemptState.ENDED)).all()
+    ours: dict[str, int] = defaultdict(int)  # GPUs onepool's attempts hold per node
+    for a, _ in active:
+        for node, slots in a.alloc:
+            ours[node] += len(slots)
     nodes: dict[str, list[NodeView]] = defaultdict(list)
-    for n in s.exec(select(Node).where(Node.state == "up").order_by(Node.id)).all():
-        nodes[n.pool].append(NodeView(n.id, n.gpus))
+    for n in s.exec(select(Node).where(col(Node.state).in_([NodeState.UP, NodeState.UNAVAILABLE]))
+                    .order_by(Node.id)).all():
+        # Slurm nodes: GPUs other users hold are not onepool's; an unavailable (drained, down)
+        # node only carries the work already there.
+        gpus = max(n.gpus - n.held_elsewhere, ours[n.id]) if n.state == NodeState.UP else ours[n.id]
+        if gpus or n.state == NodeState.UP:
+            nodes[n.pool].append(NodeView(n.id, gpus))
     pools = tuple(
         PoolView(p.name, p.gpu_type, p.gpus_per_node, tuple(nodes[p.name]), Market(p.market),
                  p.price_per_node_hour / p.gpus_per_node)
         for p in s.exec(select(Pool).where(Pool.active).order_by(Pool.name)).all()
     )
-    active = s.exec(select(Attempt, Job).join(Job, Job.id == Attempt.job_id)
-                    .where(Attempt.state != AttemptState.ENDED)).all()
     running = tuple(
         RunningView(
             attempt_id=a.id, job_id=j.id, team=j.team, priority=Priority(j.priority),

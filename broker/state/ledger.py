@@ -26,6 +26,8 @@ Contract:
 - Checkpoint egress (bytes copied across stores for an attempt) is one "egress" row per
   attempt; checkpoint storage is one "storage" row per checkpoint (broker.state.storage_ledger),
   both charged to the job (and experiment) whose checkpoint it is.
+- Slurm pools (shared with the cluster's other users) have no idle rows: only onepool's
+  jobs are charged.
 - Rows are extended in place while nothing changes (same node, payer, GPUs, price), so a
   long-running job is one row per price period, not one per cycle.
 
@@ -43,8 +45,12 @@ from sqlmodel import Session, col, or_, select
 
 from broker.errors import Unpriced
 from broker.spec import BrokerSettings, ClusterConfig, Market, PoolSpec
-from broker.state.model import Attempt, Job, LedgerEntry, Node, NodeMeter, Pool, PriceChange
+from broker.state.model import Attempt, Job, LedgerEntry, Node, NodeMeter, NodeState, Pool, PriceChange
 from pricing.catalog import Catalog, CatalogOffer
+
+# Pools whose nodes others use too (a Slurm partition): only onepool's GPU-seconds are charged.
+SHARED_PROVIDERS = ("slurm",)
+METERED = (NodeState.UP, NodeState.UNAVAILABLE)
 
 __all__ = ["KINDS", "UNUSED", "accrue", "catalog_offer", "list_price", "node_down", "node_draining",
            "node_ready", "node_up", "price_changed", "price_in_force", "spend_by_job", "usd_per_gpu_hour"]
@@ -181,7 +187,8 @@ def accrue(s: Session, now: float, cfg: ClusterConfig | None = None) -> None:
     pools = {p.name: p for p in s.exec(select(Pool)).all()}
     metered = {m.node: m for m in s.exec(select(NodeMeter).where(col(NodeMeter.ended_at).is_(None)))}
     for n in s.exec(select(Node).where(col(Node.token).is_(None))).all():
-        up = n.state == "up" and pools.get(n.pool) is not None and pools[n.pool].active
+        # A Slurm node drained or down (unavailable) stays on the meter: work may still run there.
+        up = n.state in METERED and pools.get(n.pool) is not None and pools[n.pool].active
         m = metered.get(n.id)
         if up and m is None:
             metered[n.id] = node_up(s, n.id, n.pool, n.gpus, now)
@@ -240,7 +247,7 @@ def _charge(s: Session, m: NodeMeter, until: float, cfg: ClusterConfig | None) -
                 used += g
                 _add(s, open_rows, m, "gpu", a_t, b_t, g, rate, attempt=a, job=job)
         unused = max(0, m.gpus - used)
-        if unused:
+        if unused and pool.provider not in SHARED_PROVIDERS:
             _add(s, open_rows, m, _phase(m, a_t), a_t, b_t, unused, rate, team=unused_team)
     m.metered_to = until
     s.add(m)

@@ -62,6 +62,8 @@ class Node(SQLModel, table=True):
     idle_since: float | None = None
     ended_at: float | None = None
     end_reason: str | None = Field(default=None, max_length=32)
+    # Slurm nodes only: GPUs that others hold (other users' jobs): not free to onepool.
+    held_elsewhere: int = 0
 
 
 class Job(SQLModel, table=True):

@@ -48,6 +48,9 @@ class NodeState(StrEnum):
     RETIRED = "retired"  # a static node dropped from the config
     WAITING = "waiting"  # an agent-served on-prem node whose agent has not joined yet
     LOST = "lost"  # an agent-served on-prem node whose agent stopped calling in (it may return)
+    # A Slurm node that is drained, down, not responding or out of the partition (it may
+    # return): nothing new lands; work already there runs on and is still charged.
+    UNAVAILABLE = "unavailable"
 
 
 class CheckpointState(StrEnum):
