@@ -132,9 +132,8 @@ def join(s: Session, verifier: Verifier, req: JoinRequest, now: float, timing: T
     if isinstance(reported, int) and 0 < reported < pool.gpus_per_node:
         node.gpus = reported
     if node.state in (NodeState.WAITING, NodeState.LOST, NodeState.LAUNCHING):
-        if node.state == NodeState.LAUNCHING:
-            node.ready_at = now
-            ledger.node_ready(s, node.id, now)  # [issue 13 metering hook] its boot ends
+        if node.state == NodeState.LAUNCHING:  # [issue 13 metering hook] its boot ends
+            node.ready_at = ledger.node_ready(s, node.id, now)
         node.state, node.idle_since = NodeState.UP, now
     s.add(node)
     record(s, now, "agent_joined", f"agent on {req.info.get('hostname', '?')} joined as node "

@@ -287,17 +287,21 @@ class CapacityManager:
     def launched(self, node_id: str, pool: str, inst: Instance, now: float) -> None:
         """Record a launch's answer (from a worker): the instance id. The node is UP when its
         agent joins (broker.control.agents.join). The node is on the meter from `now` (the
-        cloud bills from the launch's answer, not from the intent), booting until it joins."""
+        cloud bills from the launch's answer, not from the intent), booting until it joins;
+        if its agent joined before the answer was written, from the join on."""
         with self.engine.store.session() as s:
-            res = s.exec(update(Node).where(col(Node.id) == node_id, col(Node.instance_id).is_(None))  # type: ignore[call-overload]
-                         .values(instance_id=inst.instance_id, zone=inst.zone, launched_at=now))
             n = s.get(Node, node_id)
-            if res.rowcount and n is not None:
+            if n is None:
+                return
+            at = now if n.ready_at is None else min(now, n.ready_at)
+            res = s.exec(update(Node).where(col(Node.id) == node_id, col(Node.instance_id).is_(None))  # type: ignore[call-overload]
+                         .values(instance_id=inst.instance_id, zone=inst.zone, launched_at=at))
+            if res.rowcount:
                 job = s.get(Job, n.for_job_id) if n.for_job_id is not None else None
                 # [issue 13 metering hook] on the meter from the launch's answer on
-                ledger.node_up(s, node_id, pool, n.gpus, now, job.team if job is not None else None,
+                ledger.node_up(s, node_id, pool, n.gpus, at, job.team if job is not None else None,
                                rented=True)
-                if n.ready_at is not None:  # its agent joined before this answer was written
+                if n.ready_at is not None:
                     ledger.node_ready(s, node_id, n.ready_at)
         self.wake_cycle()
 

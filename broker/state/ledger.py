@@ -149,12 +149,17 @@ def node_up(s: Session, node: str, pool: str, gpus: int, at: float,
     return m
 
 
-def node_ready(s: Session, node: str, at: float) -> None:
-    """The node is up (its boot ends at `at`). Ignored for a node not on the meter or ready."""
+def node_ready(s: Session, node: str, at: float) -> float:
+    """The node is up: its boot ends at `at`, or where the meter already charged it as booting
+    (a cycle that charged past `at` before this was written). Returns when its boot ended (`at`
+    for a node not on the meter or already ready)."""
     m = _open_meter(s, node)
-    if m is not None and m.ready_at is None:
-        m.ready_at = max(at, m.started_at)
+    if m is None:
+        return at
+    if m.ready_at is None:
+        m.ready_at = max(at, m.started_at, m.metered_to)
         s.add(m)
+    return m.ready_at
 
 
 def node_draining(s: Session, node: str, at: float) -> None:
@@ -162,7 +167,7 @@ def node_draining(s: Session, node: str, at: float) -> None:
     its unused GPUs are "drain" until `node_down`. Ignored when not metered or already draining."""
     m = _open_meter(s, node)
     if m is not None and m.drain_at is None:
-        m.drain_at = max(at, m.started_at)
+        m.drain_at = max(at, m.started_at, m.metered_to)  # what was charged stays charged
         s.add(m)
 
 
@@ -195,8 +200,9 @@ def accrue(s: Session, now: float, cfg: ClusterConfig | None = None) -> None:
         elif not up and m is not None and not m.rented:
             node_down(s, n.id, now, cfg)
             del metered[n.id]
+    held = _holders_by_node(s, list(metered.values()), now)
     for m in metered.values():
-        _charge(s, m, now, cfg)
+        _charge(s, m, now, cfg, held.get(m.node, []))
     _egress(s)
     accrue_storage(s, now)
     s.flush()
@@ -216,8 +222,10 @@ def _phase(m: NodeMeter, t: float) -> str:
     return "idle"
 
 
-def _charge(s: Session, m: NodeMeter, until: float, cfg: ClusterConfig | None) -> None:
-    """Write [m.metered_to, until] of node m into the ledger and advance the meter."""
+def _charge(s: Session, m: NodeMeter, until: float, cfg: ClusterConfig | None,
+            holders: list[tuple[Attempt, Job, int]] | None = None) -> None:
+    """Write [m.metered_to, until] of node m into the ledger and advance the meter.
+    `holders`: the attempts that may hold GPUs of m in that window (read here if None)."""
     t0 = m.metered_to
     if until <= t0:
         return
@@ -227,7 +235,9 @@ def _charge(s: Session, m: NodeMeter, until: float, cfg: ClusterConfig | None) -
         s.add(m)
         return
     settings = cfg.broker if cfg is not None else BrokerSettings()
-    held = _holders(s, m, t0, until)
+    held = _holders(s, m, t0, until) if holders is None else [
+        (a, j, g) for a, j, g in holders
+        if a.started_at < until and (a.ended_at is None or a.ended_at > t0)]
     bounds = {t0, until}
     for ch in s.exec(select(PriceChange.at).where(PriceChange.pool == m.pool, PriceChange.at > t0,
                                                   PriceChange.at < until)).all():
@@ -251,6 +261,28 @@ def _charge(s: Session, m: NodeMeter, until: float, cfg: ClusterConfig | None) -
             _add(s, open_rows, m, _phase(m, a_t), a_t, b_t, unused, rate, team=unused_team)
     m.metered_to = until
     s.add(m)
+
+
+def _holders_by_node(s: Session, meters: list[NodeMeter], until: float
+                     ) -> dict[str, list[tuple[Attempt, Job, int]]]:
+    """For each metered node: the attempts holding GPUs there at some time in [its meter's
+    high-water mark, until], with their GPU count there; one query for every meter."""
+    if not meters:
+        return {}
+    t0 = min(m.metered_to for m in meters)
+    nodes = {m.node for m in meters}
+    out: dict[str, list[tuple[Attempt, Job, int]]] = {}
+    for a, j in s.exec(select(Attempt, Job).join(Job, Job.id == Attempt.job_id).where(
+            col(Attempt.pool).in_({m.pool for m in meters}), Attempt.started_at < until,
+            or_(col(Attempt.ended_at).is_(None), col(Attempt.ended_at) > t0))).all():
+        per_node: dict[str, int] = {}
+        for node, slots in a.alloc:
+            if node in nodes:
+                per_node[node] = per_node.get(node, 0) + len(slots)
+        for node, g in per_node.items():
+            if g:
+                out.setdefault(node, []).append((a, j, g))
+    return out
 
 
 def _holders(s: Session, m: NodeMeter, t0: float, t1: float) -> list[tuple[Attempt, Job, int]]:
