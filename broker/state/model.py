@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index
+from sqlalchemy import JSON, BigInteger, Column, Index
 from sqlmodel import Field, SQLModel
 
 from broker.state.states import AttemptState, CheckpointState, EndReason, JobState, NodeState
@@ -126,8 +126,8 @@ class Attempt(SQLModel, table=True):
     # Checkpoint telemetry (see broker.checkpoint.telemetry).
     checkpoint_uri: str | None = None  # the job prefix this attempt writes to (its pool's store)
     cause: str | None = Field(default=None, max_length=64)  # why it ended, if not completed
-    restore_bytes: int = 0  # size of the checkpoint it resumed from
-    egress_bytes: int = 0  # bytes copied from another store before it started
+    restore_bytes: int = Field(default=0, sa_type=BigInteger)  # size of the checkpoint it resumed from
+    egress_bytes: int = Field(default=0, sa_type=BigInteger)  # bytes copied from another store first
     egress_usd: float = 0.0
     first_step_at: float | None = None  # when the broker first saw it make new progress
     restart_overhead_s: float | None = None  # first_step_at - started_at
@@ -152,7 +152,7 @@ class Checkpoint(SQLModel, table=True):
     uri: str
     observed_at: float
     written_at: float | None = None
-    bytes: int = 0
+    bytes: int = Field(default=0, sa_type=BigInteger)  # checkpoints pass 2 GiB
     store: str = ""  # the store root URI
     state: str = Field(default=CheckpointState.COMMITTED, max_length=16, index=True)
     copied_from: str | None = None  # the step folder URI it was copied from
