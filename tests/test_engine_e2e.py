@@ -198,7 +198,7 @@ def test_crash_between_launch_and_db_write_starts_the_job_once(make_cluster, clo
 
 def test_vanished_process_is_requeued_and_resumes(make_cluster):
     c, eng = make_cluster()
-    j = c.submit(name="v", team="research", command=train(30)).id
+    j = c.submit(name="v", team="research", command=train(100)).id  # outlives the lookup
     drive(eng, lambda: (c.get(j).last_step or -1) >= 3)
     a = c.get(j).attempt_list[0]
     handle = json.loads(Path(a.alloc and c.store.home / "runs" / f"attempt-{a.id}" / "rank-0"
