@@ -18,8 +18,9 @@ demo: $(STAMP)
 test-deps:
 	infra/test/install-chromium.sh
 
+# Two workers (pytest-xdist); the Slurm tests share one test cluster, so they stay on one.
 test: $(STAMP) test-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # Not part of `make test`: kills brokers and supervisors CHAOS_KILLS times (default 100) under
 # cloud faults, then checks every job completed once (tests/chaos/run.py).

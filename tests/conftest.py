@@ -46,6 +46,28 @@ def train(steps: int = 20, step_s: float = 0.05, ckpt_every: int = 2,
     return cmd + (["--done-file", str(done_file)] if done_file else [])
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`: two workers, --dist loadgroup), the tests of the one
+    shared Slurm test cluster (tests/slurm) run on one worker, one at a time."""
+    for item in items:
+        if "tests/slurm/" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+@pytest.fixture(autouse=True)
+def _no_home_in_the_checkout() -> Iterator[None]:
+    """No test may leave a broker home (./.onepool, the default) in the checkout: `make demo`
+    after `make test` would find a home that is not the demo's."""
+    stray = ROOT / ".onepool"
+    before = stray.exists()
+    yield
+    if not before and stray.exists():
+        import shutil
+
+        shutil.rmtree(stray, ignore_errors=True)
+        pytest.fail(f"this test created {stray}: give every Client, CLI call and process a home")
+
+
 # -- the database: SQLite, and PostgreSQL for modules marked `both_dbs` ------------------------
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Tests in modules marked `pytestmark = pytest.mark.both_dbs` run twice: on SQLite (the
