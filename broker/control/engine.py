@@ -59,8 +59,7 @@ class Engine:
             self.config = applied_config(s)
         self.settings = self.config.broker
         self.executor: Executor = executor or LocalProcesses(store.home / "runs")
-        self.policy = policy or PolicyConfig(min_run_s=self.settings.min_run_s,
-                                             cloud_after_wait_s=self.settings.cloud_after_wait_s)
+        self.policy = policy or PolicyConfig.from_settings(self.settings, "broker")
         self.capacity = CapacityManager(self)  # rented pools (issue 4); providers built lazily
         self._team_budget_state: dict[str, str] = {}  # money (issue 6): last team budget states
 

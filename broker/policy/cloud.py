@@ -20,7 +20,8 @@ Preempt-or-buy, for a high/urgent job that has both a victim set and an offer:
                   + launch_latency_s/3600 * job GPUs * wait_value_usd_per_gpu_hour
 
 where lost_gpu_h counts each victim's restart overhead, plus its work since its last
-checkpoint unless victims checkpoint on the signal, and horizon_h is the job's expected
+checkpoint for the share of victims assumed not to checkpoint on the signal
+(1 - checkpoint_on_signal), and horizon_h is the job's expected
 duration (or rent_horizon_s). Buy iff buy_usd < preempt_usd.
 
 Packing. Nodes already launching for a job with spare GPUs (a 1-GPU job on an 8-GPU node)
@@ -74,13 +75,14 @@ def offers(j: PendingView, pools: Iterable[PoolView], cfg: PolicyConfig,
 
 
 def victims_loss_gpu_h(victims: Iterable[RunningView], now: float, cfg: PolicyConfig) -> float:
-    """GPU-hours a preemption destroys: restart overhead, plus un-checkpointed work unless
-    victims checkpoint on the signal."""
+    """GPU-hours a preemption is expected to destroy: restart overhead, plus un-checkpointed
+    work for the share of victims that do not checkpoint on the signal."""
+    unsaved = 1.0 - cfg.checkpoint_on_signal
     total = 0.0
     for r in victims:
         total += cfg.restart_overhead_s * r.gpus
-        if not cfg.checkpoint_on_signal:
-            total += lost_gpu_s(r, now)
+        if unsaved:
+            total += unsaved * lost_gpu_s(r, now)
     return total / 3600.0
 
 
