@@ -19,9 +19,10 @@ terminated. An interruption notice drains the node: its attempts checkpoint now 
 thought it alive is ended and its attempts end LOST (requeued). An instance tagged by this
 broker that the database does not know (or has ended) is an orphan: it is terminated.
 
-A pool whose provider answered NoCapacity (or Fatal) is closed to launches for
-`NO_CAPACITY_BACKOFF_S` (Fatal: `FATAL_BACKOFF_S`), so the next plan falls through to the
-next-cheapest offer.
+A pool whose provider answered NoCapacity (or Fatal) is closed to launches for a while, and a
+node under an interruption notice takes no new work: both rules live in broker.policy.pools
+(the simulator applies the same ones), so the next plan falls through to the next-cheapest
+offer.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING
 from sqlmodel import Session, col, select
 
 from broker.policy import NodeView, Plan, Snapshot
+from broker.policy.pools import capped, closed_until, draining
 from broker.state.events import record
 from broker.state.model import Attempt, AttemptState, EndReason, Node, NodeState, Setting
 from pricing.catalog import Catalog
@@ -57,8 +59,6 @@ if TYPE_CHECKING:
     from broker.spec import PoolSpec
 
 log = logging.getLogger("onepool.capacity")
-NO_CAPACITY_BACKOFF_S = 300.0
-FATAL_BACKOFF_S = 3600.0
 LOST_GRACE_S = 120.0  # a launching instance missing from the listing this long is lost
 ALIVE = (NodeState.LAUNCHING, NodeState.UP, NodeState.DRAINING)
 
@@ -227,16 +227,14 @@ class CapacityManager:
                 pools.append(p)
                 continue
             mine = [n for n in rows if n.pool == p.name]
-            nodes = tuple(NodeView(n.id, n.gpus if n.state == NodeState.UP else held[n.id],
-                                   idle_since=n.idle_since) for n in mine
+            nodes = tuple(NodeView(n.id, n.gpus, idle_since=n.idle_since) if n.state == NodeState.UP
+                          else draining(n.id, held[n.id], n.idle_since) for n in mine
                           if n.state in (NodeState.UP, NodeState.DRAINING))
             launching: dict[int, int] = defaultdict(int)
             for n in mine:
                 if n.state == NodeState.LAUNCHING:
                     launching[n.for_job_id or 0] += 1
-            cap = spec.max_nodes or 0
-            if self.closed_until.get(p.name, 0.0) > now:
-                cap = len(mine)
+            cap = capped(spec.max_nodes or 0, len(mine), self.closed_until.get(p.name, 0.0) > now)
             price, rate = self.price(spec)
             pools.append(replace(p, nodes=nodes, max_nodes=cap, launching=tuple(sorted(launching.items())),
                                  launch_latency_s=spec.launch_latency_s, idle_timeout_s=spec.idle_timeout_s,
@@ -299,8 +297,7 @@ class CapacityManager:
                         "with the same token", node_id, e)
             return True
         except (NoCapacity, Fatal) as e:
-            backoff = NO_CAPACITY_BACKOFF_S if isinstance(e, NoCapacity) else FATAL_BACKOFF_S
-            self.closed_until[n.pool] = now + backoff
+            self.closed_until[n.pool] = closed_until(now, fatal=not isinstance(e, NoCapacity))
             with self.engine.store.session() as s:
                 row = s.get(Node, node_id)
                 assert row is not None
@@ -308,7 +305,8 @@ class CapacityManager:
                 row.end_reason = "no_capacity" if isinstance(e, NoCapacity) else "launch_failed"
                 s.add(row)
                 record(s, now, row.end_reason, f"{n.pool}: {e}; pool closed to launches for "
-                       f"{backoff:g}s", job_id=n.for_job_id, pool=n.pool, node=node_id)
+                       f"{self.closed_until[n.pool] - now:g}s", job_id=n.for_job_id, pool=n.pool,
+                       node=node_id)
             return False
         up = inst.state == InstanceState.RUNNING and spec.launch_latency_s == 0
         self._set(node_id, instance_id=inst.instance_id, zone=inst.zone,
