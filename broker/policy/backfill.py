@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
 from broker.policy.capacity import Capacity
-from broker.policy.snapshot import Alloc, PendingView, RunningView
+from broker.policy.snapshot import Alloc, PendingView, PoolView, RunningView
 
 INF = math.inf
 
@@ -39,55 +39,53 @@ INF = math.inf
 class Backfill:
     """The plan's reservations with a known start, and the release times behind them."""
 
-    def __init__(self, cap: Capacity, running: Iterable[RunningView], now: float, grace_s: float) -> None:
+    def __init__(self, cap: Capacity, pools: Sequence[PoolView], running: Iterable[RunningView],
+                 now: float, grace_s: float) -> None:
         self.cap, self.now = cap, now
+        self._pools = pools
         self._running = running
         self._grace = grace_s
-        self._ends: dict[str, list[tuple[float, int]]] | None = None
+        self._ends: Mapping[str, Sequence[tuple[float, int]]] | None = None
+        self._placed: dict[str, list[tuple[float, int]]] = defaultdict(list)
         self.start: dict[str, float] = {}  # node -> start of the EASY reservation holding it
         self.by_pool: dict[str, list[str]] = defaultdict(list)  # EASY-reserved nodes per pool
-        self.latest = -INF  # the latest start of any EASY reservation
         self.wake: float | None = None
 
-    def _release_times(self) -> dict[str, list[tuple[float, int]]]:
-        """Per node, (expected end, GPUs) of the attempts on it, soonest first."""
+    def _release_times(self) -> Mapping[str, Sequence[tuple[float, int]]]:
+        """Per node, (expected end, GPUs) of the attempts on it, soonest first: the nodes'
+        own `releases` when every node has them, else derived from the running attempts."""
         if self._ends is None:
-            ends: dict[str, list[tuple[float, int]]] = defaultdict(list)
-            now = self.now
-            for r in self._running:
-                if r.stopping:
-                    end = now + self._grace if r.stopping_for is None else INF
-                else:
-                    e = r.expected_end
-                    end = e if e is not None and e > now else INF
-                for node, g in r.alloc:
-                    ends[node].append((end, g))
-            for lst in ends.values():
-                lst.sort()
-            self._ends = ends
+            try:
+                own = {nd.id: nd.releases for p in self._pools for nd in p.nodes}
+                if None in own.values():
+                    raise LookupError
+                self._ends = own  # type: ignore[assignment]
+            except LookupError:
+                ends: dict[str, list[tuple[float, int]]] = defaultdict(list)
+                now = self.now
+                for r in self._running:
+                    if r.stopping:
+                        end = now + self._grace if r.stopping_for is None else INF
+                    else:
+                        end = r.expected_end if r.expected_end is not None else INF
+                    for node, g in r.alloc:
+                        ends[node].append((end, g))
+                for lst in ends.values():
+                    lst.sort()
+                self._ends = ends
+        assert self._ends is not None
         return self._ends
 
     def placed(self, alloc: Alloc, duration: float | None) -> None:
         """A job placed in this plan will release its GPUs after its estimate (if known)."""
-        ends = self._release_times()
         end = self.now + duration if duration is not None else INF
         for node, g in alloc:
-            lst = ends[node]
-            lst.append((end, g))
-            lst.sort()
+            self._placed[node].append((end, g))
 
-    def _ready_at(self, node: str, g: int) -> tuple[float, float | None]:
-        """(when the node could hold g GPUs, the latest attempt end that counts for it)."""
-        have = self.cap.avail(node)
-        if have >= g:
-            return self.now, None
-        for end, k in self._release_times().get(node, ()):
-            if end == INF:
-                break
-            have += k
-            if have >= g:
-                return end, end
-        return INF, None
+    def _releases(self, node: str) -> Sequence[tuple[float, int]]:
+        own = self._release_times().get(node, ())
+        extra = self._placed.get(node)
+        return sorted([*own, *extra]) if extra else own
 
     def reserve(self, j: PendingView, pools: Sequence[str], easy: bool,
                 incoming: Mapping[str, int]) -> tuple[str, Alloc, float | None, int]:
@@ -104,12 +102,25 @@ class Backfill:
             assert best is not None
             return best[1], cap.hold(best[2], g), None, best[0]
         choice: tuple[float, str, list[tuple[float, int, str]]] | None = None
+        now, start_of, held_now, free = self.now, self.start, cap.held, cap.free
+        placed = self._placed
+        by_name = {pv.name: pv for pv in self._pools}
         for p in pools:
             ready = []
-            for i, nd in enumerate(cap.nodes[p]):
-                if nd in self.start or cap.held.get(nd):
+            for i, nv in enumerate(by_name[p].nodes):
+                nd = nv.id
+                if nd in start_of or nd in held_now:
                     continue  # another reservation or a preemption has it
-                t, _ = self._ready_at(nd, g)
+                have = free[nd]
+                if have >= g:
+                    ready.append((now, i, nd))
+                    continue
+                pre = nv.ready
+                if (pre is not None and now < nv.ready_until and nd not in placed
+                        and have == nv.gpus - (nv.used or 0)):
+                    t = pre[g - 1] if g <= len(pre) else INF  # the caller's index still holds
+                else:
+                    t = _ready_at(have, self._releases(nd), g, now)
                 if t < INF:
                     ready.append((t, i, nd))
             if len(ready) < n:
@@ -121,22 +132,20 @@ class Backfill:
         if choice is None:
             return pools[0], (), None, 0
         start, pool, chosen = choice
-        ends = self._release_times()
         hold_nodes: list[tuple[str, int]] = []
         for _t, _i, nd in chosen:
-            released = sum(k for end, k in ends.get(nd, ()) if end <= start)
-            need = max(0, g - released)
+            rel = [(end, k) for end, k in self._releases(nd) if now < end <= start]
+            need = max(0, g - sum(k for _, k in rel))
             if need:
                 hold_nodes.append((nd, need))
             self.start[nd] = start
             self.by_pool[pool].append(nd)
-            for end, _k in ends.get(nd, ()):
-                if self.now < end <= start and (self.wake is None or end < self.wake):
+            for end, _k in rel:
+                if self.wake is None or end < self.wake:
                     self.wake = end  # an overrun here would move the start: replan then
         held: list[tuple[str, int]] = []
         for nd, need in hold_nodes:
             held.extend(cap.hold([nd], need, easy=True))
-        self.latest = max(self.latest, start)
         return pool, tuple(held), start, sum(k for _, k in held)
 
     def usable(self, pool: str, g: int, end: float) -> list[str]:
@@ -147,7 +156,42 @@ class Backfill:
         out.sort(key=lambda nd: cap.avail(nd) + cap.easy.get(nd, 0))
         return out
 
-    def could_use(self, g: int) -> bool:
-        """Whether any EASY-reserved node could still take g GPUs of a short enough job."""
+    def could_use(self, g: int, end: float) -> bool:
+        """Whether any EASY-reserved node could still take g GPUs of a job ending by `end`."""
         cap = self.cap
-        return any(cap.avail(nd) + cap.easy.get(nd, 0) >= g for nd in self.start)
+        return any(t >= end and cap.avail(nd) + cap.easy.get(nd, 0) >= g for nd, t in self.start.items())
+
+
+def _ready_at(have: int, releases: Sequence[tuple[float, int]], g: int, now: float) -> float:
+    """When a node with `have` free GPUs has g, by releases ending after `now` (inf: never)."""
+    for end, k in releases:
+        if end == INF:
+            break
+        if end <= now:
+            continue  # overran its estimate: its end is unknown
+        have += k
+        if have >= g:
+            return end
+    return INF
+
+
+def ready_times(free: int, releases: Sequence[tuple[float, int]], size: int,
+                now: float) -> tuple[tuple[float, ...], float]:
+    """(ready, until) for NodeView: ready[g - 1] = when the node has g free GPUs by the
+    releases ending after `now` (inf: not known to); valid until the earliest end counted."""
+    out: list[float] = []
+    have = free
+    until = INF
+    for end, k in releases:
+        if end == INF:
+            break
+        if end <= now:
+            continue
+        until = min(until, end)
+        have += k
+        while len(out) < min(have, size):
+            out.append(now if len(out) < free else end)
+    while len(out) < min(free, size):
+        out.append(now)
+    out.extend([INF] * (size - len(out)))
+    return tuple(out), until

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable
 
-from broker.policy.snapshot import Alloc, PoolView
+from broker.policy.snapshot import Alloc, PoolView, RunningView
 
 
 class Capacity:
@@ -18,8 +19,9 @@ class Capacity:
     plan. Iteration order is deterministic (insertion-ordered dicts).
     """
 
-    def __init__(self, pools: tuple[PoolView, ...], used: dict[str, int] | None) -> None:
-        """`used`: GPUs held per node id; None means every NodeView carries its own `used`."""
+    def __init__(self, pools: tuple[PoolView, ...], running: Iterable[RunningView]) -> None:
+        """Free GPUs from the pools' nodes: a NodeView's `used` when it has one, else the sum
+        of the running attempts' allocations on it."""
         self.free: dict[str, int] = {}
         self.held: dict[str, int] = {}
         self.easy: dict[str, int] = {}
@@ -29,23 +31,32 @@ class Capacity:
         self.buckets: dict[str, list[dict[str, None]]] = {}
         self.listener: Callable[[str], None] | None = None  # told when a node's avail shrinks
         free, pool_of = self.free, self.pool_of
+        summed: dict[str, int] | None = None
         for p in pools:
             gpn, name = p.gpus_per_node, p.name
             b: list[dict[str, None]] = [{} for _ in range(gpn + 1)]
             self.buckets[name] = b
             self.size[name] = gpn
-            ids = self.nodes[name] = []
-            for node in p.nodes:
-                nid = node.id
-                taken = node.used if used is None else used.get(nid, 0)
-                f = min(node.gpus, gpn) - (taken or 0)
-                if f < 0:
-                    f = 0
-                free[nid] = f
-                pool_of[nid] = name
-                ids.append(nid)
-                if f:
+            nodes = p.nodes
+            ids = self.nodes[name] = [nd.id for nd in nodes]
+            try:  # every node says what it uses (the simulator's do): no summing needed
+                frees = [(nd.gpus if nd.gpus < gpn else gpn) - nd.used  # type: ignore[operator]
+                         for nd in nodes]
+            except TypeError:
+                if summed is None:
+                    summed = defaultdict(int)
+                    for r in running:
+                        for nd_id, g in r.alloc:
+                            summed[nd_id] += g
+                frees = [(nd.gpus if nd.gpus < gpn else gpn)
+                         - (nd.used if nd.used is not None else summed.get(nd.id, 0)) for nd in nodes]
+            pool_of.update(dict.fromkeys(ids, name))
+            for nid, f in zip(ids, frees, strict=True):
+                if f > 0:
+                    free[nid] = f
                     b[f][nid] = None
+                else:
+                    free[nid] = 0
 
     def avail(self, node: str) -> int:
         return self.free[node] - self.held.get(node, 0)

@@ -38,18 +38,19 @@ the simulator does not ask.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from broker.policy.backfill import Backfill
 from broker.policy.capacity import Capacity
 from broker.policy.cloud import launching_spare, offers, should_buy
+from broker.policy.config import PolicyConfig
 from broker.policy.queue import PRIORITY_RANKS, UNKILLABLE, PendingQueue, QueueWalk, list_key
 from broker.policy.snapshot import (
     Launch,
     PendingView,
     Placement,
     Plan,
-    PolicyConfig,
     PoolView,
     Preemption,
     RunningView,
@@ -59,11 +60,17 @@ from broker.policy.victims import Choice, VictimIndex, lost_gpu_s
 from broker.spec import Priority, market_ok
 
 NORMAL_RANK = Priority.NORMAL.rank
+HIGH_RANK = Priority.HIGH.rank
+_RANK = {p: p.rank for p in Priority}
 NO_ROOM = "no free GPUs of an acceptable type"
 NO_POOL = "no pool matches its GPU types, spot policy and shape"
 BEHIND = "behind a blocked job (backfill is off)"
 RENTED_WAIT = "waiting for rented nodes to come up"
 _PRIO = {p.rank: p for p in Priority}
+INF = math.inf
+# Candidate pool names by (pools' signature, job shape): a pure function's answers,
+# remembered across plans (the simulator plans the same pools thousands of times).
+_CANDIDATES: dict[tuple[object, ...], tuple[str, ...]] = {}
 
 
 def plan(snapshot: Snapshot, now: float | None = None, explain: bool = True) -> Plan:
@@ -82,14 +89,12 @@ class _Planner:
         self.now = now
         self.explain = explain
         self.cfg: PolicyConfig = snap.config
-        used: dict[str, int] | None = None
-        if not all(nd.used is not None for p in snap.pools for nd in p.nodes):
-            used = defaultdict(int)
-            for r in snap.running:
-                for node, g in r.alloc:
-                    used[node] += g
-        self.cap = Capacity(snap.pools, used)
+        self.cap = Capacity(snap.pools, snap.running)
         self.pools = {p.name: p for p in snap.pools}
+        # what candidate pools depend on, so the answers can be remembered across plans
+        self.pool_sig = tuple((p.name, p.gpu_type, p.market, p.price_per_gpu_hour, p.teams,
+                               p.gpus_per_node, max(len(p.nodes), p.max_nodes or 0))
+                              for p in snap.pools)
         self.teams = {t.name: t for t in snap.teams}
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
@@ -107,7 +112,7 @@ class _Planner:
                    for j in (self._pending_by_id(jid),) if j is not None} if self.rented else {})
         self.spare = {p.name: launching_spare(p, shapes) for p in self.rented if p.launching}
         self.vi: VictimIndex | None = None
-        self.backfill = Backfill(self.cap, snap.running, now, self.cfg.grace_s)
+        self.backfill = Backfill(self.cap, snap.pools, snap.running, now, self.cfg.grace_s)
         self.wake: list[float] = []
         self.easy_held: dict[int, list[str]] = {}  # reservation index -> its EASY-held nodes
         self.blocked_rank = -1  # highest class that found nothing to preempt
@@ -127,7 +132,12 @@ class _Planner:
         self.priority_used: dict[str, int] = defaultdict(int)
         if not self.cfg.anti_capture or not self.cfg.classes:
             return demoted
-        prio = sorted((r for r in self.s.running if r.priority.rank in PRIORITY_RANKS),
+        # Demotions change decisions only for waiting high/urgent work (the only work that could
+        # preempt a demoted attempt, or be demoted itself): skip the scan otherwise.
+        if self.top_rank < HIGH_RANK:
+            return demoted
+        high = (Priority.HIGH, Priority.URGENT)
+        prio = sorted((r for r in self.s.running if r.priority in high),
                       key=lambda r: (r.started_at, r.attempt_id))
         for r in prio:
             t = self.teams.get(r.team)
@@ -143,18 +153,23 @@ class _Planner:
             demoted = self.demoted_running
 
             def rank_of(r: RunningView) -> int:
-                return NORMAL_RANK if r.attempt_id in demoted else r.priority.rank
+                return NORMAL_RANK if r.attempt_id in demoted else _RANK[r.priority]
 
             self.vi = VictimIndex(self.s.running, rank_of, self.cap, self.now, self.cfg.min_run_s,
-                                  self.cfg.victim_order)
+                                  self.cfg.victim_order, below=self.top_rank)
         return self.vi
 
     # -- step 4a: candidate pools --------------------------------------------------------
     def _candidates(self, j: PendingView) -> tuple[list[PoolView], tuple[str, ...]]:
         """Candidate pools for the job (cached per shape), and their names."""
-        key = (j.gpu_types, j.spot, j.team, j.gpus_per_node, j.nodes)
+        key = (j.gpu_types, id(j.spot), j.team, j.gpus_per_node, j.nodes)  # enums hash slowly
         hit = self._cands.get(key)
         if hit is not None:
+            return hit
+        names = _CANDIDATES.get((self.pool_sig, key))
+        if names is not None:
+            hit = ([self.pools[n] for n in names], names)
+            self._cands[key] = hit
             return hit
         got = [p for p in self.s.pools
                if (not j.gpu_types or p.gpu_type in j.gpu_types)
@@ -165,24 +180,34 @@ class _Planner:
         got.sort(key=lambda p: (p.market != "onprem", p.price_per_gpu_hour, p.gpus_per_node, p.name))
         hit = (got, tuple(p.name for p in got))
         self._cands[key] = hit
+        if len(_CANDIDATES) > 50_000:
+            _CANDIDATES.clear()
+        _CANDIDATES[(self.pool_sig, key)] = hit[1]
         return hit
 
     # -- step 4 ---------------------------------------------------------------------------
     def run(self) -> Plan:
         snap, cfg, ex = self.s, self.cfg, self.explain
+        queue = snap.queue if snap.queue is not None else PendingQueue(snap.pending)
+        # the highest class anything waits at (aging may lift a job one class, up to high)
+        top = max((k[0] for k in queue.lists), default=-1)
+        if cfg.promote_after_s is not None and top < HIGH_RANK:
+            top += 1
+        self.top_rank = top if cfg.classes else max(top, 3)
         self.demoted_running = self._effective_running()
         incoming: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for r in snap.running:
             if r.stopping and r.stopping_for is not None:
                 for node, g in r.alloc:
                     incoming[r.stopping_for][node] += g
-        queue = snap.queue if snap.queue is not None else PendingQueue(snap.pending)
         walk = QueueWalk(queue, self.teams, cfg, self.now, self.priority_used)
         # Lists holding a job that needs individual care are never dropped.
         special = {list_key(j) for jid in (*incoming, *self.launching_for)
                    for j in (queue.jobs.get(jid),) if j is not None} if (
             incoming or self.launching_for) else set()
         self.failed: set[tuple[object, ...]] = set()
+        self.dead: set[tuple[int, int, int]] = set()
+        self.easy_failed: dict[tuple[object, ...], float] = {}
         no_victims: set[tuple[object, ...]] = set()
         self.reservations_left = cfg.reservations
         stopped = False
@@ -224,9 +249,12 @@ class _Planner:
             else:
                 if ex:
                     waiting.append((j.job_id, NO_ROOM))
-                if (sid != UNKILLABLE and cfg.backfill and walk.key_of(sid) not in special
-                        and self._shape_dead(rank, g, n)):
-                    walk.kill(sid, NO_ROOM)
+                if sid != UNKILLABLE and cfg.backfill:
+                    lk = walk.key_of(sid)
+                    if lk not in special and self._shape_dead(rank, g, n) and not (
+                            self.backfill.start and self.backfill.could_use(
+                                g, self.now + queue.shortest(lk))):  # type: ignore[arg-type]
+                        walk.kill(sid, NO_ROOM)
             if not cfg.backfill:
                 stopped = True
                 break
@@ -250,23 +278,27 @@ class _Planner:
                     tuple(walk.demoted), tuple(self.starts), self._wake_at(walk))
 
     def _shape_dead(self, rank: int, g: int, n: int) -> bool:
-        """True when no job of this class and shape can do anything more in this plan: none
-        fits (free GPUs only shrink), none may use a reservation's GPUs, none can preempt or
-        rent, and no reservation is left to give. Its list is then dropped."""
+        """True when no job of this class and shape can do anything more in this plan, a
+        reservation's GPUs aside (the caller checks those against the list's estimates): none
+        fits (free GPUs only shrink), none can preempt or rent, and no reservation is left to
+        give. Once true for a shape, true for the rest of the plan (every condition only gets
+        harder to meet)."""
+        key = (rank if self.cfg.preemption else 0, g, n)
+        if key in self.dead:
+            return True
         if self.reservations_left > 0 or self._can_rent():
             return False
         cap = self.cap
         for p, gpn in cap.size.items():
             if gpn >= g and cap.count_fit(p, g, n):
                 return False
-        if self.backfill.start and self.backfill.could_use(g):
-            return False
         if self.cfg.preemption and rank > 0:
             vi = self._victims()
             if vi.lowest is not None and rank > vi.lowest:
                 for p, gpn in cap.size.items():
                     if gpn >= g and vi.could_fit(p, rank, g, n):
                         return False
+        self.dead.add(key)
         return True
 
     def _can_rent(self) -> bool:
@@ -281,7 +313,7 @@ class _Planner:
         plain = key not in self.failed
         e = j.expected_duration_s
         bf = self.backfill
-        easy = e is not None and bool(bf.start)
+        easy = e is not None and bool(bf.start) and e < self.easy_failed.get(key, INF)
         if not plain and not easy:
             return False
         cap = self.cap
@@ -302,6 +334,8 @@ class _Planner:
             return True
         if plain:
             self.failed.add(key)
+        if easy:  # a longer job of this shape would not fit either (GPUs only shrink)
+            self.easy_failed[key] = e  # type: ignore[assignment]
         return False
 
     def _count_fit(self, pool: str, g: int, n: int, exclude: list[str]) -> bool:

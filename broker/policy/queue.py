@@ -59,6 +59,7 @@ class PendingQueue:
                 lst = lists[k] = []
             lst.append((j.submit_time, j.job_id, j))
         self._jobs: dict[int, PendingView] | None = None
+        self._shortest: dict[ListKey, float] = {}
         for lst in lists.values():
             lst.sort()  # (submit, id) decide: ids are unique, so views are never compared
 
@@ -72,9 +73,20 @@ class PendingQueue:
     def __len__(self) -> int:
         return len(self.jobs)
 
+    def shortest(self, key: ListKey) -> float:
+        """The shortest runtime estimate in the list (inf: none has one). Kept until the
+        list changes."""
+        got = self._shortest.get(key)
+        if got is None:
+            ests = [e[2].expected_duration_s for e in self.lists.get(key, ())]
+            got = self._shortest[key] = min((x for x in ests if x is not None), default=math.inf)
+        return got
+
     def add(self, j: PendingView) -> None:
-        insort(self.lists.setdefault(list_key(j), []), (j.submit_time, j.job_id, j))
+        k = list_key(j)
+        insort(self.lists.setdefault(k, []), (j.submit_time, j.job_id, j))
         self.jobs[j.job_id] = j
+        self._shortest.pop(k, None)
 
     def remove(self, j: PendingView) -> None:
         """Remove the job (matched by submit time and id). Raises KeyError if absent."""
@@ -83,9 +95,11 @@ class PendingQueue:
         if lst is None or i >= len(lst) or lst[i][1] != j.job_id:
             raise KeyError(j.job_id)
         del lst[i]
+        k = list_key(j)
         if not lst:
-            del self.lists[list_key(j)]
+            del self.lists[k]
         del self.jobs[j.job_id]
+        self._shortest.pop(k, None)
 
 
 def _by_time(e: Entry) -> tuple[float, int]:
@@ -126,7 +140,7 @@ class QueueWalk:
         self.top_pos = 0
         self.order: list[tuple[int, list[list[int]]]] = []  # (class, groups of source ids)
         lists = queue.lists
-        self.next_promotion = None
+        self.next_promotion: float | None = None  # when the next waiting job is aged up
         if not cfg.classes:
             ids = [self._seg(lst, 0, len(lst), -1, k) for k, lst in lists.items()]
             self.order = [(-1, [ids])]
@@ -135,7 +149,6 @@ class QueueWalk:
         by_class: dict[int, dict[ShareKey, list[int]]] = defaultdict(lambda: defaultdict(list))
         age = cfg.promote_after_s
         cut = now - age if age is not None else -math.inf
-        self.next_promotion: float | None = None  # when the next waiting job is aged up
         for k, lst in lists.items():
             r, team, _g, n = k
             split = 0

@@ -27,6 +27,15 @@ class NodeView:
     used: int | None = None  # GPUs running attempts hold; None: plan() sums `running` itself.
     # When every node carries it, it must equal the sum of the running allocations on it.
     # A node under an interruption notice takes no new work: see broker.policy.pools.draining.
+    releases: tuple[tuple[float, int], ...] | None = None
+    # (expected end, GPUs) of the attempts on it, soonest first, as broker.policy.backfill
+    # reads them (an attempt whose GPUs go to the job it was preempted for: inf); None: plan()
+    # derives them from `running`. A caller that keeps nodes across cycles saves the work.
+    ready: tuple[float, ...] | None = None
+    ready_until: float = 0.0
+    # ready[g - 1]: when the node will have g free GPUs by `releases` (inf: not known to),
+    # as broker.policy.backfill.ready_times computes it; valid before `ready_until` (then an
+    # attempt counted on may have overrun its estimate). None: plan() computes it.
 
 
 @dataclass(frozen=True, slots=True)

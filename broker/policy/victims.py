@@ -104,25 +104,24 @@ class VictimIndex:
     docstring). Built once per plan on first need; `choose` marks victims as taken."""
 
     def __init__(self, running: Iterable[RunningView], rank_of: Callable[[RunningView], int],
-                 cap: Capacity, now: float, min_run_s: float, mode: str) -> None:
+                 cap: Capacity, now: float, min_run_s: float, mode: str, below: int = RANKS) -> None:
+        """Index the preemptable attempts of effective class below `below` (the highest class
+        waiting: nothing else can be a victim in this plan)."""
         self.cap = cap
         self.by_node: dict[str, list[OnNode]] = defaultdict(list)
         self.rank: dict[int, int] = {}
         self.chosen: set[int] = set()
         self.version: dict[str, int] = defaultdict(int)
-        self.pos: dict[str, int] = {}
-        for nodes in cap.nodes.values():
-            for i, nd in enumerate(nodes):
-                self.pos[nd] = i
-        per_pool: dict[str, list[tuple[VictimKey, int, str, int, RunningView]]] = defaultdict(list)
-        recl: dict[str, list[int]] = {}
+        self._pos: dict[str, int] | None = None
         lowest: int | None = None
-        pool_of, pos, by_node, ranks = cap.pool_of, self.pos, self.by_node, self.rank
+        pool_of, by_node, ranks = cap.pool_of, self.by_node, self.rank
         youngest = mode == "youngest"
         for r in running:
             if r.stopping or (r.times_preempted and now - r.started_at < min_run_s):
                 continue  # not preemptable (see preemptable())
             rank = rank_of(r)
+            if rank >= below:
+                continue
             if youngest:
                 k: VictimKey = (rank, -r.started_at, r.job_id)
             else:
@@ -133,24 +132,16 @@ class VictimIndex:
                 k = (rank, (now - since) * r.gpus if now > since else 0.0, -r.started_at, r.job_id)
             ranks[r.attempt_id] = rank
             for node, g in r.alloc:
-                pool = pool_of.get(node)
-                if pool is None:
+                if node not in pool_of:
                     continue  # a node no longer in any pool: nothing to free there
                 by_node[node].append((k, r, g))
-                per_pool[pool].append((k, pos[node], node, g, r))
-                rc = recl.get(node)
-                if rc is None:
-                    rc = recl[node] = [0] * (RANKS + 1)
-                for above in range(rank + 1, RANKS + 1):
-                    rc[above] += g
             if lowest is None or rank < lowest:
                 lowest = rank
         for lst in by_node.values():
-            lst.sort(key=_first)
-        for v in per_pool.values():
-            v.sort()  # (key, node position) decide: an attempt is on a node once
-        self.per_pool = dict(per_pool)
-        self.recl = recl
+            if len(lst) > 1:
+                lst.sort(key=_first)
+        self._per_pool: dict[str, list[tuple[VictimKey, int, str, int, RunningView]]] = {}
+        self._recl: dict[str, list[int]] = {}
         self.lowest = lowest
         self.cursor: dict[tuple[str, int], int] = {}
         self.buckets: dict[tuple[str, int], list[dict[str, None]]] = {}
@@ -159,10 +150,39 @@ class VictimIndex:
         self.cache: dict[tuple[str, int, int], tuple[int, Victims | None]] = {}
         cap.listener = self.touch
 
+    @property
+    def pos(self) -> dict[str, int]:
+        """Each node's place in its pool (the last tie-break)."""
+        if self._pos is None:
+            self._pos = {nd: i for nodes in self.cap.nodes.values() for i, nd in enumerate(nodes)}
+        return self._pos
+
+    def per_pool(self, pool: str) -> list[tuple[VictimKey, int, str, int, RunningView]]:
+        """Every (key, node place, node, GPUs there, attempt) of the pool, in victim order."""
+        got = self._per_pool.get(pool)
+        if got is None:
+            pos, by_node = self.pos, self.by_node
+            got = [(k, pos[nd], nd, g, r) for nd in self.cap.nodes[pool] if nd in by_node
+                   for k, r, g in by_node[nd]]
+            got.sort()  # (key, node place) decide: an attempt is on a node once
+            self._per_pool[pool] = got
+        return got
+
     # -- reclaimable GPUs per node and class ----------------------------------------------------
+    def recl(self, node: str) -> list[int]:
+        """GPUs of the node's eligible victims below each class (index: the class)."""
+        rc = self._recl.get(node)
+        if rc is None:
+            rc = self._recl[node] = [0] * (RANKS + 1)
+            chosen = self.chosen
+            for k, r, g in self.by_node.get(node, ()):
+                if r.attempt_id not in chosen:
+                    for above in range(int(k[0]) + 1, RANKS + 1):
+                        rc[above] += g
+        return rc
+
     def _reach(self, node: str, rank: int) -> int:
-        rc = self.recl.get(node)
-        return self.cap.avail(node) + (rc[rank] if rc is not None else 0)
+        return self.cap.avail(node) + (self.recl(node)[rank] if node in self.by_node else 0)
 
     def _bucket(self, pool: str, rank: int) -> list[dict[str, None]]:
         """Nodes of the pool by what they could offer a job of this class: available GPUs plus
@@ -227,12 +247,12 @@ class VictimIndex:
             self.chosen.add(aid)
             rank = self.rank[aid]
             for node, g in r.alloc:
-                rc = self.recl.get(node)
-                if rc is None:
-                    continue
-                for above in range(rank + 1, RANKS + 1):
-                    rc[above] -= g
-                self.touch(node)
+                rc = self._recl.get(node)
+                if rc is not None:
+                    for above in range(rank + 1, RANKS + 1):
+                        rc[above] -= g
+                if node in self.cap.pool_of:
+                    self.touch(node)
 
     # -- the search ---------------------------------------------------------------------------
     def _node_cost(self, node: str, rank: int, g: int) -> Victims | None:
@@ -249,7 +269,7 @@ class VictimIndex:
 
     def _one_victim(self, pool: str, rank: int, g: int) -> tuple[VictimKey, str, RunningView] | None:
         """The earliest victim in order that alone makes its node fit g GPUs."""
-        lst = self.per_pool.get(pool)
+        lst = self.per_pool(pool)
         if not lst:
             return None
         i = self.cursor.get((pool, g), 0)

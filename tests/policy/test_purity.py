@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import random
 import time
 from collections import defaultdict
@@ -12,11 +13,13 @@ from collections import defaultdict
 import pytest
 
 from broker.policy import PendingQueue, Plan, Snapshot, plan
+from broker.policy.backfill import ready_times
 from broker.spec import market_ok
 
 from .builders import job, placed, pool, running, snap, team
 
 SEEDS = range(120)
+INF = math.inf
 
 
 def random_snapshot(seed: int) -> Snapshot:
@@ -191,6 +194,8 @@ def test_invariant_generator_covers_the_interesting_paths():
     assert sum(len(p.reservations) for p in plans) >= 10
     assert sum(len(p.demoted) for p in plans) >= 5
     assert sum(len(p.placements) for p in plans) >= 50
+    assert sum(len(p.starts) for p in plans) >= 5  # EASY reservations with a known start
+    assert sum(p.wake_at is not None for p in plans) >= 5
     reasons = {why.split(":")[0].split(" (")[0] for p in plans for _, why in p.waiting}
     assert {"no pool matches its GPU types, spot policy and shape", "head of the queue",
             "waiting for preempted jobs to stop", "no free GPUs of an acceptable type",
@@ -233,3 +238,52 @@ def test_a_queue_kept_across_cycles_plans_like_a_fresh_one(seed):
         q.remove(j)
     assert len(q) == len(s.pending)
     assert plan(dataclasses.replace(s, queue=q)) == plan(s)
+
+
+def with_node_indexes(s: Snapshot, computed_at: float) -> Snapshot:
+    """The snapshot with every node carrying what a simulator keeps across cycles: its used
+    GPUs, its attempts' release times and the ready index (computed at `computed_at`)."""
+    used: dict[str, int] = defaultdict(int)
+    rel: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for r in s.running:
+        if r.stopping:
+            end = s.now + s.config.grace_s if r.stopping_for is None else math.inf
+        else:
+            end = r.expected_end if r.expected_end is not None else math.inf
+        for nd, g in r.alloc:
+            used[nd] += g
+            rel[nd].append((end, g))
+    pools = []
+    for p in s.pools:
+        nodes = []
+        for nd in p.nodes:
+            releases = tuple(sorted(rel[nd.id]))
+            ready, until = ready_times(nd.gpus - used[nd.id], releases, nd.gpus, computed_at)
+            nodes.append(dataclasses.replace(nd, used=used[nd.id], releases=releases, ready=ready,
+                                             ready_until=until))
+        pools.append(dataclasses.replace(p, nodes=tuple(nodes)))
+    return dataclasses.replace(s, pools=tuple(pools))
+
+
+@pytest.mark.parametrize("seed", SEEDS[:60])
+@pytest.mark.parametrize("computed_at", [0.0, 1000.0], ids=["index-from-earlier", "index-now"])
+def test_nodes_carrying_their_indexes_plan_like_bare_ones(seed, computed_at):
+    """An index computed earlier (some estimate since overrun) or now must not change a plan."""
+    s = random_snapshot(seed)
+    assert plan(with_node_indexes(s, computed_at)) == plan(s)
+
+
+@pytest.mark.parametrize(
+    ("free", "releases", "expect"),
+    [
+        pytest.param(2, (), ((1000.0, 1000.0, INF, INF), INF), id="free-only"),
+        pytest.param(1, ((1500.0, 2), (2000.0, 1)), ((1000.0, 1500.0, 1500.0, 2000.0), 1500.0),
+                     id="releases-in-order"),
+        pytest.param(0, ((900.0, 2), (2000.0, 2)), ((2000.0, 2000.0, INF, INF), 2000.0),
+                     id="an-overrun-counts-for-nothing"),
+        pytest.param(0, ((1200.0, 2), (INF, 2)), ((1200.0, 1200.0, INF, INF), 1200.0),
+                     id="no-estimate-never-ends"),
+    ],
+)
+def test_ready_times(free, releases, expect):
+    assert ready_times(free, releases, 4, 1000.0) == expect

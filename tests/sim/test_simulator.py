@@ -18,7 +18,7 @@ H = 3600.0
 def run(tmp_path: Path, rows, policy: str, **sc_over):  # type: ignore[no-untyped-def]
     sc = scenario(**sc_over)
     trace = read_trace(write_trace(tmp_path / "t.csv", rows))
-    (pol,) = resolve([policy], sc.grace_s, sc.restart_overhead_s, sc.policy)
+    (pol,) = resolve([policy], sc, sc.policy)
     sim = Simulator(trace, sc, pol)
     result = sim.run()
     jobs = {j.trace.job_id: j for j in sim.jobs}
@@ -29,28 +29,34 @@ LOW, URGENT, NORMAL = job_id("low"), job_id("urgent"), job_id("normal")
 THREE = [(LOW, 0, 7200, 8), (URGENT, 1000, 600, 8), (NORMAL, 1100, 600, 4)]
 
 
+SAVES = ({LOW: 1200, URGENT: 30, NORMAL: 530}, {LOW: 8610, URGENT: 1630, NORMAL: 2230}, 1,
+         (240 + 1440) / H)
+KILLED = ({LOW: 1200, URGENT: 60, NORMAL: 560}, {LOW: 9640, URGENT: 1660, NORMAL: 2260}, 1,
+          (1060 * 8 + 1440) / H)
+
+
 @pytest.mark.parametrize(
-    ("policy", "waits", "done", "preemptions", "lost_gpu_h"),
+    ("policy", "share", "expect"),
     [
-        # onepool-onprem: t=1000 the urgent job preempts the low one, which saves on the signal
-        # and exits at 1030 (save 30 s): drain 30 s + 1000 s.. kept; lost = 30x8 + restart 180x8.
-        # urgent runs 1030-1630; normal 1630-2230; low resumes 2230, +180 s overhead, 6200 s
-        # of work left: done at 8610.
-        pytest.param("onepool-onprem", {LOW: 1200, URGENT: 30, NORMAL: 530},
-                     {LOW: 8610, URGENT: 1630, NORMAL: 2230}, 1, (240 + 1440) / H,
-                     id="onepool-onprem"),
-        # naive: no save on the signal, killed after the 60 s grace; its last checkpoint was
-        # never (1060 s < 1800 s): all 1060 s x 8 lost, plus the restart overhead.
-        pytest.param("naive-preempt", {LOW: 1200, URGENT: 60, NORMAL: 560},
-                     {LOW: 9640, URGENT: 1660, NORMAL: 2260}, 1, (1060 * 8 + 1440) / H,
-                     id="naive-preempt"),
+        # t=1000 the urgent job preempts the low one. If it checkpoints on the signal
+        # (checkpoint_on_signal share 1), it saves and exits at 1030 (save 30 s): lost =
+        # drain 30x8 + restart 180x8. Urgent runs 1030-1630; normal 1630-2230; low resumes
+        # 2230, +180 s overhead, 6200 s of work left: done at 8610.
+        pytest.param("onepool-onprem", 1.0, SAVES, id="onepool-onprem:job-saves"),
+        # A job that does not (share 0) is killed after the 60 s grace; its last checkpoint
+        # was never (1060 s < 1800 s): all 1060 s x 8 lost, plus the restart overhead.
+        pytest.param("onepool-onprem", 0.0, KILLED, id="onepool-onprem:job-does-not-save"),
+        # Who saves is the workload's trait: the naive policy gets the same jobs.
+        pytest.param("naive-preempt", 0.0, KILLED, id="naive-preempt:job-does-not-save"),
+        pytest.param("naive-preempt", 1.0, SAVES, id="naive-preempt:job-saves"),
         # fifo: nobody is preempted; urgent waits for the low job to finish.
-        pytest.param("fifo", {LOW: 0, URGENT: 6200, NORMAL: 6700},
-                     {LOW: 7200, URGENT: 7800, NORMAL: 8400}, 0, 0.0, id="fifo"),
+        pytest.param("fifo", 1.0, ({LOW: 0, URGENT: 6200, NORMAL: 6700},
+                                   {LOW: 7200, URGENT: 7800, NORMAL: 8400}, 0, 0.0), id="fifo"),
     ],
 )
-def test_three_jobs_by_hand(tmp_path, policy, waits, done, preemptions, lost_gpu_h):
-    result, jobs = run(tmp_path, THREE, policy)
+def test_three_jobs_by_hand(tmp_path, policy, share, expect):
+    waits, done, preemptions, lost_gpu_h = expect
+    result, jobs = run(tmp_path, THREE, policy, checkpoint_on_signal=share)
     assert {k: j.wait for k, j in jobs.items()} == pytest.approx(waits)
     assert {k: j.done_at for k, j in jobs.items()} == pytest.approx(done)
     assert result["preemptions"] == preemptions
@@ -95,7 +101,7 @@ def test_cloud_rents_after_waiting_and_bills_node_hours(tmp_path):
     its 600 s idle timeout: billed (120 + 3000 + 600) s at $8/h."""
     rows = [(job_id("low", 0), 0, 10_000, 8), (job_id("low", 1), 0, 3000, 8)]
     cloud = [dict(CLOUD[0], interruption_rate_per_h=0.0)]
-    result, jobs = run(tmp_path, rows, "onepool", cloud=cloud, cycle_s=1, tick_s=60)
+    result, jobs = run(tmp_path, rows, "onepool", cloud=cloud, cycle_s=1)
     second = jobs[job_id("low", 1)]
     assert second.first_start == pytest.approx(600 + 120)
     assert result["cloud_cost_usd"] == pytest.approx((120 + 3000 + 600) / H * 8.0, abs=0.01)
@@ -146,6 +152,6 @@ def test_malformed_trace_rows_fail_clearly(tmp_path, content, expect):
 def test_unknown_policy_and_override_are_refused():
     sc = scenario()
     with pytest.raises(SpecError, match="allowed: partitioned, fifo"):
-        resolve(["best"], 60, 180, {})
+        resolve(["best"], sc, {})
     with pytest.raises(SpecError, match=r"policy\.fifo\.nonsense"):
-        resolve(["fifo"], sc.grace_s, sc.restart_overhead_s, {"fifo": {"nonsense": 1}})
+        resolve(["fifo"], sc, {"fifo": {"nonsense": 1}})
