@@ -13,8 +13,11 @@ get a reservation:
   candidate pool, the cheapest).
 - What it holds (easy=True). On each of its n nodes, the available GPUs it will still need at
   T (its GPUs per node minus what is released there by T). A later job may use held GPUs
-  only if it is expected to end by T (its `expected_duration_s`); a job with no estimate
-  never does. A reservation whose start is unknown (fewer than n nodes would ever fit, as
+  if it is expected to end by T (its `expected_duration_s`), or, with `preemptible_backfill`
+  and preemption on, if it is of a strictly lower class than the reserved job (which then
+  preempts it at T, as it may) and T is at least the job's checkpoint interval away, so it
+  can save a checkpoint's worth of work before it yields. A job with no estimate and no
+  lower class never uses them. A reservation whose start is unknown (fewer than n nodes would ever fit, as
   far as the estimates say) holds nothing: no GPU idles for a start nobody can predict.
 - easy=False: the reservation holds the free GPUs of the n nodes closest to fitting against
   every later job (the rule before EASY; it idles GPUs that short jobs could use).
@@ -48,6 +51,7 @@ class Backfill:
         self._ends: Mapping[str, Sequence[tuple[float, int]]] | None = None
         self._placed: dict[str, list[tuple[float, int]]] = defaultdict(list)
         self.start: dict[str, float] = {}  # node -> start of the EASY reservation holding it
+        self.rank: dict[str, int] = {}  # node -> class of the job that reservation is for
         self.by_pool: dict[str, list[str]] = defaultdict(list)  # EASY-reserved nodes per pool
         self.wake: float | None = None
 
@@ -87,10 +91,10 @@ class Backfill:
         extra = self._placed.get(node)
         return sorted([*own, *extra]) if extra else own
 
-    def reserve(self, j: PendingView, pools: Sequence[str], easy: bool,
+    def reserve(self, j: PendingView, rank: int, pools: Sequence[str], easy: bool,
                 incoming: Mapping[str, int]) -> tuple[str, Alloc, float | None, int]:
-        """Reserve for blocked job j in one of `pools`: (pool, GPUs held per node, estimated
-        start or None when unknown, GPUs the reason names)."""
+        """Reserve for blocked job j (of effective class `rank`) in one of `pools`: (pool, GPUs
+        held per node, estimated start or None when unknown, GPUs the reason names)."""
         cap, g, n = self.cap, j.gpus_per_node, j.nodes
         if not easy:
             best: tuple[int, str, list[str]] | None = None
@@ -120,7 +124,10 @@ class Backfill:
                         and have == nv.gpus - (nv.used or 0)):
                     t = pre[g - 1] if g <= len(pre) else INF  # the caller's index still holds
                 else:
-                    t = _ready_at(have, self._releases(nd), g, now)
+                    own = nv.releases if nv.releases is not None else self._release_times().get(nd, ())
+                    if nd in placed:
+                        own = sorted([*own, *placed[nd]])
+                    t = _ready_at(have, own, g, now)
                 if t < INF:
                     ready.append((t, i, nd))
             if len(ready) < n:
@@ -139,6 +146,7 @@ class Backfill:
             if need:
                 hold_nodes.append((nd, need))
             self.start[nd] = start
+            self.rank[nd] = rank
             self.by_pool[pool].append(nd)
             for end, _k in rel:
                 if self.wake is None or end < self.wake:
@@ -148,19 +156,23 @@ class Backfill:
             held.extend(cap.hold([nd], need, easy=True))
         return pool, tuple(held), start, sum(k for _, k in held)
 
-    def usable(self, pool: str, g: int, end: float) -> list[str]:
-        """EASY-reserved nodes of the pool a job ending at `end` may use for g GPUs, best fit."""
-        cap = self.cap
+    def usable(self, pool: str, g: int, end: float, rank: int, preemptible_from: float) -> list[str]:
+        """EASY-reserved nodes of the pool a job of class `rank` ending at `end` may use for g
+        GPUs, best fit: it ends by the start, or (preemptible backfill) it is of a lower class
+        than the reserved job, which can preempt it then, and the start is at least
+        `preemptible_from` away (time to save a checkpoint's worth of work first)."""
+        cap, start_of, res_rank = self.cap, self.start, self.rank
         out = [nd for nd in self.by_pool.get(pool, ())
-               if self.start[nd] >= end and cap.avail(nd) + cap.easy.get(nd, 0) >= g]
+               if (start_of[nd] >= end or (rank < res_rank[nd] and start_of[nd] >= preemptible_from))
+               and cap.avail(nd) + cap.easy.get(nd, 0) >= g]
         out.sort(key=lambda nd: cap.avail(nd) + cap.easy.get(nd, 0))
         return out
 
-    def could_use(self, g: int, end: float) -> bool:
-        """Whether any EASY-reserved node could still take g GPUs of a job ending by `end`."""
-        cap = self.cap
-        return any(t >= end and cap.avail(nd) + cap.easy.get(nd, 0) >= g for nd, t in self.start.items())
-
+    def could_use(self, g: int, end: float, rank: int, preemptible_from: float) -> bool:
+        """Whether any EASY-reserved node could still take g GPUs of such a job (see usable)."""
+        cap, res_rank = self.cap, self.rank
+        return any((t >= end or (rank < res_rank[nd] and t >= preemptible_from))
+                   and cap.avail(nd) + cap.easy.get(nd, 0) >= g for nd, t in self.start.items())
 
 def _ready_at(have: int, releases: Sequence[tuple[float, int]], g: int, now: float) -> float:
     """When a node with `have` free GPUs has g, by releases ending after `now` (inf: never)."""

@@ -37,6 +37,12 @@ class PolicyConfig:
       estimate) before its estimated start, and holds nothing while that start is unknown
       (EASY backfill, see broker.policy.backfill); False: it holds the free GPUs of its nodes
       against every later job (the rule before EASY, kept for comparison)
+    - preemptible_backfill: with easy and preemption, a job of a strictly lower class than a
+      reserved job may also use the GPUs its reservation holds (it is preempted at the start
+      if still running), when the start is at least its checkpoint interval away
+    - checkpoint_align_s: a normal-class job whose victims would lose unsaved work, and whose
+      victims all save their next periodic checkpoint within this many seconds, waits for
+      those checkpoints before preempting (0: never waits)
     - cloud: launch rented nodes for blocked jobs (see broker.policy.cloud for the rules)
     - cloud_after_wait_s: a job must have waited this long before nodes are rented for it
       (high/urgent jobs: at once)
@@ -62,6 +68,8 @@ class PolicyConfig:
     backfill: bool = True
     reservations: int = _D.reservations
     easy: bool = True
+    preemptible_backfill: bool = True
+    checkpoint_align_s: float = 0.0
     cloud: bool = True
     cloud_after_wait_s: float = _D.cloud_after_wait_s
     checkpoint_on_signal: float = _D.checkpoint_on_signal

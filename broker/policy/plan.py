@@ -207,7 +207,7 @@ class _Planner:
             incoming or self.launching_for) else set()
         self.failed: set[tuple[object, ...]] = set()
         self.dead: set[tuple[int, int, int]] = set()
-        self.easy_failed: dict[tuple[object, ...], float] = {}
+        self.easy_failed: dict[tuple[object, ...], tuple[float, float]] = {}
         no_victims: set[tuple[object, ...]] = set()
         self.reservations_left = cfg.reservations
         stopped = False
@@ -241,11 +241,15 @@ class _Planner:
             if self.renting and self._rent(j, rank, victims):
                 continue
             if victims is not None:
-                self._commit_victims(j, victims)
+                at = self._checkpoints_due(rank, victims) if not inc else None
+                if at is not None:
+                    self._commit_victims(j, victims, defer_until=at)
+                else:
+                    self._commit_victims(j, victims)
                 continue
             if self.reservations_left > 0:
                 self.reservations_left -= 1
-                self._reserve(j, names, inc or {})
+                self._reserve(j, rank, names, inc or {})
             else:
                 if ex:
                     waiting.append((j.job_id, NO_ROOM))
@@ -253,7 +257,8 @@ class _Planner:
                     lk = walk.key_of(sid)
                     if lk not in special and self._shape_dead(rank, g, n) and not (
                             self.backfill.start and self.backfill.could_use(
-                                g, self.now + queue.shortest(lk))):  # type: ignore[arg-type]
+                                g, self.now + queue.shortest(lk), rank,  # type: ignore[arg-type]
+                                self._preemptible_from(j))):
                         walk.kill(sid, NO_ROOM)
             if not cfg.backfill:
                 stopped = True
@@ -307,20 +312,37 @@ class _Planner:
         return any(p.launchable - self.launched.get(p.name, 0) > 0 for p in self.rented) or any(
             any(x > 0 for x in spare) for spare in self.spare.values())
 
+    def _preemptible_from(self, j: PendingView) -> float:
+        """The earliest reservation start a job may backfill under preemptibly (inf: never)."""
+        cfg = self.cfg
+        if not (cfg.preemptible_backfill and cfg.preemption and cfg.classes):
+            return INF
+        return self.now + j.checkpoint_interval_s
+
     def _try_place(self, j: PendingView, rank: int, cands: list[PoolView], names: tuple[str, ...]) -> bool:
         g, n = j.gpus_per_node, j.nodes
         key = (names, g, n)
         plain = key not in self.failed
         e = j.expected_duration_s
+        end = self.now + e if e is not None else INF
         bf = self.backfill
-        easy = e is not None and bool(bf.start) and e < self.easy_failed.get(key, INF)
+        ekey = (names, g, n, rank)
+        easy = bool(bf.start)
+        pre_from = INF
+        if easy:
+            pre_from = self._preemptible_from(j)
+            failed = self.easy_failed.get(ekey)
+            # a job ending later, or allowed under a reservation only from a later start, than
+            # one that found no room would not fit either (GPUs only shrink)
+            easy = (end < INF or pre_from < INF) and (
+                failed is None or end < failed[0] or pre_from < failed[1])
         if not plain and not easy:
             return False
         cap = self.cap
         for p in cands:
             use: list[str] = []
             if easy and bf.by_pool.get(p.name):
-                use = bf.usable(p.name, g, self.now + e)[:n]  # type: ignore[operator]
+                use = bf.usable(p.name, g, end, rank, pre_from)[:n]
             need = n - len(use)
             if need and not (plain and self._count_fit(p.name, g, need, use)):
                 continue
@@ -334,8 +356,8 @@ class _Planner:
             return True
         if plain:
             self.failed.add(key)
-        if easy:  # a longer job of this shape would not fit either (GPUs only shrink)
-            self.easy_failed[key] = e  # type: ignore[assignment]
+        if easy:
+            self.easy_failed[ekey] = (end, pre_from)
         return False
 
     def _count_fit(self, pool: str, g: int, n: int, exclude: list[str]) -> bool:
@@ -358,17 +380,43 @@ class _Planner:
                 return True
         return False
 
-    def _commit_victims(self, j: PendingView, choice: Choice) -> None:
+    def _checkpoints_due(self, rank: int, choice: Choice) -> float | None:
+        """When a normal-class job should preempt these victims instead of now: the latest of
+        their next periodic checkpoints, if some victim would lose unsaved work now and all of
+        them checkpoint within checkpoint_align_s (None: preempt now)."""
+        cfg, now = self.cfg, self.now
+        if rank >= HIGH_RANK or cfg.checkpoint_align_s <= 0 or cfg.checkpoint_on_signal >= 1:
+            return None
+        latest, unsaved = now, False
+        for r in choice[3].values():
+            period = r.checkpoint_period_s
+            if not period:
+                return None  # its schedule is unknown: waiting may gain nothing
+            if lost_gpu_s(r, now) <= 0 or now < r.checkpoint_origin:
+                continue
+            nxt = r.checkpoint_origin + (math.floor((now - r.checkpoint_origin) / period) + 1) * period
+            if nxt - now > cfg.checkpoint_align_s:
+                return None
+            unsaved = True
+            latest = max(latest, nxt)
+        return latest + 1.0 if unsaved else None
+
+    def _commit_victims(self, j: PendingView, choice: Choice, defer_until: float | None = None) -> None:
         _cost, _pool, nodes, victims = choice
         vi = self._victims()
         vi.choose(victims.values())
-        for aid in sorted(victims):
-            r = victims[aid]
-            self.preemptions.append(Preemption(aid, r.job_id, j.job_id, lost_gpu_s(r, self.now)))
+        if defer_until is None:
+            for aid in sorted(victims):
+                r = victims[aid]
+                self.preemptions.append(Preemption(aid, r.job_id, j.job_id, lost_gpu_s(r, self.now)))
+        else:
+            self.wake.append(defer_until)
         held = self.cap.hold(nodes, j.gpus_per_node)
         self.reservations.append((j.job_id, held))
         if self.explain:
-            self.waiting.append((j.job_id, f"preempting {len(victims)} job(s)"))
+            self.waiting.append((j.job_id, f"preempting {len(victims)} job(s)" if defer_until is None
+                                 else f"preempting {len(victims)} job(s) once they checkpoint, "
+                                      f"in {_dur(defer_until - self.now)}"))
 
     # -- renting (rules in broker.policy.cloud) --------------------------------------------
     def _rent(self, j: PendingView, rank: int, victims: Choice | None) -> bool:
@@ -409,8 +457,8 @@ class _Planner:
                                            f"(${price:.2f}/GPU-h effective)"))
         return True
 
-    def _reserve(self, j: PendingView, names: tuple[str, ...], inc: dict[str, int]) -> None:
-        pool, held, start, gpus = self.backfill.reserve(j, names, self.cfg.easy, inc)
+    def _reserve(self, j: PendingView, rank: int, names: tuple[str, ...], inc: dict[str, int]) -> None:
+        pool, held, start, gpus = self.backfill.reserve(j, rank, names, self.cfg.easy, inc)
         if not self.cfg.easy:
             self.reservations.append((j.job_id, held))
             if self.explain:

@@ -124,11 +124,16 @@ class VictimIndex:
                 continue
             if youngest:
                 k: VictimKey = (rank, -r.started_at, r.job_id)
-            else:
+            else:  # lost_gpu_s(r, now), inlined: this loop runs over every attempt
                 since = r.started_at
-                ck = r.last_checkpoint_at if r.checkpoint_period_s is None else r.last_checkpoint(now)
+                ck = r.last_checkpoint_at
                 if ck is not None and ck > since:
                     since = ck
+                period = r.checkpoint_period_s
+                if period and now >= r.checkpoint_origin + period:
+                    ck = r.checkpoint_origin + ((now - r.checkpoint_origin) // period) * period
+                    if ck > since:
+                        since = ck
                 k = (rank, (now - since) * r.gpus if now > since else 0.0, -r.started_at, r.job_id)
             ranks[r.attempt_id] = rank
             for node, g in r.alloc:

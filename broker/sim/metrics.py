@@ -6,9 +6,11 @@
   submission + drain_limit_s).
 - gpu_hours_delivered: the trace work of completed jobs (duration x GPUs).
 - onprem_occupancy: allocated on-prem GPU time / on-prem GPU time, over the submission window.
-- idle_while_waiting_gpu_hours: free on-prem GPUs in pools where some waiting job's shape
-  would physically fit (GPU type, node size and count; partition walls are ignored: they are
-  the waste this measures), integrated between scheduling cycles.
+- idle_while_waiting_gpu_hours: free on-prem GPUs that some waiting job could use, after
+  each scheduling cycle, integrated until the next: the free GPUs of the nodes where a waiting
+  job's shape fits (GPU type; a node with at least its GPUs per node free, in a pool with
+  enough such nodes; partition walls are ignored: they are the waste this measures). GPUs a
+  reservation holds count (idle is idle); fragments too small for any waiting job do not.
 - wait_s: time spent queued, summed over a job's attempts (jobs still queued at the end, and
   unplaceable ones, count their wait until the end); jct_s: completion minus submission,
   completed jobs. Per class and `all`; wait_s_multinode: jobs with more than 8 GPUs.
@@ -85,10 +87,10 @@ class Recorder:
         for p in pools.values():
             if p.rented or not p.free_total:
                 continue
-            for g, n, types, _team in self.shapes:
-                if (not types or p.gpu_type in types) and p.fits(g, n):
-                    idle += p.free_total
-                    break
+            g_min = min((g for g, n, types, _team in self.shapes
+                         if (not types or p.gpu_type in types) and p.fits(g, n)), default=0)
+            if g_min:
+                idle += sum(f * p.hist[f] for f in range(g_min, len(p.hist)))
         self.idle_fit = idle
 
     def unplaceable(self, job: Any) -> None:

@@ -282,9 +282,9 @@ class Simulator:
         due = {s for s, t in self.wakes.items() if t <= self.now}
         for s in due:
             del self.wakes[s]
-        for scope in sorted(self.dirty | due):
+        scopes, self.dirty = sorted(self.dirty | due), set()  # what planning dirties: next cycle
+        for scope in scopes:
             self._plan_scope(scope)
-        self.dirty.clear()
         self.rec.after_cycle(self.pools)
         if self.wakes:
             self._want_cycle(min(self.wakes.values()))

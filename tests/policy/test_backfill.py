@@ -180,3 +180,25 @@ def test_easy_gang_start_is_its_last_node():
     p = plan(snap([pool("a", nodes=3)], running=run, pending=[job(1, gpus=8, nodes=2)], easy=True))
     assert dict(p.starts) == {1: 6000.0}
     assert held(p) == {1: {}}  # nothing is free now: the two nodes' jobs release all 16 GPUs
+
+
+# -- preemptible backfill: a lower class may use held GPUs; the reserved job preempts it then --
+PREEMPTIBLE_CASES = [
+    # job 1 (normal, 8 GPUs) reserves a-0 from T; job 2 (low, 4 GPUs, no estimate) may use the
+    # held GPUs when T is at least its checkpoint interval (1800 s) away
+    pytest.param("low", 4000.0, {}, {2: ("a", {"a-0": 4})}, id="lower-class-far-start:uses-them"),
+    pytest.param("low", 2000.0, {}, {}, id="lower-class-near-start:may-not"),
+    pytest.param("normal", 4000.0, {}, {}, id="same-class:may-not"),
+    pytest.param("low", 4000.0, {"preemptible_backfill": False}, {}, id="switched-off"),
+    pytest.param("low", 4000.0, {"preemption": False}, {}, id="no-preemption:may-not"),
+]
+
+
+@pytest.mark.parametrize(("prio", "end0", "over", "expect"), PREEMPTIBLE_CASES)
+def test_preemptible_backfill(prio, end0, over, expect):
+    run = [running(1, 11, prio="normal", alloc={"a-0": 4}, end=end0),
+           running(2, 12, prio="normal", alloc={"a-1": 8}, end=9000.0)]
+    pending = [job(1, gpus=8, submit=0), job(2, prio=prio, gpus=4, submit=1)]
+    p = plan(snap([pool("a")], running=run, pending=pending, easy=True, **over))
+    assert placed(p) == expect
+    assert dict(p.starts) == {1: end0}

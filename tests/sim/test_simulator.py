@@ -155,3 +155,51 @@ def test_unknown_policy_and_override_are_refused():
         resolve(["best"], sc, {})
     with pytest.raises(SpecError, match=r"policy\.fifo\.nonsense"):
         resolve(["fifo"], sc, {"fifo": {"nonsense": 1}})
+
+
+def test_fragments_no_waiting_job_can_use_are_not_idle_while_waiting(tmp_path):
+    """One 8-GPU node: a 4-GPU job runs for an hour while an 8-GPU job waits. The 4 free GPUs
+    are idle, but no waiting job could use them: they do not count."""
+    rows = [(job_id("low", 0), 0, 3600, 4), (job_id("low", 1), 10, 600, 8)]
+    result, jobs = run(tmp_path, rows, "fifo")
+    assert jobs[job_id("low", 1)].wait == pytest.approx(3590, abs=31)
+    assert result["idle_while_waiting_gpu_hours"] == 0
+
+
+def test_unplaceable_jobs_are_counted_and_their_waits_censored(tmp_path):
+    """A 16-GPU job on a one-node cluster can never start: it is reported, and its wait runs
+    to the end of the replay instead of being dropped from the percentiles."""
+    rows = [(job_id("low", 0), 0, 3600, 8), (job_id("low", 1), 100, 600, 16)]
+    result, _jobs = run(tmp_path, rows, "fifo")
+    assert result["jobs_unplaceable"] == 1
+    assert result["jobs_completed"] == 1
+    assert result["wait_s"]["low"]["p99"] == pytest.approx(3600 - 100, rel=0.05)
+
+
+def test_a_stocked_out_spot_pool_refuses_and_the_next_offer_is_taken(tmp_path):
+    """The spot pool is out of stock all along (a stock-out a second, lasting a year): the
+    launch is refused, the pool closes (broker.policy.pools) and the job rents on demand."""
+    spot = dict(CLOUD[0], interruption_rate_per_h=0.0, stockouts_per_day=86400.0,
+                stockout_mean_s=365 * 86400.0)
+    od = {"name": "od", "provider": "aws", "gpu_type": "A100", "gpus_per_node": 8,
+          "market": "on_demand", "price_per_node_hour": 24.0, "max_nodes": 2,
+          "launch_latency_s": 120, "idle_timeout_s": 600}
+    rows = [(job_id("low", 0), 0, 10_000, 8), (job_id("low", 1), 0, 3000, 8)]
+    result, jobs = run(tmp_path, rows, "onepool", cloud=[spot, od], cycle_s=1)
+    assert result["launches_refused"] >= 1
+    assert jobs[job_id("low", 1)].done_at is not None
+    # billed at the on-demand price only: (launch latency + run + idle timeout) x $24/h
+    assert result["cloud_cost_usd"] == pytest.approx((120 + 3000 + 600) / H * 24.0, abs=0.5)
+
+
+def test_a_node_under_notice_takes_no_new_work():
+    from broker.sim.state import SimNode, SimPool
+    from broker.spec import Market
+
+    p = SimPool("s", "A100", 8, Market.SPOT, True, max_nodes=1)
+    node = SimNode("s-1", 8)
+    p.add_node(node)
+    assert p.fits(8, 1)
+    p.drain(node, now=10.0)
+    assert not p.fits(1, 1) and p.free_total == 0
+    assert node.view is not None and node.view.gpus == node.view.used == 0
