@@ -15,7 +15,8 @@
 - --tradeoff: onepool-onprem variants on the open problem (low-class p95 completion vs
   FIFO's, multi-node p99 wait vs FIFO's, fixed capacity) -> tradeoff.json / tradeoff.png,
   drawn against the previous front (tradeoff_previous.json: main at d0fb298, its own
-  benchmark, whose FIFO held 4 reservations and whose victims all checkpointed on the signal).
+  benchmark, whose FIFO held 4 reservations and whose victims all checkpointed on the signal)
+  -> tradeoff.json / tradeoff.md / tradeoff.png.
 
 Every figure is from a replay: nothing here is typed in. Wall times depend on the machine's
 load (it is shared): the load average is recorded with the results.
@@ -216,6 +217,14 @@ def tradeoff(trace: list[Any], sc: Scenario, args: argparse.Namespace) -> None:
            "scenario": r["scenario"], "wall_s": r["wall_s"]}
     (OUT / "tradeoff.json").write_text(json.dumps(doc, indent=2) + "\n")
     previous = json.loads((OUT / "tradeoff_previous.json").read_text())
+    md = ["| front | variant | low p95 completion / FIFO's | multi-node p99 wait / FIFO's | "
+          "occupancy | lost GPU-h |", "|---|---|---|---|---|---|"]
+    for label, pts in (("this", rows), ("previous (d0fb298)", previous["variants"])):
+        for p in pts:
+            md.append(f"| {label} | {p['variant']} | {p['low_p95_jct_vs_fifo']} | "
+                      f"{p['multinode_p99_wait_vs_fifo']} | {p['onprem_occupancy']} | "
+                      f"{p['lost_gpu_hours_preemption']:,.0f} |")
+    (OUT / "tradeoff.md").write_text("\n".join(md) + "\n")
     fig, ax = plt.subplots(figsize=(7, 5.5))
     for series, pts, marker in (("this front", rows, "o"), ("previous front", previous["variants"], "x")):
         xs = [p["low_p95_jct_vs_fifo"] for p in pts]

@@ -40,9 +40,13 @@ class PolicyConfig:
     - preemptible_backfill: with easy and preemption, a job of a strictly lower class than a
       reserved job may also use the GPUs its reservation holds (it is preempted at the start
       if still running), when the start is at least its checkpoint interval away
-    - checkpoint_align_s: a normal-class job whose victims would lose unsaved work, and whose
+    - preempt_after_s: a job below high preempts only once it has waited this long since
+      submission (a few minutes of queue do not cost another job its work; most such jobs
+      find capacity meanwhile). High/urgent jobs preempt at once. 0: at once
+    - checkpoint_align_s: a job below high whose victims would lose unsaved work, and whose
       victims all save their next periodic checkpoint within this many seconds, waits for
-      those checkpoints before preempting (0: never waits)
+      those checkpoints before preempting (0: never waits; at most half the checkpoint
+      interval, or staggered victims could defer it again and again)
     - cloud: launch rented nodes for blocked jobs (see broker.policy.cloud for the rules)
     - cloud_after_wait_s: a job must have waited this long before nodes are rented for it
       (high/urgent jobs: at once)
@@ -69,6 +73,7 @@ class PolicyConfig:
     reservations: int = _D.reservations
     easy: bool = True
     preemptible_backfill: bool = True
+    preempt_after_s: float = 0.0
     checkpoint_align_s: float = 0.0
     cloud: bool = True
     cloud_after_wait_s: float = _D.cloud_after_wait_s

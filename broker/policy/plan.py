@@ -230,7 +230,11 @@ class _Planner:
                 continue
             vkey = (names, g, n, rank)
             victims: Choice | None = None
-            if cfg.preemption and rank > 0 and (inc or vkey not in no_victims):
+            patient = (rank < HIGH_RANK and cfg.preempt_after_s > 0 and not inc
+                       and self.now - j.submit_time < cfg.preempt_after_s)
+            if patient and cfg.preemption and rank > 0:
+                self.wake.append(j.submit_time + cfg.preempt_after_s)
+            elif cfg.preemption and rank > 0 and (inc or vkey not in no_victims):
                 vi = self._victims()
                 if vi.lowest is not None and rank > vi.lowest:
                     victims = vi.search(rank, g, n, names, inc)
@@ -395,8 +399,8 @@ class _Planner:
             if lost_gpu_s(r, now) <= 0 or now < r.checkpoint_origin:
                 continue
             nxt = r.checkpoint_origin + (math.floor((now - r.checkpoint_origin) / period) + 1) * period
-            if nxt - now > cfg.checkpoint_align_s:
-                return None
+            if nxt - now > min(cfg.checkpoint_align_s, period / 2):
+                return None  # too far; beyond half a period, staggered victims could defer forever
             unsaved = True
             latest = max(latest, nxt)
         return latest + 1.0 if unsaved else None
@@ -405,18 +409,20 @@ class _Planner:
         _cost, _pool, nodes, victims = choice
         vi = self._victims()
         vi.choose(victims.values())
-        if defer_until is None:
-            for aid in sorted(victims):
-                r = victims[aid]
-                self.preemptions.append(Preemption(aid, r.job_id, j.job_id, lost_gpu_s(r, self.now)))
-        else:
+        if defer_until is not None:
+            # the victims are kept for it; the free GPUs beside them are not held meanwhile
             self.wake.append(defer_until)
+            if self.explain:
+                self.waiting.append((j.job_id, f"preempting {len(victims)} job(s) once they "
+                                               f"checkpoint, in {_dur(defer_until - self.now)}"))
+            return
+        for aid in sorted(victims):
+            r = victims[aid]
+            self.preemptions.append(Preemption(aid, r.job_id, j.job_id, lost_gpu_s(r, self.now)))
         held = self.cap.hold(nodes, j.gpus_per_node)
         self.reservations.append((j.job_id, held))
         if self.explain:
-            self.waiting.append((j.job_id, f"preempting {len(victims)} job(s)" if defer_until is None
-                                 else f"preempting {len(victims)} job(s) once they checkpoint, "
-                                      f"in {_dur(defer_until - self.now)}"))
+            self.waiting.append((j.job_id, f"preempting {len(victims)} job(s)"))
 
     # -- renting (rules in broker.policy.cloud) --------------------------------------------
     def _rent(self, j: PendingView, rank: int, victims: Choice | None) -> bool:

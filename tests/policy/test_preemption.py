@@ -405,4 +405,22 @@ def test_checkpoint_alignment(config, prio, victim, expect, wake):
                   **config))
     assert preempted_for(p) == expect
     assert p.wake_at == wake
-    assert held(p) == {9: {}}
+    assert held(p) == ({9: {}} if expect else {})  # waiting for checkpoints holds nothing
+
+
+# -- patience: a job below high preempts only after waiting preempt_after_s --------------------
+PATIENCE_CASES = [
+    pytest.param(300.0, "normal", 900.0, [], 1200.0, id="waited-100s-of-300:waits"),
+    pytest.param(300.0, "normal", 0.0, [(1, 9)], None, id="waited-1000s:preempts"),
+    pytest.param(300.0, "high", 900.0, [(1, 9)], None, id="high-preempts-at-once"),
+    pytest.param(0.0, "normal", 900.0, [(1, 9)], None, id="off:preempts-at-once"),
+]
+
+
+@pytest.mark.parametrize(("after", "prio", "submit", "expect", "wake"), PATIENCE_CASES)
+def test_preempt_after_waiting(after, prio, submit, expect, wake):
+    run = [running(1, 11, prio="low", alloc={"a-0": 8}, started=0.0)]
+    p = plan(snap([pool("a", nodes=1)], running=run,
+                  pending=[job(9, prio=prio, gpus=8, submit=submit)], preempt_after_s=after))
+    assert preempted_for(p) == expect
+    assert p.wake_at == wake
