@@ -9,9 +9,10 @@
   policy; on-prem occupancy over time), targets.json / targets.md (issue 11's targets, met or
   not, from this one run).
 - --sweep: the same trace on two capacities, 1,200 and 900 GPUs (node counts scaled), with
-  the reservation defaults side by side (none, EASY with 1 and 4, and the previous rule:
-  4 reservations holding free GPUs) -> sweep.json / sweep.md. A default that helps one load
-  and hurts the other shows here; it is what PolicySettings.reservations was chosen by.
+  the defaults side by side (reservations none / EASY 1 / EASY 4, patience before preempting
+  on or off, and main's previous rules: 4 reservations holding free GPUs, preempting at
+  once) -> sweep.json / sweep.md. A default that helps one load and hurts the other shows
+  here; it is what PolicySettings' defaults were chosen by.
 - --tradeoff: onepool-onprem variants on the open problem (low-class p95 completion vs
   FIFO's, multi-node p99 wait vs FIFO's, fixed capacity) -> tradeoff.json / tradeoff.png,
   drawn against the previous front (tradeoff_previous.json: main at d0fb298, its own
@@ -51,22 +52,26 @@ SCENARIO = HERE / "scenarios" / "itp.yaml"
 OUT = HERE / "results"
 CAPACITIES = (1200, 900)
 
-# Reservation defaults compared by --sweep (onepool-onprem; FIFO picks its own strongest).
+# Defaults compared by --sweep (onepool-onprem; FIFO picks its own strongest).
+PREVIOUS = {"reservations": 4, "easy": False, "preemptible_backfill": False, "preempt_after_s": 0,
+            "checkpoint_align_s": 0}  # main at d0fb298's rules
 DEFAULTS = {
     "onepool-onprem": {"base": "onepool-onprem"},
     "res0": {"base": "onepool-onprem", "reservations": 0},
     "easy4": {"base": "onepool-onprem", "reservations": 4},
-    "hold4 (previous default)": {"base": "onepool-onprem", "reservations": 4, "easy": False},
+    "impatient (preempt at once, no alignment)": {"base": "onepool-onprem", "preempt_after_s": 0,
+                                                  "checkpoint_align_s": 0},
+    "previous rules (hold 4, preempt at once)": {"base": "onepool-onprem", **PREVIOUS},
 }
-# The open problem's knobs (--tradeoff): how many reservations, and aging of gangs.
+# The open problem's knobs (--tradeoff): reservations, patience, and aging of gangs.
 TRADEOFF = {
-    "default (EASY, 1 reservation)": {"base": "onepool-onprem"},
+    "default": {"base": "onepool-onprem"},
     "no reservations": {"base": "onepool-onprem", "reservations": 0},
     "EASY, 4 reservations": {"base": "onepool-onprem", "reservations": 4},
-    "EASY, 16 reservations": {"base": "onepool-onprem", "reservations": 16},
-    "EASY + gangs aged after 24h": {"base": "onepool-onprem", "promote_after_s": 86400},
-    "EASY + gangs aged after 72h": {"base": "onepool-onprem", "promote_after_s": 259200},
-    "hold 4 (previous default)": {"base": "onepool-onprem", "reservations": 4, "easy": False},
+    "patience 30 min": {"base": "onepool-onprem", "preempt_after_s": 1800},
+    "gangs aged after 24h": {"base": "onepool-onprem", "promote_after_s": 86400},
+    "gangs aged after 72h": {"base": "onepool-onprem", "promote_after_s": 259200},
+    "previous rules (hold 4, preempt at once)": {"base": "onepool-onprem", **PREVIOUS},
 }
 
 

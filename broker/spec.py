@@ -156,6 +156,10 @@ class PolicySettings(_Strict):
       holds GPUs only against jobs that would not finish before its estimated start (EASY)
     - promote_after_s: a multi-node job waiting this long is scheduled one class higher
       (never above high); None: off
+    - preempt_after_s: a job below high preempts only once it has waited this long since it
+      was submitted (most find capacity meanwhile; high/urgent preempt at once); 0: at once
+    - checkpoint_align_s: a job below high waits up to this long for its victims' next
+      periodic checkpoints, when they would otherwise lose unsaved work; 0: never
     """
 
     grace_s: float = Field(default=60.0, ge=0.0, le=3600)
@@ -166,6 +170,8 @@ class PolicySettings(_Strict):
     fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0.0)
     reservations: int = Field(default=1, ge=0, le=10_000)
     promote_after_s: float | None = Field(default=None, gt=0.0)
+    preempt_after_s: float = Field(default=900.0, ge=0.0)
+    checkpoint_align_s: float = Field(default=900.0, ge=0.0)
 
 
 class BrokerSettings(PolicySettings):

@@ -73,8 +73,8 @@ class PolicyConfig:
     reservations: int = _D.reservations
     easy: bool = True
     preemptible_backfill: bool = True
-    preempt_after_s: float = 0.0
-    checkpoint_align_s: float = 0.0
+    preempt_after_s: float = _D.preempt_after_s
+    checkpoint_align_s: float = _D.checkpoint_align_s
     cloud: bool = True
     cloud_after_wait_s: float = _D.cloud_after_wait_s
     checkpoint_on_signal: float = _D.checkpoint_on_signal

@@ -3,10 +3,11 @@
 - partitioned: on-prem capacity split into fixed partitions (one per team, by weight); FIFO
   with backfill inside each; no preemption; no cloud.
 - fifo: one pool, FIFO with backfill, no preemption, no cloud.
-- naive-preempt: one pool, priority classes, preemption of the youngest victims with no
-  regard to checkpoints, no minimum run time; no cloud.
+- naive-preempt: one pool, priority classes, preemption of the youngest victims at once, with
+  no regard to checkpoints and no minimum run time; no cloud.
 - onepool-onprem: the full policy (checkpoint-aware victims, anti-capture, fair share,
-  minimum run time, EASY reservations) on the same on-prem capacity: the fair comparison.
+  minimum run time, patience and checkpoint alignment before preempting for normal work,
+  EASY reservations) on the same on-prem capacity: the fair comparison.
 - onepool: the same plus the scenario's cloud pools (spot routing, preempt-or-buy).
 
 Baselines at their strongest: fifo runs twice, with no reservations and with EASY
@@ -44,7 +45,8 @@ BASE: dict[str, tuple[dict[str, Any], bool]] = {
     "partitioned": ({**_FIFO, "reservations": 0}, True),
     "fifo": (_FIFO, False),
     "naive-preempt": (dict(fair_share=False, anti_capture=False, victim_order="youngest",
-                           min_run_s=0.0, cloud=False), False),
+                           min_run_s=0.0, preempt_after_s=0.0, checkpoint_align_s=0.0,
+                           preemptible_backfill=False, cloud=False), False),
     "onepool-onprem": (dict(cloud=False), False),
     "onepool": ({}, False),
 }
