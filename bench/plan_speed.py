@@ -5,8 +5,9 @@ half the pending ones carry runtime estimates, so EASY reservations have starts 
 
 Two timings per size: without "why waiting" reasons (what the simulator asks for) and with
 them (what the live engine asks for). Each is the median of --repeat runs, the garbage
-collector on, as in production. The machine is shared: the load average at the start and
-the end is written with the results; rerun when it was high.
+collector on, as in production, as wall time and as this process's CPU time (on a shared,
+loaded machine the wall time also counts the time others had the core). The load average
+at the start and the end is written with the results; rerun when it was high.
 
     .venv/bin/python bench/plan_speed.py [--repeat 30]   -> bench/results/plan_speed.json
 """
@@ -74,18 +75,21 @@ def snapshot(n_pending: int, n_nodes: int, seed: int = 1) -> Snapshot:
                     teams=teams)
 
 
-def _median_ms(snap: Snapshot, explain: bool, repeat: int) -> tuple[float, float, Plan]:
+def _median_ms(snap: Snapshot, explain: bool, repeat: int) -> tuple[float, float, float, Plan]:
+    """(median wall ms, p99 wall ms, median CPU ms of this process, the plan)."""
     plan(snap, explain=explain)  # warm-up
-    times = []
+    walls, cpus = [], []
     p = None
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         p = plan(snap, explain=explain)
-        times.append((time.perf_counter() - t0) * 1000)
-    times.sort()
+        walls.append((time.perf_counter() - t0) * 1000)
+        cpus.append((time.process_time() - c0) * 1000)
+    walls.sort()
     assert p is not None
-    return (round(statistics.median(times), 2),
-            round(times[min(len(times) - 1, int(0.99 * len(times)))], 2), p)
+    return (round(statistics.median(walls), 2),
+            round(walls[min(len(walls) - 1, int(0.99 * len(walls)))], 2),
+            round(statistics.median(cpus), 2), p)
 
 
 def main() -> None:
@@ -98,16 +102,18 @@ def main() -> None:
     for pending in (1_000, 10_000):
         for nodes in (100, 1_000):
             snap = snapshot(pending, nodes)
-            med, p99, p = _median_ms(snap, False, args.repeat)
-            med_x, p99_x, _ = _median_ms(snap, True, args.repeat)
+            med, p99, cpu, p = _median_ms(snap, False, args.repeat)
+            med_x, p99_x, cpu_x, _ = _median_ms(snap, True, args.repeat)
             row = {"pending": pending, "nodes": nodes, "running": len(snap.running),
-                   "median_ms": med, "p99_ms": p99,
+                   "median_ms": med, "p99_ms": p99, "median_cpu_ms": cpu,
                    "median_ms_with_reasons": med_x, "p99_ms_with_reasons": p99_x,
+                   "median_cpu_ms_with_reasons": cpu_x,
                    "placements": len(p.placements), "preemptions": len(p.preemptions),
                    "reservations": len(p.reservations), "repeat": args.repeat}
             rows.append(row)
             print(f"pending {pending:>6,} nodes {nodes:>5,} running {row['running']:>5,}: "
-                  f"median {med:7.2f} ms (p99 {p99:7.2f}); with reasons {med_x:7.2f} ms "
+                  f"median {med:7.2f} ms (p99 {p99:7.2f}, CPU {cpu:7.2f}); with reasons "
+                  f"{med_x:7.2f} ms (CPU {cpu_x:7.2f}) "
                   f"({row['placements']} placed, {row['preemptions']} preempted)")
     load_after = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -56,7 +56,7 @@ from broker.policy.snapshot import (
     RunningView,
     Snapshot,
 )
-from broker.policy.victims import Choice, VictimIndex, lost_gpu_s
+from broker.policy.victims import Choice, VictimIndex, checkpoints_due, lost_gpu_s
 from broker.spec import Priority, market_ok
 
 NORMAL_RANK = Priority.NORMAL.rank
@@ -108,6 +108,7 @@ class _Planner:
         self.renting = bool(self.rented) and self.cfg.cloud
         self.launched: dict[str, int] = {}
         self.launching_for = {jid for p in self.rented for jid, _ in p.launching}
+        self._by_id: dict[int, PendingView] | None = None
         shapes = ({jid: (j.gpus_per_node, j.nodes) for p in self.rented for jid, _ in p.launching
                    for j in (self._pending_by_id(jid),) if j is not None} if self.rented else {})
         self.spare = {p.name: launching_spare(p, shapes) for p in self.rented if p.launching}
@@ -121,7 +122,7 @@ class _Planner:
         q = self.s.queue
         if q is not None:
             return q.jobs.get(jid)
-        if not hasattr(self, "_by_id"):
+        if self._by_id is None:
             self._by_id = {j.job_id: j for j in self.s.pending}
         return self._by_id.get(jid)
 
@@ -245,7 +246,8 @@ class _Planner:
             if self.renting and self._rent(j, rank, victims):
                 continue
             if victims is not None:
-                at = self._checkpoints_due(rank, victims) if not inc else None
+                at = (checkpoints_due(victims[3].values(), self.now, cfg)
+                      if rank < HIGH_RANK and not inc else None)
                 if at is not None:
                     self._commit_victims(j, victims, defer_until=at)
                 else:
@@ -383,27 +385,6 @@ class _Planner:
                     self.waiting.append((j.job_id, "waiting for preempted jobs to stop"))
                 return True
         return False
-
-    def _checkpoints_due(self, rank: int, choice: Choice) -> float | None:
-        """When a normal-class job should preempt these victims instead of now: the latest of
-        their next periodic checkpoints, if some victim would lose unsaved work now and all of
-        them checkpoint within checkpoint_align_s (None: preempt now)."""
-        cfg, now = self.cfg, self.now
-        if rank >= HIGH_RANK or cfg.checkpoint_align_s <= 0 or cfg.checkpoint_on_signal >= 1:
-            return None
-        latest, unsaved = now, False
-        for r in choice[3].values():
-            period = r.checkpoint_period_s
-            if not period:
-                return None  # its schedule is unknown: waiting may gain nothing
-            if lost_gpu_s(r, now) <= 0 or now < r.checkpoint_origin:
-                continue
-            nxt = r.checkpoint_origin + (math.floor((now - r.checkpoint_origin) / period) + 1) * period
-            if nxt - now > min(cfg.checkpoint_align_s, period / 2):
-                return None  # too far; beyond half a period, staggered victims could defer forever
-            unsaved = True
-            latest = max(latest, nxt)
-        return latest + 1.0 if unsaved else None
 
     def _commit_victims(self, j: PendingView, choice: Choice, defer_until: float | None = None) -> None:
         _cost, _pool, nodes, victims = choice

@@ -31,10 +31,12 @@ per (pool, class, GPU count), a heap of node costs refreshed lazily when a node 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from broker.policy.capacity import Capacity
+from broker.policy.config import PolicyConfig
 from broker.policy.snapshot import RunningView
 
 VictimKey = tuple[float, ...]
@@ -56,6 +58,30 @@ def victim_key(r: RunningView, rank: int, now: float, mode: str) -> VictimKey:
     if mode == "youngest":
         return (rank, -r.started_at, r.job_id)
     return (rank, lost_gpu_s(r, now), -r.started_at, r.job_id)
+
+
+def checkpoints_due(victims: Iterable[RunningView], now: float, cfg: PolicyConfig) -> float | None:
+    """When a job below high should preempt these victims instead of now (checkpoint
+    alignment): just after the latest of their next periodic checkpoints, if some victim would
+    lose unsaved work now and every one with unsaved work checkpoints within
+    min(checkpoint_align_s, half its period). None: preempt now (a victim's schedule unknown,
+    a checkpoint too far, nothing to save, or every victim saves on the signal anyway).
+    Beyond half a period, staggered victims could defer the preemption again and again."""
+    if cfg.checkpoint_align_s <= 0 or cfg.checkpoint_on_signal >= 1:
+        return None
+    latest, unsaved = now, False
+    for r in victims:
+        period = r.checkpoint_period_s
+        if not period:
+            return None
+        if lost_gpu_s(r, now) <= 0 or now < r.checkpoint_origin:
+            continue
+        nxt = r.checkpoint_origin + (math.floor((now - r.checkpoint_origin) / period) + 1) * period
+        if nxt - now > min(cfg.checkpoint_align_s, period / 2):
+            return None
+        unsaved = True
+        latest = max(latest, nxt)
+    return latest + 1.0 if unsaved else None
 
 
 def preemptable(r: RunningView, now: float, min_run_s: float) -> bool:

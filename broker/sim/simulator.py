@@ -51,10 +51,10 @@ from broker.policy.fairshare import decay
 from broker.policy.pools import capped, closed_until, could_ever_run
 from broker.sim.metrics import Recorder
 from broker.sim.policies import SimPolicy
-from broker.sim.scenario import Scenario, pick_band, unit_hash
+from broker.sim.scenario import Scenario
+from broker.sim.setup import sim_job, sim_pools, team_views
 from broker.sim.state import SimAttempt, SimJob, SimNode, SimPool
 from broker.sim.trace import TraceJob
-from broker.spec import Market, Priority, SpotPolicy
 
 ARRIVE, FINISH, EXIT, READY, INTERRUPT, REMOVE, REOPEN, CYCLE = range(8)
 _VIEW = attrgetter("view")
@@ -89,8 +89,8 @@ class Simulator:
         self.node_counter = 0
         self.cycle_at: float | None = None
         self.last_cycle = -math.inf
-        self.teams = self._teams(trace)
-        self.pools = self._pools()
+        self.teams, self.weights, self.team_of = team_views(sc, trace)
+        self.pools = sim_pools(sc, pol, self.weights)
         self.scope_pools: dict[str, list[SimPool]] = {GLOBAL: list(self.pools.values())}
         if pol.partitioned:
             self.scope_pools = {t.name: [] for t in self.teams}
@@ -100,7 +100,7 @@ class Simulator:
         for scope in self.scope_pools:
             self.scope_running[scope], self.scope_pending[scope] = {}, {}
             self.queues[scope] = PendingQueue()
-        self.jobs = [self._job(i + 1, t) for i, t in enumerate(trace)]
+        self.jobs = [sim_job(sc, i + 1, t, self.team_of) for i, t in enumerate(trace)]
         self.usage = {t.name: 0.0 for t in self.teams}
         self.team_gpus = {t.name: 0 for t in self.teams}
         self.usage_at = 0.0
@@ -111,67 +111,6 @@ class Simulator:
         end = trace[-1].submit_s if trace else 0.0
         self.rec = Recorder(sc, pol.name, window=(trace[0].submit_s if trace else 0.0, end))
         self.horizon = end + sc.drain_limit_s
-
-    # -- set-up ------------------------------------------------------------------------------
-    def _teams(self, trace: list[TraceJob]) -> tuple[TeamView, ...]:
-        by_queue = {q: t.name for t in self.sc.teams for q in t.queues}
-        self.team_of = lambda q: by_queue.get(q, self.sc.default_team)
-        gh: dict[str, float] = {t.name: 0.0 for t in self.sc.teams}
-        for j in trace:
-            gh[self.team_of(j.queue)] += j.duration_s * j.gpus
-        total = sum(gh.values()) or 1.0
-        weights = {t.name: t.weight if t.weight is not None else max(gh[t.name] / total, 1e-3)
-                   for t in self.sc.teams}
-        wsum = sum(weights.values())
-        self.weights = {k: v / wsum for k, v in weights.items()}
-        out = []
-        for t in self.sc.teams:
-            allow = t.priority_allowance_gpus
-            if allow is None:
-                allow = math.ceil(self.weights[t.name] * self.sc.onprem_gpus
-                                  * self.sc.priority_allowance_fraction)
-            out.append(TeamView(t.name, self.weights[t.name], allow, 0.0))
-        return tuple(out)
-
-    def _pools(self) -> dict[str, SimPool]:
-        pools: dict[str, SimPool] = {}
-        for p in self.sc.onprem:
-            parts = self._partition(p.nodes) if self.pol.partitioned else {None: p.nodes}
-            for team, n in parts.items():
-                name = p.name if team is None else f"{p.name}/{team}"
-                sp = SimPool(name, p.gpu_type, p.gpus_per_node, Market.ONPREM, False,
-                             teams=None if team is None else frozenset({team}))
-                for i in range(n):
-                    sp.add_node(SimNode(f"{name}-{i}", p.gpus_per_node))
-                pools[name] = sp
-        if self.cfg.cloud:
-            for c in self.sc.cloud:
-                pools[c.name] = SimPool(
-                    c.name, c.gpu_type, c.gpus_per_node, c.market, True, c.price_per_node_hour,
-                    c.on_demand_price, c.max_nodes, c.launch_latency_s, c.interruption_rate_per_h,
-                    c.idle_timeout_s, stockouts_per_day=c.stockouts_per_day,
-                    stockout_mean_s=c.stockout_mean_s, seed=self.sc.seed)
-        return pools
-
-    def _partition(self, nodes: int) -> dict[str | None, int]:
-        """Nodes per team by weight, largest remainder first (ties by name)."""
-        exact = {t: w * nodes for t, w in self.weights.items()}
-        got = {t: int(v) for t, v in exact.items()}
-        for t in sorted(exact, key=lambda t: (-(exact[t] - got[t]), t))[: nodes - sum(got.values())]:
-            got[t] += 1
-        return dict(got)
-
-    def _job(self, jid: int, t: TraceJob) -> SimJob:
-        sc = self.sc
-        cls = pick_band(unit_hash(sc.seed, "class", t.job_id),
-                        [(c, sc.classes.get(c, 0.0)) for c in
-                         (Priority.URGENT, Priority.HIGH, Priority.NORMAL, Priority.LOW)])
-        types = pick_band(unit_hash(sc.seed, "types", t.job_id), list(sc.gpu_types.items()))
-        return SimJob(t, jid, self.team_of(t.queue), cls,
-                      () if types == "any" else tuple(x.strip() for x in types.split(",")),
-                      sc.spot.get(cls, SpotPolicy.ALLOWED), sc.budget_usd.get(cls),
-                      t.duration_s, t.submit_s,
-                      saves_on_signal=unit_hash(sc.seed, "ckpt", t.job_id) < sc.checkpoint_on_signal)
 
     # -- the event loop ----------------------------------------------------------------------
     def push(self, t: float, kind: int, data: Any) -> None:
