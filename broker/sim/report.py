@@ -54,7 +54,7 @@ def rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     add("same at on-demand USD", lambda m: f"{m['cloud_cost_on_demand_usd']:,.0f}")
     add("cost per delivered GPU-h", lambda m: "-" if m["cost_per_gpu_hour"] is None
         else f"${m['cost_per_gpu_hour']:.3f}")
-    add("replay wall time", lambda m: f"{m['wall_s']:.1f}s")
+    add("replay wall / CPU time", lambda m: f"{m['wall_s']:.1f}s / {m.get('cpu_s', 0):.1f}s")
     return ["metric", *pols], out
 
 
