@@ -203,3 +203,20 @@ def test_a_node_under_notice_takes_no_new_work():
     p.drain(node, now=10.0)
     assert not p.fits(1, 1) and p.free_total == 0
     assert node.view is not None and node.view.gpus == node.view.used == 0
+
+
+def test_scenario_knobs_reach_every_policy_like_onepool_yaml_reaches_the_engine():
+    sc = scenario(grace_s=30, reservations=3, min_run_s=100, checkpoint_on_signal=0.25)
+    for pol in resolve(["fifo", "onepool-onprem", "onepool"], sc):
+        assert (pol.config.grace_s, pol.config.checkpoint_on_signal) == (30, 0.25)
+    onprem = resolve(["onepool-onprem"], sc)[0].config
+    assert (onprem.reservations, onprem.min_run_s) == (3, 100)
+    with pytest.raises(SpecError, match="reservations"):
+        resolve(["fifo"], sc, {"fifo": {"reservations": -1}})
+
+
+def test_fifo_runs_at_its_strongest():
+    sc = scenario()
+    tries = resolve(["fifo"], sc, strongest=True)
+    assert [(p.variant, p.config.reservations) for p in tries] == [
+        ("no reservations", 0), ("easy", sc.reservations)]
