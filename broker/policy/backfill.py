@@ -109,6 +109,7 @@ class Backfill:
         now, start_of, held_now, free = self.now, self.start, cap.held, cap.free
         placed = self._placed
         by_name = {pv.name: pv for pv in self._pools}
+        derived: Mapping[str, Sequence[tuple[float, int]]] | None = None
         for p in pools:
             ready = []
             for i, nv in enumerate(by_name[p].nodes):
@@ -124,7 +125,13 @@ class Backfill:
                         and have == nv.gpus - (nv.used or 0)):
                     t = pre[g - 1] if g <= len(pre) else INF  # the caller's index still holds
                 else:
-                    own = nv.releases if nv.releases is not None else self._release_times().get(nd, ())
+                    own: Sequence[tuple[float, int]]
+                    if nv.releases is not None:
+                        own = nv.releases
+                    else:
+                        if derived is None:
+                            derived = self._release_times()
+                        own = derived.get(nd, ())
                     if nd in placed:
                         own = sorted([*own, *placed[nd]])
                     t = _ready_at(have, own, g, now)

@@ -44,6 +44,8 @@ OnNode = tuple[VictimKey, RunningView, int]  # (key, attempt, GPUs it holds on t
 Victims = list[tuple[VictimKey, RunningView]]
 Cost = tuple[int, list[VictimKey]]
 Choice = tuple[Cost, str, list[str], dict[int, RunningView]]  # (cost, pool, nodes, victims)
+# (victim count, their keys, node place, node, node version, victims)
+HeapEntry = tuple[int, list[VictimKey], int, str, int, Victims]
 RANKS = 4
 
 
@@ -141,6 +143,7 @@ class VictimIndex:
         self._pos: dict[str, int] | None = None
         lowest: int | None = None
         pool_of, by_node, ranks = cap.pool_of, self.by_node, self.rank
+        spanning: set[str] = set()
         youngest = mode == "youngest"
         for r in running:
             if r.stopping or (r.times_preempted and now - r.started_at < min_run_s):
@@ -162,22 +165,26 @@ class VictimIndex:
                         since = ck
                 k = (rank, (now - since) * r.gpus if now > since else 0.0, -r.started_at, r.job_id)
             ranks[r.attempt_id] = rank
+            wide = len(r.alloc) > 1
             for node, g in r.alloc:
                 if node not in pool_of:
                     continue  # a node no longer in any pool: nothing to free there
                 by_node[node].append((k, r, g))
+                if wide:
+                    spanning.add(pool_of[node])
             if lowest is None or rank < lowest:
                 lowest = rank
         for lst in by_node.values():
             if len(lst) > 1:
                 lst.sort(key=_first)
+        self.spanning = spanning  # pools with a victim on several nodes (gangs search greedily)
         self._per_pool: dict[str, list[tuple[VictimKey, int, str, int, RunningView]]] = {}
         self._recl: dict[str, list[int]] = {}
         self.lowest = lowest
         self.cursor: dict[tuple[str, int], int] = {}
         self.buckets: dict[tuple[str, int], list[dict[str, None]]] = {}
         self.value: dict[tuple[str, int], dict[str, int]] = {}
-        self.heaps: dict[tuple[str, int, int], list[tuple[int, list[VictimKey], int, str, int, Victims]]] = {}
+        self.heaps: dict[tuple[str, int, int], list[HeapEntry]] = {}
         self.cache: dict[tuple[str, int, int], tuple[int, Victims | None]] = {}
         cap.listener = self.touch
 
@@ -319,12 +326,27 @@ class VictimIndex:
             return e[0], e[2], e[4]
         return None
 
-    def _fewest(self, pool: str, rank: int, g: int) -> tuple[Victims, str] | None:
-        """The node of the pool needing the fewest victims (for a job with no one-victim node)."""
+    def _cheapest(self, pool: str, rank: int, g: int, n: int) -> list[tuple[Victims, str]] | None:
+        """The n nodes of the pool needing the fewest victims, cheapest first (None: fewer
+        than n can fit). Exact for a gang only when no victim spans nodes."""
+        got: list[tuple[Victims, str]] = []
+        entries = []
+        heap = self._heap(pool, rank, g)
+        while len(got) < n:
+            few = self._fewest(pool, rank, g)
+            if few is None:
+                break
+            got.append(few)
+            entries.append(heapq.heappop(heap))
+        for e in entries:
+            heapq.heappush(heap, e)
+        return got if len(got) == n else None
+
+    def _heap(self, pool: str, rank: int, g: int) -> list[HeapEntry]:
         hk = (pool, rank, g)
         heap = self.heaps.get(hk)
-        pos, version = self.pos, self.version
         if heap is None:
+            pos, version = self.pos, self.version
             heap = []
             for nd in self._candidates(pool, rank, g):
                 vs = self._node_cost(nd, rank, g)
@@ -332,6 +354,13 @@ class VictimIndex:
                     heap.append((len(vs), [k for k, _ in vs], pos[nd], nd, version[nd], vs))
             heapq.heapify(heap)
             self.heaps[hk] = heap
+        return heap
+
+    def _fewest(self, pool: str, rank: int, g: int) -> tuple[Victims, str] | None:
+        """The node of the pool needing the fewest victims (for a job with no one-victim node)."""
+        hk = (pool, rank, g)
+        heap = self._heap(*hk)
+        pos, version = self.pos, self.version
         while heap:
             top = heap[0]
             nd = top[3]
@@ -362,6 +391,13 @@ class VictimIndex:
                     got = None if few is None else (
                         (len(few[0]), [k for k, _ in few[0]]), pool, [few[1]],
                         {r.attempt_id: r for _, r in few[0]})
+            elif pool not in self.spanning:  # no victim spans nodes: the n cheapest nodes
+                nodes = self._cheapest(pool, rank, g, n)
+                got = None
+                if nodes is not None:
+                    vic = {r.attempt_id: (k, r) for vs, _ in nodes for k, r in vs}
+                    got = ((len(vic), sorted(k for k, _ in vic.values())), pool,
+                           [nd for _, nd in nodes], {aid: r for aid, (_, r) in vic.items()})
             else:
                 got = self._gang(pool, rank, g, n, {}, scan_all=False)
             if got is not None and (best is None or got[0] < best[0]):
