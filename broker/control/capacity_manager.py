@@ -234,11 +234,12 @@ class CapacityManager:
             for n in mine:
                 if n.state == NodeState.LAUNCHING:
                     launching[n.for_job_id or 0] += 1
-            cap = capped(spec.max_nodes or 0, len(mine), self.closed_until.get(p.name, 0.0) > now)
+            closed = self.closed_until.get(p.name, 0.0) > now
+            cap = capped(spec.max_nodes or 0, len(mine), closed)
             price, rate = self.price(spec)
             pools.append(replace(p, nodes=nodes, max_nodes=cap, launching=tuple(sorted(launching.items())),
                                  launch_latency_s=spec.launch_latency_s, idle_timeout_s=spec.idle_timeout_s,
-                                 price_per_gpu_hour=price, interruption_rate_per_h=rate))
+                                 price_per_gpu_hour=price, interruption_rate_per_h=rate, closed=closed))
         return replace(snap, pools=tuple(pools))
 
     def price(self, spec: PoolSpec) -> tuple[float, float]:

@@ -6,6 +6,11 @@ has room for the job's nodes, and the job's remaining budget covers the rental. 
 ranked by effective price (pricing.cost.effective_price: price x (1 + expected rework from
 spot interruptions, the job's checkpoint interval and the restart overhead)), then name.
 
+Stock-outs. A spot pool that refused a launch is closed for a while (broker.policy.pools).
+Work below high that may run on spot then takes only spot offers (another spot pool, or the
+closed one when it reopens) rather than renting on demand at several times the price;
+high/urgent work takes the next offer at once.
+
 When. A blocked job that could not be placed and has no victims stopping for it rents:
 - high/urgent jobs: at once, when the preempt-or-buy rule says buy, or when there is
   nothing to preempt;
@@ -38,7 +43,7 @@ from collections.abc import Iterable
 from broker.policy.config import PolicyConfig
 from broker.policy.snapshot import PendingView, PoolView, RunningView
 from broker.policy.victims import lost_gpu_s
-from broker.spec import market_ok
+from broker.spec import Market, SpotPolicy, market_ok
 from pricing.cost import effective_price
 
 
@@ -54,11 +59,17 @@ def horizon_h(j: PendingView, cfg: PolicyConfig) -> float:
 
 
 def offers(j: PendingView, pools: Iterable[PoolView], cfg: PolicyConfig,
-           launched: dict[str, int]) -> list[tuple[float, PoolView]]:
+           launched: dict[str, int], wait_for_spot: bool = False) -> list[tuple[float, PoolView]]:
     """Rented pools that can take job j now, cheapest effective price first.
 
-    `launched` counts nodes this plan already launches per pool (they use up quota).
+    `launched` counts nodes this plan already launches per pool (they use up quota). With
+    `wait_for_spot` (work below high), only spot offers while a closed spot pool that could
+    take the job will reopen: no on-demand rental for it meanwhile.
     """
+    pools = list(pools)
+    if wait_for_spot and j.spot is not SpotPolicy.NEVER and any(
+            p.closed and p.market is Market.SPOT and _fits(j, p) for p in pools):
+        pools = [p for p in pools if p.market is Market.SPOT]  # other spot pools still do
     out = []
     for p in pools:
         if p.max_nodes is None or p.launchable - launched.get(p.name, 0) < j.nodes:
@@ -73,6 +84,12 @@ def offers(j: PendingView, pools: Iterable[PoolView], cfg: PolicyConfig,
         out.append((price, p))
     out.sort(key=lambda o: (o[0], o[1].name))
     return out
+
+
+def _fits(j: PendingView, p: PoolView) -> bool:
+    """Whether the pool could take the job at all (its size while closed is capped: unused)."""
+    return ((not j.gpu_types or p.gpu_type in j.gpu_types) and (p.teams is None or j.team in p.teams)
+            and p.gpus_per_node >= j.gpus_per_node)
 
 
 def victims_loss_gpu_h(victims: Iterable[RunningView], now: float, cfg: PolicyConfig) -> float:

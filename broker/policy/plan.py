@@ -427,7 +427,7 @@ class _Planner:
                         if self.explain:
                             self.waiting.append((j.job_id, f"waiting for a rented node in {p.name}"))
                         return True
-        offs = offers(j, self.rented, self.cfg, self.launched)
+        offs = offers(j, self.rented, self.cfg, self.launched, wait_for_spot=not urgentish)
         if not offs:
             return False
         if victims is not None and not should_buy(victims[3].values(), offs[0], j, self.now, self.cfg):

@@ -46,6 +46,9 @@ class PoolView:
     nodes; `launching` lists nodes on their way, as (for_job_id, count); a node is ready
     `launch_latency_s` after its launch. `interruption_rate_per_h` is the expected number of
     reclaims per node-hour (spot). Idle rented nodes are terminated after `idle_timeout_s`.
+    `closed`: the pool refused a launch lately and may not grow for now (its `max_nodes` is
+    capped, see broker.policy.pools); work below high waits for a closed spot pool rather
+    than renting on demand (broker.policy.cloud).
     """
 
     name: str
@@ -60,6 +63,7 @@ class PoolView:
     launch_latency_s: float = 0.0
     interruption_rate_per_h: float = 0.0
     idle_timeout_s: float = 600.0
+    closed: bool = False  # refused a launch lately (a stock-out): closed to launches for now
 
     @property
     def launchable(self) -> int:

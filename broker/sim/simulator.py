@@ -280,11 +280,12 @@ class Simulator:
         if p.view is None:
             nodes = tuple(map(_VIEW, p.nodes.values()))
             alive = len(p.nodes) + sum(n for _, n in p.launching)
+            closed = p.closed_until > self.now
             p.view = PoolView(p.name, p.gpu_type, p.gpus_per_node, nodes, p.market,
                               p.price_per_node_hour / p.gpus_per_node, p.teams,
-                              capped(p.max_nodes, alive, p.closed_until > self.now),
-                              tuple(p.launching), p.launch_latency_s, p.interruption_rate_per_h,
-                              p.idle_timeout_s)
+                              capped(p.max_nodes, alive, closed), tuple(p.launching),
+                              p.launch_latency_s, p.interruption_rate_per_h, p.idle_timeout_s,
+                              closed)
         return p.view
 
     def _decay_usage(self) -> None:

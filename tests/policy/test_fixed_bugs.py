@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from broker.policy import PolicyConfig, plan
+from broker.policy import PolicyConfig, PoolView, plan
 from broker.spec import BrokerSettings, parse_config
 
 from .builders import held, job, placed, pool, preempted_for, running, snap, team, waiting
@@ -108,3 +110,31 @@ def test_grace_changes_the_preempt_or_buy_choice():
     assert preempted_for(quick) == [(1, 9)] and quick.launches == ()
     assert preempted_for(slow) == [] and [la.pool for la in slow.launches] == ["s"]
     assert held(quick) == {9: {}} and placed(slow) == {}
+
+
+# -- a spot stock-out sent non-urgent work to on-demand at three times the price -----------------
+def _rented(name: str, market: str, price: float, closed: bool = False) -> PoolView:
+    p = pool(name, market=market, price=price, nodes=0)
+    return dataclasses.replace(p, max_nodes=0 if closed else 2, closed=closed)
+
+
+STOCKOUT_CASES = [
+    pytest.param("low", [("s", "spot", 1.0, True), ("od", "on_demand", 3.0, False)], [],
+                 id="low-waits-for-the-closed-spot-pool"),
+    pytest.param("low", [("s", "spot", 1.0, True), ("s2", "spot", 2.0, False),
+                         ("od", "on_demand", 3.0, False)], ["s2"], id="another-spot-pool-still-does"),
+    pytest.param("urgent", [("s", "spot", 1.0, True), ("od", "on_demand", 3.0, False)], ["od"],
+                 id="urgent-takes-on-demand-at-once"),
+    pytest.param("low", [("s", "spot", 1.0, False), ("od", "on_demand", 3.0, False)], ["s"],
+                 id="in-stock:spot"),
+]
+
+
+@pytest.mark.parametrize(("prio", "pools", "expect"), STOCKOUT_CASES)
+def test_work_below_high_waits_out_a_spot_stockout(prio, pools, expect):
+    rented = [_rented(*p) for p in pools]
+    run = [running(1, 11, prio="urgent", alloc={"a-0": 8})]  # nothing to preempt
+    p = plan(snap([pool("a", nodes=1), *rented], running=run,
+                  pending=[job(9, prio=prio, gpus=8)],
+                  cloud_after_wait_s=0.0))
+    assert [la.pool for la in p.launches] == expect
