@@ -176,20 +176,34 @@ def test_unplaceable_jobs_are_counted_and_their_waits_censored(tmp_path):
     assert result["wait_s"]["low"]["p99"] == pytest.approx(3600 - 100, rel=0.05)
 
 
-def test_a_stocked_out_spot_pool_refuses_and_the_next_offer_is_taken(tmp_path):
-    """The spot pool is out of stock all along (a stock-out a second, lasting a year): the
-    launch is refused, the pool closes (broker.policy.pools) and the job rents on demand."""
-    spot = dict(CLOUD[0], interruption_rate_per_h=0.0, stockouts_per_day=86400.0,
-                stockout_mean_s=365 * 86400.0)
-    od = {"name": "od", "provider": "aws", "gpu_type": "A100", "gpus_per_node": 8,
-          "market": "on_demand", "price_per_node_hour": 24.0, "max_nodes": 2,
-          "launch_latency_s": 120, "idle_timeout_s": 600}
+OUT_OF_STOCK = dict(CLOUD[0], interruption_rate_per_h=0.0, stockouts_per_day=86400.0,
+                    stockout_mean_s=365 * 86400.0)  # a stock-out a second, lasting a year
+IN_STOCK = dict(CLOUD[0], name="spot2", price_per_node_hour=12.0, interruption_rate_per_h=0.0)
+ON_DEMAND = {"name": "od", "provider": "aws", "gpu_type": "A100", "gpus_per_node": 8,
+             "market": "on_demand", "price_per_node_hour": 24.0, "max_nodes": 2,
+             "launch_latency_s": 120, "idle_timeout_s": 600}
+
+
+@pytest.mark.parametrize(
+    ("cloud", "usd"),
+    [
+        # the cheapest spot pool refuses and closes (broker.policy.pools); the job rents the
+        # other spot pool: (launch latency + run + idle timeout) x $12/h
+        pytest.param([OUT_OF_STOCK, IN_STOCK, ON_DEMAND], (120 + 3000 + 600) / H * 12.0,
+                     id="next-spot-offer"),
+        # no other spot pool: a low job waits out the stock-out rather than pay on-demand; it
+        # runs on-prem when the first job is done
+        pytest.param([OUT_OF_STOCK, ON_DEMAND], 0.0, id="waits-rather-than-on-demand"),
+    ],
+)
+def test_a_stocked_out_spot_pool_refuses_and_closes(tmp_path, cloud, usd):
     rows = [(job_id("low", 0), 0, 10_000, 8), (job_id("low", 1), 0, 3000, 8)]
-    result, jobs = run(tmp_path, rows, "onepool", cloud=[spot, od], cycle_s=1)
+    result, jobs = run(tmp_path, rows, "onepool", cloud=cloud, cycle_s=1)
     assert result["launches_refused"] >= 1
-    assert jobs[job_id("low", 1)].done_at is not None
-    # billed at the on-demand price only: (launch latency + run + idle timeout) x $24/h
-    assert result["cloud_cost_usd"] == pytest.approx((120 + 3000 + 600) / H * 24.0, abs=0.5)
+    assert result["jobs_completed"] == 2
+    assert result["cloud_cost_usd"] == pytest.approx(usd, abs=0.5)
+    if not usd:
+        assert jobs[job_id("low", 1)].first_start == pytest.approx(10_000, abs=2)
 
 
 def test_a_node_under_notice_takes_no_new_work():
