@@ -69,8 +69,12 @@ TRADEOFF = {
     "no reservations": {"base": "onepool-onprem", "reservations": 0},
     "EASY, 4 reservations": {"base": "onepool-onprem", "reservations": 4},
     "patience 30 min": {"base": "onepool-onprem", "preempt_after_s": 1800},
+    "reservations for gangs only": {"base": "onepool-onprem", "reserve_gangs_only": True},
+    "4 reservations for gangs only": {"base": "onepool-onprem", "reserve_gangs_only": True,
+                                      "reservations": 4},
     "gangs aged after 24h": {"base": "onepool-onprem", "promote_after_s": 86400},
-    "gangs aged after 72h": {"base": "onepool-onprem", "promote_after_s": 259200},
+    "no reservations, gangs aged after 24h": {"base": "onepool-onprem", "reservations": 0,
+                                              "promote_after_s": 86400},
     "previous rules (hold 4, preempt at once)": {"base": "onepool-onprem", **PREVIOUS},
 }
 

@@ -33,6 +33,7 @@ class PolicyConfig:
     - min_run_s: a job preempted before is safe from preemption for this long after it restarts
     - backfill: later jobs may use capacity the blocked ones cannot
     - reservations: how many blocked jobs (in queue order) get a reservation
+    - reserve_gangs_only: only multi-node jobs get reservations (single-node jobs backfill)
     - easy: a reservation holds GPUs only against jobs that would not finish (by their runtime
       estimate) before its estimated start, and holds nothing while that start is unknown
       (EASY backfill, see broker.policy.backfill); False: it holds the free GPUs of its nodes
@@ -71,6 +72,7 @@ class PolicyConfig:
     min_run_s: float = _D.min_run_s
     backfill: bool = True
     reservations: int = _D.reservations
+    reserve_gangs_only: bool = False
     easy: bool = True
     preemptible_backfill: bool = True
     preempt_after_s: float = _D.preempt_after_s

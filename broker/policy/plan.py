@@ -253,7 +253,7 @@ class _Planner:
                 else:
                     self._commit_victims(j, victims)
                 continue
-            if self.reservations_left > 0:
+            if self.reservations_left > 0 and (n > 1 or not cfg.reserve_gangs_only):
                 self.reservations_left -= 1
                 self._reserve(j, rank, names, inc or {})
             else:

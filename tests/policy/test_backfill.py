@@ -202,3 +202,13 @@ def test_preemptible_backfill(prio, end0, over, expect):
     p = plan(snap([pool("a")], running=run, pending=pending, easy=True, **over))
     assert placed(p) == expect
     assert dict(p.starts) == {1: end0}
+
+
+@pytest.mark.parametrize(("nodes", "reserved"), [(1, False), (2, True)],
+                         ids=["single-node:no-reservation", "gang:reserves"])
+def test_reservations_for_gangs_only(nodes, reserved):
+    run = [running(1, 11, prio="normal", alloc={"a-0": 4}, end=2000.0),
+           running(2, 12, prio="normal", alloc={"a-1": 4}, end=3000.0)]
+    p = plan(snap([pool("a")], running=run, pending=[job(1, gpus=8, nodes=nodes)], easy=True,
+                  reserve_gangs_only=True))
+    assert bool(p.starts) is reserved
