@@ -13,6 +13,7 @@ from collections import defaultdict
 import pytest
 
 from broker.policy import PendingQueue, Plan, Snapshot, plan
+from broker.policy.activity import can_act, summarize
 from broker.policy.backfill import ready_times
 from broker.spec import market_ok
 
@@ -287,3 +288,19 @@ def test_nodes_carrying_their_indexes_plan_like_bare_ones(seed, computed_at):
 )
 def test_ready_times(free, releases, expect):
     assert ready_times(free, releases, 4, 1000.0) == expect
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_when_nothing_can_act_the_plan_does_nothing(seed):
+    """broker.policy.activity.can_act is the simulator's shortcut: when it says no, plan()
+    must place, preempt, launch and terminate nothing."""
+    s = random_snapshot(seed)
+    if can_act(summarize(s), s.config):
+        return
+    p = plan(s)
+    assert (p.placements, p.preemptions, p.launches, p.terminations) == ((), (), (), ())
+
+
+def test_the_can_act_check_is_exercised_both_ways():
+    answers = {can_act(summarize(s), s.config) for s in map(random_snapshot, SEEDS)}
+    assert answers == {True, False}
