@@ -53,7 +53,6 @@ from broker.policy.snapshot import (
     Plan,
     PoolView,
     Preemption,
-    RunningView,
     Snapshot,
 )
 from broker.policy.victims import Choice, VictimIndex, checkpoints_due, lost_gpu_s
@@ -151,13 +150,8 @@ class _Planner:
 
     def _victims(self) -> VictimIndex:
         if self.vi is None:
-            demoted = self.demoted_running
-
-            def rank_of(r: RunningView) -> int:
-                return NORMAL_RANK if r.attempt_id in demoted else _RANK[r.priority]
-
-            self.vi = VictimIndex(self.s.running, rank_of, self.cap, self.now, self.cfg.min_run_s,
-                                  self.cfg.victim_order, below=self.top_rank)
+            self.vi = VictimIndex(self.s.running, self.demoted_running, self.cap, self.now,
+                                  self.cfg.min_run_s, self.cfg.victim_order, below=self.top_rank)
         return self.vi
 
     # -- step 4a: candidate pools --------------------------------------------------------

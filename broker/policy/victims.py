@@ -33,11 +33,12 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from broker.policy.capacity import Capacity
 from broker.policy.config import PolicyConfig
 from broker.policy.snapshot import RunningView
+from broker.spec import Priority
 
 VictimKey = tuple[float, ...]
 OnNode = tuple[VictimKey, RunningView, int]  # (key, attempt, GPUs it holds on this node)
@@ -47,6 +48,8 @@ Choice = tuple[Cost, str, list[str], dict[int, RunningView]]  # (cost, pool, nod
 # (victim count, their keys, node place, node, node version, victims)
 HeapEntry = tuple[int, list[VictimKey], int, str, int, Victims]
 RANKS = 4
+NORMAL_RANK = Priority.NORMAL.rank
+_RANK = {p: p.rank for p in Priority}
 
 
 def lost_gpu_s(r: RunningView, now: float) -> float:
@@ -131,52 +134,47 @@ class VictimIndex:
     """Preemptable attempts of one plan, indexed for the fewest-victims search (see the module
     docstring). Built once per plan on first need; `choose` marks victims as taken."""
 
-    def __init__(self, running: Iterable[RunningView], rank_of: Callable[[RunningView], int],
-                 cap: Capacity, now: float, min_run_s: float, mode: str, below: int = RANKS) -> None:
+    def __init__(self, running: Iterable[RunningView], demoted: Collection[int], cap: Capacity,
+                 now: float, min_run_s: float, mode: str, below: int = RANKS) -> None:
         """Index the preemptable attempts of effective class below `below` (the highest class
-        waiting: nothing else can be a victim in this plan)."""
+        waiting: nothing else can be a victim in this plan). An attempt's effective class is
+        its priority's, or normal when its id is in `demoted` (anti-capture).
+
+        Built in two steps, the second only when a search needs it: per node, the (class,
+        attempt, GPUs) of its eligible victims (enough for `could_fit`); then per node the
+        victims in victim order (`by_node`, for the search)."""
         self.cap = cap
-        self.by_node: dict[str, list[OnNode]] = defaultdict(list)
+        self.now, self.mode = now, mode
         self.rank: dict[int, int] = {}
         self.chosen: set[int] = set()
         self.version: dict[str, int] = defaultdict(int)
         self._pos: dict[str, int] | None = None
+        self._by_node: dict[str, list[OnNode]] | None = None
+        raw: dict[str, list[tuple[int, RunningView, int]]] = {}
         lowest: int | None = None
-        pool_of, by_node, ranks = cap.pool_of, self.by_node, self.rank
+        pool_of, ranks, rank_table = cap.pool_of, self.rank, _RANK
         spanning: set[str] = set()
-        youngest = mode == "youngest"
         for r in running:
             if r.stopping or (r.times_preempted and now - r.started_at < min_run_s):
                 continue  # not preemptable (see preemptable())
-            rank = rank_of(r)
+            aid = r.attempt_id
+            rank = NORMAL_RANK if aid in demoted else rank_table[r.priority]
             if rank >= below:
                 continue
-            if youngest:
-                k: VictimKey = (rank, -r.started_at, r.job_id)
-            else:  # lost_gpu_s(r, now), inlined: this loop runs over every attempt
-                since = r.started_at
-                ck = r.last_checkpoint_at
-                if ck is not None and ck > since:
-                    since = ck
-                period = r.checkpoint_period_s
-                if period and now >= r.checkpoint_origin + period:
-                    ck = r.checkpoint_origin + ((now - r.checkpoint_origin) // period) * period
-                    if ck > since:
-                        since = ck
-                k = (rank, (now - since) * r.gpus if now > since else 0.0, -r.started_at, r.job_id)
-            ranks[r.attempt_id] = rank
-            wide = len(r.alloc) > 1
-            for node, g in r.alloc:
-                if node not in pool_of:
-                    continue  # a node no longer in any pool: nothing to free there
-                by_node[node].append((k, r, g))
-                if wide:
-                    spanning.add(pool_of[node])
+            ranks[aid] = rank
+            alloc = r.alloc
+            if len(alloc) > 1:
+                for node, g in alloc:
+                    if node in pool_of:
+                        raw.setdefault(node, []).append((rank, r, g))
+                        spanning.add(pool_of[node])
+            else:
+                node, g = alloc[0]
+                if node in pool_of:  # else a node no longer in any pool: nothing to free there
+                    raw.setdefault(node, []).append((rank, r, g))
             if lowest is None or rank < lowest:
                 lowest = rank
-        for lst in by_node.values():
-            if len(lst) > 1:
-                lst.sort(key=_first)
+        self._raw = raw
         self.spanning = spanning  # pools with a victim on several nodes (gangs search greedily)
         self._per_pool: dict[str, list[tuple[VictimKey, int, str, int, RunningView]]] = {}
         self._recl: dict[str, list[int]] = {}
@@ -187,6 +185,25 @@ class VictimIndex:
         self.heaps: dict[tuple[str, int, int], list[HeapEntry]] = {}
         self.cache: dict[tuple[str, int, int], tuple[int, Victims | None]] = {}
         cap.listener = self.touch
+
+    @property
+    def by_node(self) -> dict[str, list[OnNode]]:
+        """Per node, its eligible victims as (key, attempt, GPUs there), in victim order."""
+        if self._by_node is None:
+            now, youngest = self.now, self.mode == "youngest"
+            keys: dict[int, VictimKey] = {}
+            by_node: dict[str, list[OnNode]] = {}
+            for node, lst in self._raw.items():
+                out = by_node[node] = []
+                for rank, r, g in lst:
+                    k = keys.get(r.attempt_id)
+                    if k is None:
+                        k = keys[r.attempt_id] = _key(r, rank, now, youngest)
+                    out.append((k, r, g))
+                if len(out) > 1:
+                    out.sort(key=_first)
+            self._by_node = by_node
+        return self._by_node
 
     @property
     def pos(self) -> dict[str, int]:
@@ -213,14 +230,14 @@ class VictimIndex:
         if rc is None:
             rc = self._recl[node] = [0] * (RANKS + 1)
             chosen = self.chosen
-            for k, r, g in self.by_node.get(node, ()):
+            for rank, r, g in self._raw.get(node, ()):
                 if r.attempt_id not in chosen:
-                    for above in range(int(k[0]) + 1, RANKS + 1):
+                    for above in range(rank + 1, RANKS + 1):
                         rc[above] += g
         return rc
 
     def _reach(self, node: str, rank: int) -> int:
-        return self.cap.avail(node) + (self.recl(node)[rank] if node in self.by_node else 0)
+        return self.cap.avail(node) + (self.recl(node)[rank] if node in self._raw else 0)
 
     def _bucket(self, pool: str, rank: int) -> list[dict[str, None]]:
         """Nodes of the pool by what they could offer a job of this class: available GPUs plus
@@ -483,4 +500,20 @@ class VictimIndex:
 
 def _first(e: OnNode) -> VictimKey:
     return e[0]
+
+
+def _key(r: RunningView, rank: int, now: float, youngest: bool) -> VictimKey:
+    """victim_key(), inlined for the index (it runs over every eligible attempt)."""
+    if youngest:
+        return (rank, -r.started_at, r.job_id)
+    since = r.started_at
+    ck = r.last_checkpoint_at
+    if ck is not None and ck > since:
+        since = ck
+    period = r.checkpoint_period_s
+    if period and now >= r.checkpoint_origin + period:
+        ck = r.checkpoint_origin + ((now - r.checkpoint_origin) // period) * period
+        if ck > since:
+            since = ck
+    return (rank, (now - since) * r.gpus if now > since else 0.0, -r.started_at, r.job_id)
 
