@@ -19,8 +19,9 @@
 - lost_gpu_hours_{preemption,interruption}: GPU time of ended attempts not kept as progress
   (drain, work since the last checkpoint, restart overhead), by cause.
 - cloud_cost_usd: rented node-hours (launch to release) x price; cloud_cost_on_demand_usd:
-  the same node-hours at the on-demand price of the same instance; launches_refused: launches
-  a pool in a stock-out refused.
+  the same node-hours at the on-demand price of the same instance; cloud_by_pool: node-hours,
+  cost and on-demand cost per rented pool (where the ratio of the two comes from);
+  launches_refused: launches a pool in a stock-out refused.
 - cost_per_gpu_hour: (cloud cost + on-prem GPUs x window hours x the amortized on-prem rate)
   / gpu_hours_delivered.
 """
@@ -52,6 +53,7 @@ class Recorder:
         self.idle_fit_gpu_s = 0.0
         self.lost_gpu_s: dict[str, float] = {"preemption": 0.0, "interruption": 0.0}
         self.cloud_usd = self.cloud_od_usd = 0.0
+        self.by_pool: dict[str, list[float]] = {}  # pool -> [node-hours, usd, on-demand usd]
         self.cloud_gpu_s = 0.0
         self.shapes: Counter[tuple] = Counter()
         self.hourly: list[float] = []  # on-prem GPU-seconds used per hour since the first submit
@@ -108,9 +110,13 @@ class Recorder:
         if pool.rented:
             self.cloud_gpu_s += gpu_s
 
-    def bill(self, usd: float, od_usd: float) -> None:
+    def bill(self, pool: str, node_hours: float, usd: float, od_usd: float) -> None:
         self.cloud_usd += usd
         self.cloud_od_usd += od_usd
+        acc = self.by_pool.setdefault(pool, [0.0, 0.0, 0.0])
+        acc[0] += node_hours
+        acc[1] += usd
+        acc[2] += od_usd
 
     # -- the result ----------------------------------------------------------------------------
     def result(self, jobs: list[Any], pending: dict[int, Any], running: dict[int, Any],
@@ -166,6 +172,9 @@ class Recorder:
             "cloud_gpu_hours": round(self.cloud_gpu_s / 3600.0, 1),
             "cloud_cost_usd": round(self.cloud_usd, 2),
             "cloud_cost_on_demand_usd": round(self.cloud_od_usd, 2),
+            "cloud_by_pool": {p: {"node_hours": round(h, 1), "cost_usd": round(u, 2),
+                                  "on_demand_usd": round(o, 2)}
+                              for p, (h, u, o) in sorted(self.by_pool.items())},
             "launches_refused": self.launch_refused,
             "cost_per_gpu_hour": round(total_usd / delivered_h, 4) if delivered_h else None,
         }

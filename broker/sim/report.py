@@ -52,6 +52,9 @@ def rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     add("launches refused (stock-outs)", lambda m: f"{m['launches_refused']:,}")
     add("cloud cost USD", lambda m: f"{m['cloud_cost_usd']:,.0f}")
     add("same at on-demand USD", lambda m: f"{m['cloud_cost_on_demand_usd']:,.0f}")
+    add("per rented pool: node-h, cost / on-demand", lambda m: "; ".join(
+        f"{p}: {c['node_hours']:,.0f} h, {c['cost_usd'] / c['on_demand_usd']:.2f}"
+        for p, c in m.get("cloud_by_pool", {}).items() if c["on_demand_usd"]) or "-")
     add("cost per delivered GPU-h", lambda m: "-" if m["cost_per_gpu_hour"] is None
         else f"${m['cost_per_gpu_hour']:.3f}")
     add("replay wall / CPU time", lambda m: f"{m['wall_s']:.1f}s / {m.get('cpu_s', 0):.1f}s")

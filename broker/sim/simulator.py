@@ -458,4 +458,5 @@ class Simulator:
     def _bill(self, p: SimPool, node: SimNode) -> None:
         if p.rented:
             hours = (self.now - node.launched_at) / 3600.0
-            self.rec.bill(hours * p.price_per_node_hour, hours * p.on_demand_per_node_hour)
+            self.rec.bill(p.name, hours, hours * p.price_per_node_hour,
+                          hours * p.on_demand_per_node_hour)

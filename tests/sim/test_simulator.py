@@ -108,6 +108,11 @@ def test_cloud_rents_after_waiting_and_bills_node_hours(tmp_path):
     assert result["cloud_cost_on_demand_usd"] == pytest.approx((120 + 3000 + 600) / H * 24.0,
                                                                abs=0.01)
     assert result["cloud_gpu_hours"] == pytest.approx(3000 * 8 / H, abs=0.1)
+    (pool, billed), = result["cloud_by_pool"].items()
+    assert pool == cloud[0]["name"]
+    assert billed["node_hours"] == pytest.approx((120 + 3000 + 600) / H, abs=0.1)
+    assert billed["cost_usd"] == result["cloud_cost_usd"]
+    assert billed["on_demand_usd"] == result["cloud_cost_on_demand_usd"]
     fifo, _ = run(tmp_path, rows, "onepool-onprem", cloud=cloud)
     assert fifo["cloud_cost_usd"] == 0
 
