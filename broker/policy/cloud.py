@@ -6,10 +6,13 @@ has room for the job's nodes, and the job's remaining budget covers the rental. 
 ranked by effective price (pricing.cost.effective_price: price x (1 + expected rework from
 spot interruptions, the job's checkpoint interval and the restart overhead)), then name.
 
-Stock-outs. A spot pool that refused a launch is closed for a while (broker.policy.pools).
-Work below high that may run on spot then takes only spot offers (another spot pool, or the
-closed one when it reopens) rather than renting on demand at several times the price;
-high/urgent work takes the next offer at once.
+Spot capacity that comes back. A spot pool that refused a launch is closed for a while
+(broker.policy.pools); a spot pool at its quota (`max_nodes`, big enough for the job) frees a
+slot when one of its nodes is released. Either way, work below high that may run on spot
+then takes only spot offers (another spot pool, or this one when it reopens or has room)
+rather than renting on demand at several times the price: it waits for spot as it waits for
+on-prem GPUs. On-demand is for high/urgent work, which takes the next offer at once, and
+for work that may not run on spot.
 
 When. A blocked job that could not be placed and has no victims stopping for it rents:
 - high/urgent jobs: at once, when the preempt-or-buy rule says buy, or when there is
@@ -63,12 +66,13 @@ def offers(j: PendingView, pools: Iterable[PoolView], cfg: PolicyConfig,
     """Rented pools that can take job j now, cheapest effective price first.
 
     `launched` counts nodes this plan already launches per pool (they use up quota). With
-    `wait_for_spot` (work below high), only spot offers while a closed spot pool that could
-    take the job will reopen: no on-demand rental for it meanwhile.
+    `wait_for_spot` (work below high), only spot offers while a spot pool that could take the
+    job cannot now (closed, or at its quota: see the module docstring): no on-demand rental
+    for it meanwhile.
     """
     pools = list(pools)
     if wait_for_spot and j.spot is not SpotPolicy.NEVER and any(
-            p.closed and p.market is Market.SPOT and _fits(j, p) for p in pools):
+            _spot_later(j, p, launched) for p in pools):
         pools = [p for p in pools if p.market is Market.SPOT]  # other spot pools still do
     out = []
     for p in pools:
@@ -84,6 +88,16 @@ def offers(j: PendingView, pools: Iterable[PoolView], cfg: PolicyConfig,
         out.append((price, p))
     out.sort(key=lambda o: (o[0], o[1].name))
     return out
+
+
+def _spot_later(j: PendingView, p: PoolView, launched: dict[str, int]) -> bool:
+    """Whether spot pool p could take job j, but not now: it is closed (a stock-out), or its
+    quota, big enough for the job, is used up."""
+    if p.market is not Market.SPOT or not _fits(j, p):
+        return False
+    if p.closed:
+        return True
+    return (p.max_nodes or 0) >= j.nodes and p.launchable - launched.get(p.name, 0) < j.nodes
 
 
 def _fits(j: PendingView, p: PoolView) -> bool:

@@ -113,8 +113,10 @@ def test_grace_changes_the_preempt_or_buy_choice():
 
 
 # -- a spot stock-out sent non-urgent work to on-demand at three times the price -----------------
-def _rented(name: str, market: str, price: float, closed: bool = False) -> PoolView:
-    p = pool(name, market=market, price=price, nodes=0)
+def _rented(name: str, market: str, price: float, closed: bool = False, full: bool = False) -> PoolView:
+    """A rented pool: closed (a stock-out), at its quota of 2 (`full`: two nodes, which the
+    test keeps busy with urgent work), or with no nodes and room for 2."""
+    p = pool(name, market=market, price=price, nodes=2 if full else 0)
     return dataclasses.replace(p, max_nodes=0 if closed else 2, closed=closed)
 
 
@@ -127,6 +129,13 @@ STOCKOUT_CASES = [
                  id="urgent-takes-on-demand-at-once"),
     pytest.param("low", [("s", "spot", 1.0, False), ("od", "on_demand", 3.0, False)], ["s"],
                  id="in-stock:spot"),
+    pytest.param("normal", [("s", "spot", 1.0, False, True), ("od", "on_demand", 3.0, False)], [],
+                 id="normal-waits-for-a-spot-quota-slot"),
+    pytest.param("high", [("s", "spot", 1.0, False, True), ("od", "on_demand", 3.0, False)],
+                 ["od"], id="high-takes-on-demand-when-spot-is-full"),
+    pytest.param("normal", [("s", "spot", 1.0, False, True), ("s2", "spot", 2.0, False),
+                            ("od", "on_demand", 3.0, False)], ["s2"],
+                 id="full-spot-pool:another-spot-pool-does"),
 ]
 
 
@@ -134,6 +143,8 @@ STOCKOUT_CASES = [
 def test_work_below_high_waits_out_a_spot_stockout(prio, pools, expect):
     rented = [_rented(*p) for p in pools]
     run = [running(1, 11, prio="urgent", alloc={"a-0": 8})]  # nothing to preempt
+    run += [running(2 + i, 12 + i, prio="urgent", alloc={nd.id: 8})
+            for i, nd in enumerate(nd for p in rented for nd in p.nodes)]
     p = plan(snap([pool("a", nodes=1), *rented], running=run,
                   pending=[job(9, prio=prio, gpus=8)],
                   cloud_after_wait_s=0.0))
