@@ -82,10 +82,10 @@ def simulate_loaded(trace: list[TraceJob], sc: Scenario, policies: list[str] | N
                     on_progress: Callable[[dict[str, float]], None] | None = None) -> dict[str, Any]:
     """simulate() for a trace and scenario already in memory."""
     pols = resolve(policies or NAMES, sc, sc.policy, variants=overrides, strongest=True)
-    # the slowest first, so two workers finish together: the FIFO baselines replay the
-    # longest queues
-    order = {"partitioned": 0, "fifo": 1}
-    pols.sort(key=lambda p: order.get(p.name, 2))
+    # the slowest first (as measured on the shared trace: the preempting policies search for
+    # victims), so the workers finish close together
+    order = {"onepool-onprem": 0, "naive-preempt": 1, "onepool": 2}
+    pols.sort(key=lambda p: order.get(p.name, 3))
     n = workers or min(len(pols), os.cpu_count() or 1)
     t0 = time.perf_counter()
     runs: list[dict[str, Any]] = []
