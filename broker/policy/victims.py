@@ -168,7 +168,7 @@ class VictimIndex:
                     if node in pool_of:
                         raw.setdefault(node, []).append((rank, r, g))
                         spanning.add(pool_of[node])
-            else:
+            elif alloc:
                 node, g = alloc[0]
                 if node in pool_of:  # else a node no longer in any pool: nothing to free there
                     raw.setdefault(node, []).append((rank, r, g))

@@ -149,3 +149,10 @@ def test_work_below_high_waits_out_a_spot_stockout(prio, pools, expect):
                   pending=[job(9, prio=prio, gpus=8)],
                   cloud_after_wait_s=0.0))
     assert [la.pool for la in p.launches] == expect
+
+
+# -- an attempt holding no GPUs yet (the live engine's, while it starts) broke the victim index --
+def test_an_attempt_without_an_allocation_is_no_victim_and_breaks_nothing():
+    run = [running(1, 11, alloc={}), running(2, 12, alloc={"a-0": 8})]
+    p = plan(snap([pool("a", nodes=1)], running=run, pending=[job(9, prio="urgent", gpus=8)]))
+    assert preempted_for(p) == [(2, 9)]
