@@ -27,8 +27,13 @@ test: $(STAMP) test-deps
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos
 
+# The gates .ci/run applies before the tests: ruff over every package, mypy --strict where the
+# code promises it (the pure policy, the provider contract), and the import contracts in
+# pyproject.toml (broker/policy imports no IO; pricing imports nothing of broker).
 lint: $(STAMP)
-	$(BIN)/ruff check broker providers pricing dashboard tests examples bench
+	$(BIN)/ruff check broker providers pricing dashboard tests bench examples
+	$(BIN)/mypy --strict broker/policy providers/base.py
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .onepool .pytest_cache build

@@ -282,20 +282,50 @@ class TeamSpec(_Strict):
     budget_low_fraction: float = Field(default=0.2, ge=0.0, le=1.0)
 
 
-class BrokerSettings(_Strict):
-    """Knobs of the live broker. Times in seconds."""
+class PolicySettings(_Strict):
+    """The scheduling policy's knobs, written once: onepool.yaml's `broker:` section and a
+    simulation scenario both hold them, and `broker.policy.PolicyConfig.from_settings` turns
+    either into the policy's configuration. Times in seconds.
 
-    cycle_s: float = Field(default=2.0, gt=0.0, le=3600)
+    - grace_s: SIGTERM -> this long to checkpoint and exit -> SIGKILL
+    - min_run_s: a job preempted before is safe from preemption this long after it restarts
+    - cloud_after_wait_s: non-urgent jobs wait this long before nodes are rented for them
+    - restart_overhead_s: what a resumed attempt spends before it makes progress (assumed)
+    - checkpoint_on_signal: the share of jobs that save a checkpoint when signalled (the rest
+      lose the work since their last periodic checkpoint); the policy's loss estimates use it
+    - fair_share_half_life_s: how fast past usage is forgotten in the fair-share order
+    - reservations: how many blocked jobs (in queue order) get a reservation; a reservation
+      holds GPUs only against jobs that would not finish before its estimated start (EASY)
+    - promote_after_s: a multi-node job waiting this long is scheduled one class higher
+      (never above high); None: off
+    - preempt_after_s: a job below high preempts only once it has waited this long since it
+      was submitted (most find capacity meanwhile; high/urgent preempt at once); 0: at once
+    - checkpoint_align_s: a job below high waits up to this long for its victims' next
+      periodic checkpoints, when they would otherwise lose unsaved work; 0: never
+    """
+
     grace_s: float = Field(default=60.0, ge=0.0, le=3600)
     min_run_s: float = Field(default=300.0, ge=0.0)
+    cloud_after_wait_s: float = Field(default=600.0, ge=0.0)
+    restart_overhead_s: float = Field(default=180.0, ge=0.0)
+    checkpoint_on_signal: float = Field(default=0.5, ge=0.0, le=1.0)
     fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0.0)
+    reservations: int = Field(default=1, ge=0, le=10_000)
+    promote_after_s: float | None = Field(default=None, gt=0.0)
+    preempt_after_s: float = Field(default=900.0, ge=0.0)
+    checkpoint_align_s: float = Field(default=900.0, ge=0.0)
+
+
+class BrokerSettings(PolicySettings):
+    """Knobs of the live broker (the policy's are inherited from PolicySettings). Times in
+    seconds."""
+
+    cycle_s: float = Field(default=2.0, gt=0.0, le=3600)
     checkpoint_store: str | None = None  # default: file://$ONEPOOL_HOME/checkpoints
     keep_checkpoints: int = Field(default=3, ge=1)  # newest committed checkpoints kept per job
     # Retention waits this long before deleting a checkpoint that fell out of the newest
     # `keep_checkpoints`, or a step folder that has had no manifest (an abandoned upload).
     checkpoint_delete_delay_s: float = Field(default=3600.0, ge=0.0)
-    # Non-urgent jobs wait this long in the queue before nodes are rented for them.
-    cloud_after_wait_s: float = Field(default=600.0, ge=0.0)
     # Money (issue 6): who pays for idle rented node time ("pool": nobody's jobs; "launcher":
     # the team whose job triggered the launch), and what a submission whose estimate exceeds
     # its budget gets ("spot_only": queued spot-only if a spot pool fits the budget, else refused).

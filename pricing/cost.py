@@ -3,11 +3,12 @@
 Pure functions, no IO. Prices are USD per GPU-hour.
 
 Rework model: interruptions arrive at `rate_per_h` (per node-hour of running). Each one
-costs the restart overhead, plus the work since the last checkpoint unless the job
-checkpoints on the interruption notice; without such a checkpoint, that work is on average
-half a checkpoint interval. So the expected rework per hour of running is
+costs the restart overhead, plus the work since the last checkpoint for jobs that do not
+checkpoint on the interruption notice; without such a checkpoint, that work is on average
+half a checkpoint interval. With `on_notice` the share of jobs that do (True: all, False:
+none), the expected rework per hour of running is
 
-    rework_h = rate_per_h * (restart_overhead_s + (0 if on_notice else interval_s / 2)) / 3600
+    rework_h = rate_per_h * (restart_overhead_s + (1 - on_notice) * interval_s / 2) / 3600
 
 and the effective price is price * (1 + rework_h). On-prem capacity is free for placement
 (an amortized rate is only reported).
@@ -19,16 +20,20 @@ HOURS_PER_YEAR = 8766.0  # 365.25 days
 
 
 def expected_rework(rate_per_h: float, checkpoint_interval_s: float, restart_overhead_s: float,
-                    checkpoint_on_notice: bool = False) -> float:
-    """Hours of work redone per hour of running (>= 0). Raises ValueError on negative input."""
+                    checkpoint_on_notice: float = 0.0) -> float:
+    """Hours of work redone per hour of running (>= 0). `checkpoint_on_notice`: the share
+    (0..1) of interruptions answered by a checkpoint. Raises ValueError on negative input or a
+    share outside 0..1."""
     if min(rate_per_h, checkpoint_interval_s, restart_overhead_s) < 0:
         raise ValueError("rate, checkpoint interval and restart overhead must be >= 0")
-    lost_s = restart_overhead_s + (0.0 if checkpoint_on_notice else checkpoint_interval_s / 2)
+    if not 0.0 <= checkpoint_on_notice <= 1.0:
+        raise ValueError("checkpoint_on_notice must be a share between 0 and 1")
+    lost_s = restart_overhead_s + (1.0 - checkpoint_on_notice) * checkpoint_interval_s / 2
     return rate_per_h * lost_s / 3600.0
 
 
 def effective_price(price_per_gpu_h: float, rate_per_h: float, checkpoint_interval_s: float,
-                    restart_overhead_s: float, checkpoint_on_notice: bool = False) -> float:
+                    restart_overhead_s: float, checkpoint_on_notice: float = 0.0) -> float:
     """USD per GPU-hour of useful work: price x (1 + expected rework)."""
     if price_per_gpu_h < 0:
         raise ValueError("price must be >= 0")

@@ -47,11 +47,12 @@ def train(steps: int = 20, step_s: float = 0.05, ckpt_every: int = 2,
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test`: two workers, --dist loadgroup), the tests of the one
-    shared Slurm test cluster (tests/slurm) run on one worker, one at a time."""
+    """Under pytest-xdist (`make test`: two workers, --dist loadgroup) a module's tests run on
+    one worker (its module-scoped fixtures, such as the demo run, are made once), and so do all
+    the tests of the one shared Slurm test cluster (tests/slurm), one at a time."""
     for item in items:
-        if "tests/slurm/" in item.nodeid:
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+        module = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group("slurm" if module.startswith("tests/slurm/") else module))
 
 
 @pytest.fixture(autouse=True)

@@ -48,8 +48,9 @@ def nodes(c: Any) -> list[Node]:
 
 
 def fill_onprem(c: Any, eng: Engine) -> int:
-    """A low job holding the whole on-prem pool, so the next one has to rent."""
-    hog = c.submit(name="hog", team="research", command=train(400, step_s=0.05),
+    """A low job holding the whole on-prem pool, so the next one has to rent (long enough to
+    outlast a test on a loaded machine: each test cancels it when done)."""
+    hog = c.submit(name="hog", team="research", command=train(4000, step_s=0.05),
                    gpus_per_node=2, priority="low").id
     drive(eng, lambda: c.get(hog).status == "RUNNING")
     return hog

@@ -23,7 +23,6 @@ Contract:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +33,8 @@ from sqlmodel import Session, col, select
 
 from broker.errors import InvalidState, NotFound, OnepoolError, SpecError, Unpriced
 from broker.policy import Snapshot
+from broker.policy import budget as policy_budget
+from broker.policy.budget import team_budget_state
 from broker.spec import ClusterConfig, JobSpec, Market, SpotPolicy, market_ok
 from broker.state.events import record
 from broker.state.ledger import price_in_force, spend_by_job, usd_per_gpu_hour
@@ -110,31 +111,17 @@ def team_budgets(s: Session, cfg: ClusterConfig, now: float) -> list[TeamBudget]
         amount = override.value["usd"] if override is not None else t.budget_usd
         start, end = window_bounds(t.budget_window, now)
         spent = team_spend(s, t.name, start, end)
-        if amount is None:
-            state = "none"
-        elif spent >= amount:
-            state = "exhausted"
-        elif amount - spent < t.budget_low_fraction * amount:
-            state = "low"
-        else:
-            state = "ok"
+        state = team_budget_state(amount, spent, t.budget_low_fraction)
         out.append(TeamBudget(t.name, amount, t.budget_window, start, end, spent, state,
                               t.budget_low_fraction))
     return out
 
 
 def restrict(snap: Snapshot, budgets: list[TeamBudget]) -> Snapshot:
-    """The snapshot the policy sees under team budgets (pure): LOW teams' pending jobs are
-    spot-only and their high/urgent allowance is 0; EXHAUSTED teams' pending jobs are hidden."""
-    state = {b.team: b.state for b in budgets}
-    if not any(v in ("low", "exhausted") for v in state.values()):
-        return snap
-    pending = tuple(
-        dataclasses.replace(p, spot=SpotPolicy.ONLY) if state.get(p.team) == "low" else p
-        for p in snap.pending if state.get(p.team) != "exhausted")
-    teams = tuple(dataclasses.replace(t, priority_allowance_gpus=0)
-                  if state.get(t.name) in ("low", "exhausted") else t for t in snap.teams)
-    return dataclasses.replace(snap, pending=pending, teams=teams)
+    """The snapshot the policy sees under team budgets: broker.policy.budget.restrict (LOW
+    teams' pending jobs are spot-only and their high/urgent allowance is 0; EXHAUSTED teams'
+    pending jobs are hidden)."""
+    return policy_budget.restrict(snap, {b.team: b.state for b in budgets})
 
 
 StopFn = Callable[[Session, Attempt, float, str], None]

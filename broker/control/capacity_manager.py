@@ -30,9 +30,10 @@ terminated. Instances tagged by this broker that no live node claims are orphans
 at start and every `broker.orphan_sweep_s`.
 
 A pool whose provider answered NoCapacity (or Fatal, or raised anything unexpected) is
-closed to launches for a back-off (see cloud_worker), so the next plan falls through to the
-next-cheapest offer. A pool with no known price (broker.errors.Unpriced) is closed to launches
-and says so in its events: it is never treated as free.
+closed to launches for a back-off (see cloud_worker), and a node under an interruption notice
+takes no new work: both rules live in broker.policy.pools (the simulator applies the same
+ones), so the next plan falls through to the next-cheapest offer. A pool with no known price
+(broker.errors.Unpriced) is closed to launches and says so in its events: it is never free.
 
 Metering (issue 13; broker.state.ledger): every rented node is on the meter from the cloud's
 answer to its launch (`ledger.node_up`, in the transaction that writes its instance id) to the cloud's
@@ -59,6 +60,7 @@ from broker.control.cloud_worker import ALIVE, CloudWorker
 from broker.control.config_apply import RENTED_KEY, applied_config
 from broker.errors import Unpriced
 from broker.policy import NodeView, Plan, Snapshot
+from broker.policy.pools import capped, draining
 from broker.spec import PoolSpec
 from broker.state import ledger
 from broker.state.events import record
@@ -340,25 +342,24 @@ class CapacityManager:
                 pools.append(p)
                 continue
             mine = [n for n in rows if n.pool == p.name]
-            nodes = tuple(NodeView(n.id, n.gpus if n.state == NodeState.UP else held[n.id],
-                                   idle_since=n.idle_since) for n in mine
+            nodes = tuple(NodeView(n.id, n.gpus, idle_since=n.idle_since) if n.state == NodeState.UP
+                          else draining(n.id, held[n.id], n.idle_since) for n in mine
                           if n.state in (NodeState.UP, NodeState.DRAINING))
             launching: dict[int, int] = defaultdict(int)
             for n in mine:
                 if n.state == NodeState.LAUNCHING:
                     launching[n.for_job_id or 0] += 1
-            cap = spec.max_nodes or 0
-            if self.closed_until.get(p.name, 0.0) > now:
-                cap = len(mine)
+            closed = self.closed_until.get(p.name, 0.0) > now
+            cap = capped(spec.max_nodes or 0, len(mine), closed)
             try:
                 price, rate = self.price(spec)
                 self._record_price(spec, price * spec.gpus_per_node, now)
             except Unpriced as e:  # closed to launches, and said so once: never free
-                price, rate, cap = 0.0, 0.0, len(mine)
+                price, rate, cap, closed = 0.0, 0.0, len(mine), True
                 self._report_unpriced(spec.name, str(e), now)
             pools.append(replace(p, nodes=nodes, max_nodes=cap, launching=tuple(sorted(launching.items())),
                                  launch_latency_s=spec.launch_latency_s, idle_timeout_s=spec.idle_timeout_s,
-                                 price_per_gpu_hour=price, interruption_rate_per_h=rate))
+                                 price_per_gpu_hour=price, interruption_rate_per_h=rate, closed=closed))
         return replace(snap, pools=tuple(pools))
 
     def price(self, spec: PoolSpec) -> tuple[float, float]:

@@ -39,6 +39,7 @@ from sqlmodel import Session, col, select
 from broker.control.guards import BROKER_FAILURES
 from broker.crashpoints import crash_point
 from broker.errors import LeaseLost, NotLeader
+from broker.policy.pools import closed_until
 from broker.state import ledger
 from broker.state.events import record
 from broker.state.model import Node, NodeState, Notice
@@ -61,8 +62,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("onepool.cloud")
 T = TypeVar("T")
-NO_CAPACITY_BACKOFF_S = 300.0
-FATAL_BACKOFF_S = 3600.0
 UNEXPECTED_BACKOFF_S = 600.0  # a provider raised something outside its contract
 LOST_GRACE_S = 120.0  # a launching instance missing from the listing this long is lost
 ALIVE = (NodeState.LAUNCHING, NodeState.UP, NodeState.DRAINING)
@@ -241,7 +240,7 @@ class CloudWorker:
                         "with the same token", node_id, e)
             return
         except (NoCapacity, Fatal) as e:
-            backoff = NO_CAPACITY_BACKOFF_S if isinstance(e, NoCapacity) else FATAL_BACKOFF_S
+            backoff = closed_until(now, fatal=not isinstance(e, NoCapacity)) - now
             why = "no_capacity" if isinstance(e, NoCapacity) else "launch_failed"
             self._refused(node_id, job_id, now, backoff, why, f"{e}")
             return

@@ -85,8 +85,7 @@ class Engine(AttemptGuards):
         self.executor: Executor = executor or Executors(self.store, clock, store.home / "runs")
         if isinstance(self.executor, Executors):
             self.executor.agents.store = self.store  # rank assignments are fenced writes too
-        self.policy = policy or PolicyConfig(min_run_s=self.settings.min_run_s,
-                                             cloud_after_wait_s=self.settings.cloud_after_wait_s)
+        self.policy = policy or PolicyConfig.from_settings(self.settings, "broker")
         self.capacity = CapacityManager(self)  # rented pools (issue 4); providers built lazily
         # Slurm pools (issue 14): their nodes are read from Slurm each cycle; the executor runs them
         self.slurm = self.executor.slurm if isinstance(self.executor, Executors) else None

@@ -16,10 +16,12 @@ from broker.policy import (
     TeamView,
     decayed_gpu_seconds,
 )
+from broker.policy.estimates import RuntimeHistory
 from broker.spec import Market, Priority, SpotPolicy
 from broker.state.model import Attempt, AttemptState, Job, JobState, Node, NodeState, Pool, Team
 
 USAGE_HORIZON_HALF_LIVES = 6  # older usage weighs < 2% and is not read
+HISTORY_JOBS = 2000  # the most recent finished jobs that runtime estimates learn from
 
 
 def build_snapshot(s: Session, now: float, config: PolicyConfig, half_life_s: float) -> Snapshot:
@@ -43,25 +45,54 @@ def build_snapshot(s: Session, now: float, config: PolicyConfig, half_life_s: fl
                  p.price_per_node_hour / p.gpus_per_node)
         for p in s.exec(select(Pool).where(Pool.active).order_by(Pool.name)).all()
     )
-    running = tuple(
-        RunningView(
+    history = runtime_history(s)
+
+    def estimate(j: Job) -> float | None:
+        return j.expected_duration_s or history.estimate((j.team, j.experiment))
+
+    running = []
+    for a, j in active:
+        est = estimate(j)
+        running.append(RunningView(
             attempt_id=a.id, job_id=j.id, team=j.team, priority=Priority(j.priority),
             alloc=tuple((node, len(slots)) for node, slots in a.alloc),
             started_at=a.started_at, submit_time=j.submit_time,
             last_checkpoint_at=a.last_checkpoint_at, times_preempted=j.preemptions,
             stopping=a.state == AttemptState.STOPPING,
             stopping_for=a.preempted_by if a.stop_reason == "preempted" else None,
-        )
-        for a, j in active
-    )
+            checkpoint_period_s=None,
+            # a resumed attempt is assumed to redo the whole estimate (its progress is a step
+            # count, not seconds): later, never sooner, than the truth
+            expected_end=None if est is None else a.started_at + est,
+        ))
     pending = tuple(
         PendingView(j.id, j.team, Priority(j.priority), j.gpus_per_node, j.submit_time,
-                    j.nodes, tuple(j.gpu_types), SpotPolicy(j.spot))
+                    j.nodes, tuple(j.gpu_types), SpotPolicy(j.spot),
+                    expected_duration_s=estimate(j), checkpoint_interval_s=j.checkpoint_interval_s)
         for j in s.exec(select(Job).where(Job.state == JobState.PENDING,
                                            col(Job.cancel_requested).is_(False))).all()
     )
-    return Snapshot(now=now, pools=pools, running=running, pending=pending,
+    return Snapshot(now=now, pools=pools, running=tuple(running), pending=pending,
                     teams=team_views(s, now, half_life_s), config=config)
+
+
+def runtime_history(s: Session) -> RuntimeHistory:
+    """Runtimes of the most recent succeeded jobs (their attempts' run time summed), per
+    (team, experiment), for broker.policy.estimates."""
+    recent = select(Job.id).where(Job.state == JobState.SUCCEEDED).order_by(
+        col(Job.end_time).desc()).limit(HISTORY_JOBS)
+    rows = s.exec(select(Job.id, Job.team, Job.experiment, Attempt.started_at, Attempt.ended_at)
+                  .join(Attempt, Attempt.job_id == Job.id)
+                  .where(col(Job.id).in_(recent), col(Attempt.ended_at).is_not(None))
+                  .order_by(Job.end_time, Job.id)).all()
+    per_job: dict[int, tuple[tuple[str, str], float]] = {}
+    for jid, team, exp, start, end in rows:
+        key, total = per_job.get(jid, ((team, exp), 0.0))
+        per_job[jid] = (key, total + max(0.0, end - start))
+    history = RuntimeHistory()
+    for key, total in per_job.values():
+        history.observe(key, total)
+    return history
 
 
 def team_views(s: Session, now: float, half_life_s: float) -> tuple[TeamView, ...]:

@@ -2,60 +2,95 @@
 
 from __future__ import annotations
 
-from broker.policy.snapshot import Alloc, PoolView
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable
+
+from broker.policy.snapshot import Alloc, PoolView, RunningView
 
 
 class Capacity:
-    """Free GPUs per node with, per pool, buckets of nodes by free count.
+    """Free GPUs per node for one plan, and what reservations hold of them.
 
-    `count_fit` and `take` cost O(gpus_per_node), not O(nodes): plan() stays fast at
-    thousands of nodes. Iteration order is deterministic (insertion-ordered dicts).
+    Per node: `free` (GPUs no attempt holds and nothing was placed on in this plan) and
+    `held` (the part of `free` held for blocked jobs). `easy` is the part of `held` an EASY
+    reservation holds: jobs that end before its start may use it (see broker.policy.backfill).
+    `avail` = free - held is what any job may take. Per pool, nodes sit in buckets by avail,
+    so count_fit and take cost O(GPUs per node), not O(nodes). `avail` never grows during a
+    plan. Iteration order is deterministic (insertion-ordered dicts).
     """
 
-    def __init__(self, pools: tuple[PoolView, ...], used: dict[str, int] | None) -> None:
-        """`used`: GPUs held per node id; None means every NodeView carries its own `used`."""
+    def __init__(self, pools: tuple[PoolView, ...], running: Iterable[RunningView]) -> None:
+        """Free GPUs from the pools' nodes: a NodeView's `used` when it has one, else the sum
+        of the running attempts' allocations on it."""
         self.free: dict[str, int] = {}
+        self.held: dict[str, int] = {}
+        self.easy: dict[str, int] = {}
         self.pool_of: dict[str, str] = {}
         self.size: dict[str, int] = {}
+        self.nodes: dict[str, list[str]] = {}
         self.buckets: dict[str, list[dict[str, None]]] = {}
+        self.listener: Callable[[str], None] | None = None  # told when a node's avail shrinks
         free, pool_of = self.free, self.pool_of
+        summed: dict[str, int] | None = None
         for p in pools:
             gpn, name = p.gpus_per_node, p.name
             b: list[dict[str, None]] = [{} for _ in range(gpn + 1)]
             self.buckets[name] = b
             self.size[name] = gpn
-            for node in p.nodes:
-                nid = node.id
-                held = node.used if used is None else used.get(nid, 0)
-                f = min(node.gpus, gpn) - (held or 0)
-                if f < 0:
-                    f = 0
-                free[nid] = f
-                pool_of[nid] = name
-                if f:
+            nodes = p.nodes
+            ids = self.nodes[name] = [nd.id for nd in nodes]
+            try:  # every node says what it uses (the simulator's do): no summing needed
+                frees = [(nd.gpus if nd.gpus < gpn else gpn) - nd.used  # type: ignore[operator]
+                         for nd in nodes]
+            except TypeError:
+                if summed is None:
+                    summed = defaultdict(int)
+                    for r in running:
+                        for nd_id, g in r.alloc:
+                            summed[nd_id] += g
+                frees = [(nd.gpus if nd.gpus < gpn else gpn)
+                         - (nd.used if nd.used is not None else summed.get(nd.id, 0)) for nd in nodes]
+            pool_of.update(dict.fromkeys(ids, name))
+            for nid, f in zip(ids, frees, strict=True):
+                if f > 0:
+                    free[nid] = f
                     b[f][nid] = None
+                else:
+                    free[nid] = 0
 
-    def max_free(self) -> int:
-        """The most free GPUs on any one node, over all pools."""
+    def avail(self, node: str) -> int:
+        return self.free[node] - self.held.get(node, 0)
+
+    def max_avail(self, pools: Iterable[str] | None = None) -> int:
+        """The most GPUs any one node of these pools (default: all) has available."""
         best = 0
-        for b in self.buckets.values():
+        for name in self.buckets if pools is None else pools:
+            b = self.buckets[name]
             for f in range(len(b) - 1, best, -1):
                 if b[f]:
                     best = f
                     break
         return best
 
-    def set_free(self, node: str, value: int) -> None:
-        b = self.buckets[self.pool_of[node]]
-        old = self.free[node]
-        if old:
-            del b[old][node]
-        if value:
-            b[value][node] = None
-        self.free[node] = value
+    def _set(self, node: str, free: int, held: int) -> None:
+        old = self.free[node] - self.held.get(node, 0)
+        new = free - held
+        self.free[node] = free
+        if held:
+            self.held[node] = held
+        else:
+            self.held.pop(node, None)
+        if old != new:
+            b = self.buckets[self.pool_of[node]]
+            if old:
+                del b[old][node]
+            if new:
+                b[new][node] = None
+            if self.listener is not None:
+                self.listener(node)
 
     def count_fit(self, pool: str, g: int, n: int) -> bool:
-        """True if at least n nodes of the pool have g or more free GPUs."""
+        """True if at least n nodes of the pool have g or more GPUs available."""
         b = self.buckets[pool]
         have = 0
         for f in range(g, len(b)):
@@ -64,39 +99,52 @@ class Capacity:
                 return True
         return False
 
-    def take(self, pool: str, g: int, n: int) -> Alloc:
-        """Take g GPUs on each of n nodes, best fit (fullest nodes that still fit first).
-
-        The caller checks count_fit first; the result is undefined otherwise.
-        """
+    def take(self, pool: str, g: int, n: int, exclude: Collection[str] = ()) -> Alloc:
+        """Take g available GPUs on each of n nodes, best fit (the fullest nodes that still
+        fit first), skipping `exclude`. The caller checks that enough nodes fit; the result
+        is undefined otherwise."""
         b = self.buckets[pool]
         chosen: list[str] = []
         for f in range(g, len(b)):
             for node in b[f]:
+                if node in exclude:
+                    continue
                 chosen.append(node)
                 if len(chosen) == n:
                     break
             if len(chosen) == n:
                 break
+        held = self.held
         for node in chosen:
-            self.set_free(node, self.free[node] - g)
+            self._set(node, self.free[node] - g, held.get(node, 0))
         return tuple((node, g) for node in chosen)
 
-    def hold(self, nodes: list[str], g: int) -> Alloc:
-        """Reserve up to g free GPUs on each node; returns what was actually held."""
-        held = []
+    def take_easy(self, node: str, g: int) -> None:
+        """A job that ends before the node's EASY reservation starts takes g GPUs: the held
+        part first (it leaves before they are needed), then the available part."""
+        e = min(self.easy.get(node, 0), g)
+        if e:
+            self.easy[node] -= e
+        self._set(node, self.free[node] - g, self.held.get(node, 0) - e)
+
+    def hold(self, nodes: Iterable[str], g: int, easy: bool = False) -> Alloc:
+        """Hold up to g available GPUs on each node; returns what was actually held. `easy`:
+        for an EASY reservation (jobs ending before its start may still use them)."""
+        out = []
         for node in nodes:
-            k = min(g, self.free[node])
-            if k:
-                self.set_free(node, self.free[node] - k)
-                held.append((node, k))
-        return tuple(held)
+            k = min(g, self.avail(node))
+            if k > 0:
+                if easy:
+                    self.easy[node] = self.easy.get(node, 0) + k
+                self._set(node, self.free[node], self.held.get(node, 0) + k)
+                out.append((node, k))
+        return tuple(out)
 
     def fullest(self, pool: str, n: int, extra: dict[str, int]) -> list[str]:
-        """The n nodes of the pool with the most free GPUs (counting `extra` incoming ones)."""
+        """The n nodes of the pool with the most available GPUs (counting `extra` incoming)."""
         b = self.buckets[pool]
         out: list[str] = [nd for nd in extra if self.pool_of.get(nd) == pool]
-        out.sort(key=lambda nd: -(self.free[nd] + extra[nd]))
+        out.sort(key=lambda nd: -(self.avail(nd) + extra[nd]))
         out = out[:n]
         for f in range(len(b) - 1, 0, -1):
             if len(out) >= n:

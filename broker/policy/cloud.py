@@ -6,6 +6,14 @@ has room for the job's nodes, and the job's remaining budget covers the rental. 
 ranked by effective price (pricing.cost.effective_price: price x (1 + expected rework from
 spot interruptions, the job's checkpoint interval and the restart overhead)), then name.
 
+Spot capacity that comes back. A spot pool that refused a launch is closed for a while
+(broker.policy.pools); a spot pool at its quota (`max_nodes`, big enough for the job) frees a
+slot when one of its nodes is released. Either way, work below high that may run on spot
+then takes only spot offers (another spot pool, or this one when it reopens or has room)
+rather than renting on demand at several times the price: it waits for spot as it waits for
+on-prem GPUs. On-demand is for high/urgent work, which takes the next offer at once, and
+for work that may not run on spot.
+
 When. A blocked job that could not be placed and has no victims stopping for it rents:
 - high/urgent jobs: at once, when the preempt-or-buy rule says buy, or when there is
   nothing to preempt;
@@ -20,7 +28,8 @@ Preempt-or-buy, for a high/urgent job that has both a victim set and an offer:
                   + launch_latency_s/3600 * job GPUs * wait_value_usd_per_gpu_hour
 
 where lost_gpu_h counts each victim's restart overhead, plus its work since its last
-checkpoint unless victims checkpoint on the signal, and horizon_h is the job's expected
+checkpoint for the share of victims assumed not to checkpoint on the signal
+(1 - checkpoint_on_signal), and horizon_h is the job's expected
 duration (or rent_horizon_s). Buy iff buy_usd < preempt_usd.
 
 Packing. Nodes already launching for a job with spare GPUs (a 1-GPU job on an 8-GPU node)
@@ -34,9 +43,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from broker.policy.snapshot import PendingView, PolicyConfig, PoolView, RunningView
+from broker.policy.config import PolicyConfig
+from broker.policy.snapshot import PendingView, PoolView, RunningView
 from broker.policy.victims import lost_gpu_s
-from broker.spec import market_ok
+from broker.spec import Market, SpotPolicy, market_ok
 from pricing.cost import effective_price
 
 
@@ -52,11 +62,18 @@ def horizon_h(j: PendingView, cfg: PolicyConfig) -> float:
 
 
 def offers(j: PendingView, pools: Iterable[PoolView], cfg: PolicyConfig,
-           launched: dict[str, int]) -> list[tuple[float, PoolView]]:
+           launched: dict[str, int], wait_for_spot: bool = False) -> list[tuple[float, PoolView]]:
     """Rented pools that can take job j now, cheapest effective price first.
 
-    `launched` counts nodes this plan already launches per pool (they use up quota).
+    `launched` counts nodes this plan already launches per pool (they use up quota). With
+    `wait_for_spot` (work below high), only spot offers while a spot pool that could take the
+    job cannot now (closed, or at its quota: see the module docstring): no on-demand rental
+    for it meanwhile.
     """
+    pools = list(pools)
+    if wait_for_spot and j.spot is not SpotPolicy.NEVER and any(
+            _spot_later(j, p, launched) for p in pools):
+        pools = [p for p in pools if p.market is Market.SPOT]  # other spot pools still do
     out = []
     for p in pools:
         if p.max_nodes is None or p.launchable - launched.get(p.name, 0) < j.nodes:
@@ -73,14 +90,31 @@ def offers(j: PendingView, pools: Iterable[PoolView], cfg: PolicyConfig,
     return out
 
 
+def _spot_later(j: PendingView, p: PoolView, launched: dict[str, int]) -> bool:
+    """Whether spot pool p could take job j, but not now: it is closed (a stock-out), or its
+    quota, big enough for the job, is used up."""
+    if p.market is not Market.SPOT or not _fits(j, p):
+        return False
+    if p.closed:
+        return True
+    return (p.max_nodes or 0) >= j.nodes and p.launchable - launched.get(p.name, 0) < j.nodes
+
+
+def _fits(j: PendingView, p: PoolView) -> bool:
+    """Whether the pool could take the job at all (its size while closed is capped: unused)."""
+    return ((not j.gpu_types or p.gpu_type in j.gpu_types) and (p.teams is None or j.team in p.teams)
+            and p.gpus_per_node >= j.gpus_per_node)
+
+
 def victims_loss_gpu_h(victims: Iterable[RunningView], now: float, cfg: PolicyConfig) -> float:
-    """GPU-hours a preemption destroys: restart overhead, plus un-checkpointed work unless
-    victims checkpoint on the signal."""
+    """GPU-hours a preemption is expected to destroy: restart overhead, plus un-checkpointed
+    work for the share of victims that do not checkpoint on the signal."""
+    unsaved = 1.0 - cfg.checkpoint_on_signal
     total = 0.0
     for r in victims:
         total += cfg.restart_overhead_s * r.gpus
-        if not cfg.checkpoint_on_signal:
-            total += lost_gpu_s(r, now)
+        if unsaved:
+            total += unsaved * lost_gpu_s(r, now)
     return total / 3600.0
 
 

@@ -24,3 +24,16 @@ def decayed_gpu_seconds(
             continue
         total += gpus * (math.exp(-k * (now - end)) - math.exp(-k * (now - start))) / k
     return total
+
+
+def decay(usage: float, gpus: int, dt: float, half_life_s: float) -> float:
+    """Decayed GPU-seconds `dt` seconds later, with `gpus` GPUs in use all along (the closed
+    form of decayed_gpu_seconds over a stretch where nothing changes). Raises ValueError for
+    a non-positive half life."""
+    if half_life_s <= 0:
+        raise ValueError("half_life_s must be > 0")
+    if dt <= 0:
+        return usage
+    k = math.log(2) / half_life_s
+    f = math.exp(-k * dt)
+    return usage * f + gpus * (1 - f) / k

@@ -5,194 +5,166 @@ The live engine and the trace simulator both call this; only their IO differs.
 The cycle, step by step:
 1. Free GPUs per node = capacity minus what running attempts hold (stopping ones still hold
    theirs until they exit).
-2. Effective class: aging first (with `promote_after_s`, a job that has waited that long
-   since submission is scheduled one class higher, never above high), then anti-capture:
-   per team, high/urgent GPUs beyond the team's allowance are scheduled as normal. Running
-   attempts keep their class oldest first; pending jobs take what allowance is left, in
-   queue order.
-3. Queue order: effective class (urgent first), then the team's decayed usage divided by its
-   fair-share weight (lighter users first), then submit time (a requeued job keeps its
-   original one), then job id.
+2. Effective class (broker.policy.queue): aging, then anti-capture. Running attempts keep
+   their class oldest first; pending jobs take what allowance is left, in queue order.
+3. Queue order (broker.policy.queue): effective class, then fair share, then submit time,
+   then job id. It is walked lazily over FIFO lists; once nothing of a list's shape can act
+   in this cycle (nothing fits, nothing to preempt or rent, no reservation left to give),
+   the rest of the list waits without being looked at.
 4. For each job in that order:
    a. candidate pools: GPU type acceptable, market allowed by its spot policy, partition
       admits its team, nodes big and many enough. None: it waits with a reason.
-   b. it fits on free GPUs: placed, gang all-or-none in one pool; cheapest pool first, then
-      the smallest node size that fits, then best-fit nodes (fullest that still fit).
+   b. it fits: placed, gang all-or-none in one pool; cheapest pool first, then the smallest
+      node size that fits, then best-fit nodes (fullest that still fit). A job expected to end
+      before a reservation starts may also use the GPUs it holds, and does so first.
    c. it is blocked, and victims are already stopping for it: it holds the GPUs on their
       nodes and waits for them; no new victims unless those are no longer enough.
    d. it is blocked and preemption is on: the fewest victims of strictly lower class
-      (see broker.policy.victims for the order) are chosen, and it holds their nodes.
+      (see broker.policy.victims for the order and the search) are chosen; it holds their nodes.
    e. renting (broker.policy.cloud): a job that nodes are already launching for waits for
       them; otherwise the rules there decide between preempting and renting for high/urgent
       work, and when other work that waited long enough rents instead of waiting.
-   f. still blocked: the first `reservations` such jobs hold the free GPUs of the nodes that
-      would fit them soonest, so backfill cannot starve them; with backfill off, the queue
-      stops here.
+   f. still blocked: the first `reservations` such jobs get a reservation (broker.policy.
+      backfill: EASY, holding GPUs only against jobs that would not end before it starts);
+      with backfill off, the queue stops here.
 5. Rented nodes idle past their pool's timeout, with nothing placed or held, are released.
+6. `wake_at`: the earliest time a time rule (minimum run time, waiting before renting, idle
+   timeout, aging, a runtime estimate overrun) could change this plan with nothing else
+   changing; a simulator replans exactly then instead of polling.
+
+"Why waiting" reasons are built only when asked for (`explain=True`, the engine's default);
+the simulator does not ask.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from itertools import accumulate
 
+from broker.policy.backfill import Backfill
 from broker.policy.capacity import Capacity
 from broker.policy.cloud import launching_spare, offers, should_buy
+from broker.policy.config import PolicyConfig
+from broker.policy.queue import PRIORITY_RANKS, UNKILLABLE, PendingQueue, QueueWalk, list_key
 from broker.policy.snapshot import (
-    Alloc,
     Launch,
     PendingView,
     Placement,
     Plan,
-    PolicyConfig,
     PoolView,
     Preemption,
-    RunningView,
     Snapshot,
 )
-from broker.policy.victims import VictimKey, lost_gpu_s, pick_nodes, victim_key
+from broker.policy.victims import Choice, VictimIndex, checkpoints_due, lost_gpu_s
 from broker.spec import Priority, market_ok
 
 NORMAL_RANK = Priority.NORMAL.rank
 HIGH_RANK = Priority.HIGH.rank
+_RANK = {p: p.rank for p in Priority}
 NO_ROOM = "no free GPUs of an acceptable type"
-PRIORITY_RANKS = (Priority.HIGH.rank, Priority.URGENT.rank)
+NO_POOL = "no pool matches its GPU types, spot policy and shape"
+BEHIND = "behind a blocked job (backfill is off)"
+RENTED_WAIT = "waiting for rented nodes to come up"
+_PRIO = {p.rank: p for p in Priority}
+INF = math.inf
+# Candidate pool names by (pools' signature, job shape): a pure function's answers,
+# remembered across plans (the simulator plans the same pools thousands of times).
+_CANDIDATES: dict[tuple[object, ...], tuple[str, ...]] = {}
 
 
-def plan(snapshot: Snapshot, now: float | None = None) -> Plan:
-    """Decide placements, preemptions and reservations for one cycle.
+def plan(snapshot: Snapshot, now: float | None = None, explain: bool = True) -> Plan:
+    """Decide placements, preemptions, launches and reservations for one cycle.
 
     `now` defaults to snapshot.now. The snapshot is not modified. Deterministic: the same
-    snapshot gives the same plan.
+    snapshot gives the same plan. With explain=False, `Plan.waiting` is left empty (the
+    reasons cost time nobody reads in a simulation).
     """
-    return _Planner(snapshot, snapshot.now if now is None else now).run()
+    return _Planner(snapshot, snapshot.now if now is None else now, explain).run()
 
 
 class _Planner:
-    def __init__(self, snap: Snapshot, now: float) -> None:
+    def __init__(self, snap: Snapshot, now: float, explain: bool) -> None:
         self.s = snap
         self.now = now
+        self.explain = explain
         self.cfg: PolicyConfig = snap.config
-        used: dict[str, int] | None = None
-        if not all(nd.used is not None for p in snap.pools for nd in p.nodes):
-            used = defaultdict(int)
-            for r in snap.running:
-                for node, g in r.alloc:
-                    used[node] += g
-        self.cap = Capacity(snap.pools, used)
+        self.cap = Capacity(snap.pools, snap.running)
         self.pools = {p.name: p for p in snap.pools}
+        # what candidate pools depend on, so the answers can be remembered across plans
+        self.pool_sig = tuple((p.name, p.gpu_type, p.market, p.price_per_gpu_hour, p.teams,
+                               p.gpus_per_node, max(len(p.nodes), p.max_nodes or 0))
+                              for p in snap.pools)
         self.teams = {t.name: t for t in snap.teams}
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
-        self.reservations: list[tuple[int, Alloc]] = []
+        self.reservations: list[tuple[int, tuple[tuple[str, int], ...]]] = []
+        self.starts: list[tuple[int, float]] = []
         self.waiting: list[tuple[int, str]] = []
-        self.demoted: list[int] = []
-        self._cands: dict[tuple, tuple[list[PoolView], tuple[str, ...]]] = {}
+        self._cands: dict[tuple[object, ...], tuple[list[PoolView], tuple[str, ...]]] = {}
         self.launches: list[Launch] = []
         self.terminations: list[str] = []
         self.rented = [p for p in snap.pools if p.max_nodes is not None]
+        self.renting = bool(self.rented) and self.cfg.cloud
         self.launched: dict[str, int] = {}
         self.launching_for = {jid for p in self.rented for jid, _ in p.launching}
-        shapes = {j.job_id: (j.gpus_per_node, j.nodes) for j in snap.pending} if self.rented else {}
+        self._by_id: dict[int, PendingView] | None = None
+        shapes = ({jid: (j.gpus_per_node, j.nodes) for p in self.rented for jid, _ in p.launching
+                   for j in (self._pending_by_id(jid),) if j is not None} if self.rented else {})
         self.spare = {p.name: launching_spare(p, shapes) for p in self.rented if p.launching}
+        self.vi: VictimIndex | None = None
+        self.backfill = Backfill(self.cap, snap.pools, snap.running, now, self.cfg.grace_s)
+        self.wake: list[float] = []
+        self.easy_held: dict[int, list[str]] = {}  # reservation index -> its EASY-held nodes
+        self.blocked_rank = -1  # highest class that found nothing to preempt
 
-    # -- step 2: effective classes -------------------------------------------------------
+    def _pending_by_id(self, jid: int) -> PendingView | None:
+        q = self.s.queue
+        if q is not None:
+            return q.jobs.get(jid)
+        if self._by_id is None:
+            self._by_id = {j.job_id: j for j in self.s.pending}
+        return self._by_id.get(jid)
+
+    # -- step 2: effective classes of running work -----------------------------------------
     def _effective_running(self) -> set[int]:
         """Attempt ids of running high/urgent work beyond its team's allowance (as normal)."""
         demoted: set[int] = set()
         self.priority_used: dict[str, int] = defaultdict(int)
-        # Demotions only change decisions for pending high/urgent work (the only work that
-        # could preempt a demoted job, or be demoted itself): skip the scan otherwise.
-        aging = self.cfg.promote_after_s is not None  # may lift normal work to high
-        if not self.cfg.anti_capture or not (aging or any(j.priority.rank in PRIORITY_RANKS
-                                                          for j in self.s.pending)):
+        if not self.cfg.anti_capture or not self.cfg.classes:
             return demoted
-        prio = sorted((r for r in self.s.running if r.priority.rank in PRIORITY_RANKS),
+        # Demotions change decisions only for waiting high/urgent work (the only work that could
+        # preempt a demoted attempt, or be demoted itself): skip the scan otherwise.
+        if self.top_rank < HIGH_RANK:
+            return demoted
+        high = (Priority.HIGH, Priority.URGENT)
+        prio = sorted((r for r in self.s.running if r.priority in high),
                       key=lambda r: (r.started_at, r.attempt_id))
         for r in prio:
-            allowance = self._allowance(r.team)
+            t = self.teams.get(r.team)
+            allowance = t.priority_allowance_gpus if t is not None else 1 << 30
             if self.priority_used[r.team] + r.gpus <= allowance:
                 self.priority_used[r.team] += r.gpus
             else:
                 demoted.add(r.attempt_id)
         return demoted
 
-    def _rank(self, r: RunningView) -> int:
-        return NORMAL_RANK if r.attempt_id in self.demoted_running else r.priority.rank
-
-    def _victim_index(self) -> int | None:
-        """Build the per-node victim lists (sorted by the documented key) on first need;
-        return the lowest effective class among preemptable attempts (None: none)."""
-        if self._lowest is not False:
-            return self._lowest  # type: ignore[return-value]
-        mode, min_run, now = self.cfg.victim_order, self.cfg.min_run_s, self.now
-        lowest = None
-        demoted, by_node = self.demoted_running, self.by_node
-        for r in self.s.running:
-            if r.stopping or (r.times_preempted and now - r.started_at < min_run):
-                continue  # not preemptable (see victims.preemptable)
-            rank = NORMAL_RANK if r.attempt_id in demoted else r.priority.rank
-            k = victim_key(r, rank, now, mode)
-            for node, g in r.alloc:
-                by_node[node].append((k, r, g))
-            if lowest is None or rank < lowest:
-                lowest = rank
-        for lst in self.by_node.values():
-            lst.sort(key=lambda e: e[0])
-        self._lowest = lowest
-        return lowest
-
-    def _allowance(self, team: str) -> int:
-        t = self.teams.get(team)
-        return t.priority_allowance_gpus if t else 1 << 30
-
-    def _share(self, team: str) -> float:
-        if not self.cfg.fair_share:
-            return 0.0
-        t = self.teams.get(team)
-        return t.usage / t.weight if t else 0.0
-
-    def _queue(self) -> list[tuple[int, PendingView]]:
-        pend = self.s.pending
-        # Decorate-sort: tuples compare in C; job ids are unique, so views are never compared.
-        if not self.cfg.classes:
-            fifo = [(j.submit_time, j.job_id, j) for j in pend]
-            fifo.sort()
-            return [(e[2].priority.rank, e[2]) for e in fifo]
-        share = {t: self._share(t) for t in {j.team for j in pend}}
-        keyed = [(-j.priority.rank, share[j.team], j.submit_time, j.job_id, j) for j in pend]
-        age = self.cfg.promote_after_s
-        if age is not None:  # aging: one class up after waiting `age` (never above high)
-            cut, gangs = self.now - age, self.cfg.promote_gangs_only
-            keyed = [(max(k[0] - 1, -HIGH_RANK), *k[1:]) if k[0] > -HIGH_RANK and k[2] <= cut
-                     and (not gangs or k[4].nodes > 1) else k for k in keyed]
-        keyed.sort()
-        if not self.cfg.anti_capture:
-            return [(-e[0], e[4]) for e in keyed]
-        out: list[tuple[int, PendingView]] = []
-        for e in keyed:
-            j = e[4]
-            r = -e[0]
-            if r in PRIORITY_RANKS:
-                if self.priority_used[j.team] + j.gpus <= self._allowance(j.team):
-                    self.priority_used[j.team] += j.gpus
-                else:
-                    r = NORMAL_RANK
-                    self.demoted.append(j.job_id)
-            out.append((r, j))
-        if self.demoted:
-            out.sort(key=lambda e: (-e[0], share[e[1].team], e[1].submit_time, e[1].job_id))
-        return out
+    def _victims(self) -> VictimIndex:
+        if self.vi is None:
+            self.vi = VictimIndex(self.s.running, self.demoted_running, self.cap, self.now,
+                                  self.cfg.min_run_s, self.cfg.victim_order, below=self.top_rank)
+        return self.vi
 
     # -- step 4a: candidate pools --------------------------------------------------------
-    def _candidates(self, j: PendingView) -> list[PoolView]:
-        return self._cands_and_key(j)[0]
-
-    def _cands_and_key(self, j: PendingView) -> tuple[list[PoolView], tuple[str, ...]]:
-        """Candidate pools for the job (cached per shape), and their names as a cache key."""
-        key = (j.gpu_types, j.spot, j.team, j.gpus_per_node, j.nodes)
+    def _candidates(self, j: PendingView) -> tuple[list[PoolView], tuple[str, ...]]:
+        """Candidate pools for the job (cached per shape), and their names."""
+        key = (j.gpu_types, id(j.spot), j.team, j.gpus_per_node, j.nodes)  # enums hash slowly
         hit = self._cands.get(key)
         if hit is not None:
+            return hit
+        names = _CANDIDATES.get((self.pool_sig, key))
+        if names is not None:
+            hit = ([self.pools[n] for n in names], names)
+            self._cands[key] = hit
             return hit
         got = [p for p in self.s.pools
                if (not j.gpu_types or p.gpu_type in j.gpu_types)
@@ -203,199 +175,324 @@ class _Planner:
         got.sort(key=lambda p: (p.market != "onprem", p.price_per_gpu_hour, p.gpus_per_node, p.name))
         hit = (got, tuple(p.name for p in got))
         self._cands[key] = hit
+        if len(_CANDIDATES) > 50_000:
+            _CANDIDATES.clear()
+        _CANDIDATES[(self.pool_sig, key)] = hit[1]
         return hit
 
     # -- step 4 ---------------------------------------------------------------------------
     def run(self) -> Plan:
+        snap, cfg, ex = self.s, self.cfg, self.explain
+        queue = snap.queue if snap.queue is not None else PendingQueue(snap.pending)
+        # the highest class anything waits at (aging may lift a job one class, up to high)
+        top = max((k[0] for k in queue.lists), default=-1)
+        if cfg.promote_after_s is not None and top < HIGH_RANK:
+            top += 1
+        self.top_rank = top if cfg.classes else max(top, 3)
         self.demoted_running = self._effective_running()
         incoming: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        for r in self.s.running:
+        for r in snap.running:
             if r.stopping and r.stopping_for is not None:
                 for node, g in r.alloc:
                     incoming[r.stopping_for][node] += g
-        # Victim candidates per node, sorted by the documented key (built on first need).
-        self.by_node: dict[str, list[tuple[VictimKey, RunningView, int]]] = defaultdict(list)
-        self.chosen: set[int] = set()
-        self._lowest: int | bool | None = False
-        failed: set[tuple] = set()
-        no_victims: set[tuple] = set()
-        reservations_left = self.cfg.reservations
+        walk = QueueWalk(queue, self.teams, cfg, self.now, self.priority_used)
+        # Lists holding a job that needs individual care are never dropped.
+        special = {list_key(j) for jid in (*incoming, *self.launching_for)
+                   for j in (queue.jobs.get(jid),) if j is not None} if (
+            incoming or self.launching_for) else set()
+        self.failed: set[tuple[object, ...]] = set()
+        self.dead: set[tuple[int, int, int]] = set()
+        self.easy_failed: dict[tuple[object, ...], tuple[float, float]] = {}
+        no_victims: set[tuple[object, ...]] = set()
+        self.reservations_left = cfg.reservations
         stopped = False
-        queue = self._queue()
-        # Smallest node share any job from position i on asks for (for the early stop).
-        need_from = list(accumulate(reversed([j.gpus_per_node for _, j in queue]), min))[::-1]
-        renting = bool(self.rented) and self.cfg.cloud
-        for i, (rank, j) in enumerate(queue):
-            if not renting and not reservations_left and self._nothing_left(i, rank, need_from):
-                self.waiting.extend((jj.job_id, NO_ROOM) for _, jj in queue[i:])
-                break
-            cands, fkey = self._cands_and_key(j)
+        waiting = self.waiting
+        for rank, j, sid in walk:
+            cands, names = self._candidates(j)
             if not cands:
-                self.waiting.append((j.job_id, "no pool matches its GPU types, spot policy and shape"))
+                if ex:
+                    waiting.append((j.job_id, NO_POOL))
                 continue
-            if stopped:
-                self.waiting.append((j.job_id, "behind a blocked job (backfill is off)"))
+            if self._try_place(j, rank, cands, names):
                 continue
             g, n = j.gpus_per_node, j.nodes
-            # Free GPUs only shrink during a plan: a shape that did not fit still does not.
-            if (fkey, g, n) not in failed:
-                if self._try_place(j, rank, cands):
-                    continue
-                failed.add((fkey, g, n))
             inc = incoming.get(j.job_id)
             if inc and self._wait_for_incoming(j, cands, inc):
                 continue
             if j.job_id in self.launching_for:
-                self.waiting.append((j.job_id, "waiting for rented nodes to come up"))
+                if ex:
+                    waiting.append((j.job_id, RENTED_WAIT))
                 continue
-            vkey = (fkey, g, n, rank)
-            victims = None
-            # The no-victims cache only holds for jobs without GPUs already coming to them.
-            lowest = (self._lowest if self._lowest is not False else self._victim_index()) \
-                if self.cfg.preemption and rank > 0 else None
-            if lowest is not None and rank > lowest and (inc or vkey not in no_victims):
-                victims = self._find_victims(j, rank, cands, inc or {})
-                if victims is None and not inc:
-                    no_victims.add(vkey)
-            if self.rented and self.cfg.cloud and self._rent(j, rank, victims):
+            vkey = (names, g, n, rank)
+            victims: Choice | None = None
+            patient = (rank < HIGH_RANK and cfg.preempt_after_s > 0 and not inc
+                       and self.now - j.submit_time < cfg.preempt_after_s)
+            if patient and cfg.preemption and rank > 0:
+                self.wake.append(j.submit_time + cfg.preempt_after_s)
+            elif cfg.preemption and rank > 0 and (inc or vkey not in no_victims):
+                vi = self._victims()
+                if vi.lowest is not None and rank > vi.lowest:
+                    victims = vi.search(rank, g, n, names, inc)
+                    if victims is None and not inc:
+                        no_victims.add(vkey)
+                if victims is None and rank > self.blocked_rank:
+                    self.blocked_rank = rank
+            if self.renting and self._rent(j, rank, victims):
                 continue
             if victims is not None:
-                self._commit_victims(j, victims)
+                at = (checkpoints_due(victims[3].values(), self.now, cfg)
+                      if rank < HIGH_RANK and not inc else None)
+                if at is not None:
+                    self._commit_victims(j, victims, defer_until=at)
+                else:
+                    self._commit_victims(j, victims)
                 continue
-            if reservations_left > 0:
-                reservations_left -= 1
-                self._reserve_head(j, cands, inc or {})
+            if self.reservations_left > 0 and (n > 1 or not cfg.reserve_gangs_only):
+                self.reservations_left -= 1
+                self._reserve(j, rank, names, inc or {})
             else:
-                self.waiting.append((j.job_id, NO_ROOM))
-            if not self.cfg.backfill:
+                if ex:
+                    waiting.append((j.job_id, NO_ROOM))
+                if sid != UNKILLABLE and cfg.backfill:
+                    lk = walk.key_of(sid)
+                    if lk not in special and self._shape_dead(rank, g, n) and not (
+                            self.backfill.start and self.backfill.could_use(
+                                g, self.now + queue.shortest(lk), rank,  # type: ignore[arg-type]
+                                self._preemptible_from(j))):
+                        walk.kill(sid, NO_ROOM)
+            if not cfg.backfill:
                 stopped = True
+                break
+        if ex:
+            rest = []
+            for j, why in walk.rest():
+                if not self._candidates(j)[0]:
+                    why = NO_POOL
+                elif why is None:
+                    why = BEHIND if stopped else NO_ROOM
+                rest.append((j.job_id, why))
+            rest.sort()
+            waiting.extend(rest)
         self._scale_down()
+        easy = self.cap.easy
+        for i, nodes in self.easy_held.items():  # what is still held after backfill used some
+            jid = self.reservations[i][0]
+            self.reservations[i] = (jid, tuple((nd, easy[nd]) for nd in nodes if easy.get(nd)))
         return Plan(tuple(self.placements), tuple(self.preemptions), tuple(self.launches),
-                    tuple(self.terminations), tuple(self.reservations), tuple(self.waiting),
-                    tuple(self.demoted))
+                    tuple(self.terminations), tuple(self.reservations), tuple(waiting),
+                    tuple(walk.demoted), tuple(self.starts), self._wake_at(walk))
 
-    def _nothing_left(self, i: int, rank: int, need_from: list[int]) -> bool:
-        """True when no job from queue position i on can be placed (no node has enough free
-        GPUs for the smallest of them) nor preempt (the queue is sorted by class, and none
-        outranks the lowest preemptable attempt), so the plan is complete: the rest wait."""
-        if i % 16 and i != 0:
-            return False  # checked every 16 jobs: the check is cheap, the walk is cheaper
-        if self.cap.max_free() >= need_from[i]:
-            return False
-        if not self.cfg.preemption or rank == 0:
+    def _shape_dead(self, rank: int, g: int, n: int) -> bool:
+        """True when no job of this class and shape can do anything more in this plan, a
+        reservation's GPUs aside (the caller checks those against the list's estimates): none
+        fits (free GPUs only shrink), none can preempt or rent, and no reservation is left to
+        give. Once true for a shape, true for the rest of the plan (every condition only gets
+        harder to meet)."""
+        key = (rank if self.cfg.preemption else 0, g, n)
+        if key in self.dead:
             return True
-        if not self.cfg.classes:
+        if self.reservations_left > 0 or self._can_rent():
             return False
-        lowest = self._victim_index()
-        return lowest is None or rank <= lowest
+        cap = self.cap
+        for p, gpn in cap.size.items():
+            if gpn >= g and cap.count_fit(p, g, n):
+                return False
+        if self.cfg.preemption and rank > 0:
+            vi = self._victims()
+            if vi.lowest is not None and rank > vi.lowest:
+                for p, gpn in cap.size.items():
+                    if gpn >= g and vi.could_fit(p, rank, g, n):
+                        return False
+        self.dead.add(key)
+        return True
 
-    def _try_place(self, j: PendingView, rank: int, cands: list[PoolView]) -> bool:
+    def _can_rent(self) -> bool:
+        if not self.renting:
+            return False
+        return any(p.launchable - self.launched.get(p.name, 0) > 0 for p in self.rented) or any(
+            any(x > 0 for x in spare) for spare in self.spare.values())
+
+    def _preemptible_from(self, j: PendingView) -> float:
+        """The earliest reservation start a job may backfill under preemptibly (inf: never)."""
+        cfg = self.cfg
+        if not (cfg.preemptible_backfill and cfg.preemption and cfg.classes):
+            return INF
+        return self.now + j.checkpoint_interval_s
+
+    def _try_place(self, j: PendingView, rank: int, cands: list[PoolView], names: tuple[str, ...]) -> bool:
+        g, n = j.gpus_per_node, j.nodes
+        key = (names, g, n)
+        plain = key not in self.failed
+        e = j.expected_duration_s
+        end = self.now + e if e is not None else INF
+        bf = self.backfill
+        ekey = (names, g, n, rank)
+        easy = bool(bf.start)
+        pre_from = INF
+        if easy:
+            pre_from = self._preemptible_from(j)
+            failed = self.easy_failed.get(ekey)
+            # a job ending later, or allowed under a reservation only from a later start, than
+            # one that found no room would not fit either (GPUs only shrink)
+            easy = (end < INF or pre_from < INF) and (
+                failed is None or end < failed[0] or pre_from < failed[1])
+        if not plain and not easy:
+            return False
+        cap = self.cap
         for p in cands:
-            if self.cap.count_fit(p.name, j.gpus_per_node, j.nodes):
-                alloc = self.cap.take(p.name, j.gpus_per_node, j.nodes)
-                self.placements.append(Placement(j.job_id, p.name, alloc, _prio(rank)))
-                return True
+            use: list[str] = []
+            if easy and bf.by_pool.get(p.name):
+                use = bf.usable(p.name, g, end, rank, pre_from)[:n]
+            need = n - len(use)
+            if need and not (plain and self._count_fit(p.name, g, need, use)):
+                continue
+            for nd in use:
+                cap.take_easy(nd, g)
+            alloc = tuple((nd, g) for nd in use)
+            if need:
+                alloc += cap.take(p.name, g, need, exclude=use)
+            self.placements.append(Placement(j.job_id, p.name, alloc, _PRIO[rank]))
+            bf.placed(alloc, e)
+            return True
+        if plain:
+            self.failed.add(key)
+        if easy:
+            self.easy_failed[ekey] = (end, pre_from)
         return False
+
+    def _count_fit(self, pool: str, g: int, n: int, exclude: list[str]) -> bool:
+        if not exclude:
+            return self.cap.count_fit(pool, g, n)
+        extra = sum(1 for nd in exclude if self.cap.avail(nd) >= g)
+        return self.cap.count_fit(pool, g, n + extra)
 
     def _wait_for_incoming(self, j: PendingView, cands: list[PoolView], inc: dict[str, int]) -> bool:
         g, n = j.gpus_per_node, j.nodes
+        cap = self.cap
         for p in cands:
-            nodes = [nd for nd in _pool_nodes(p)
-                     if self.cap.free[nd] + inc.get(nd, 0) >= g]
+            nodes = [nd for nd in cap.nodes[p.name] if cap.avail(nd) + inc.get(nd, 0) >= g]
             if len(nodes) >= n:
-                nodes.sort(key=lambda nd: (-inc.get(nd, 0), -self.cap.free[nd], nd))
-                held = self.cap.hold(nodes[:n], g)
+                nodes.sort(key=lambda nd: (-inc.get(nd, 0), -cap.avail(nd), nd))
+                held = cap.hold(nodes[:n], g)
                 self.reservations.append((j.job_id, held))
-                self.waiting.append((j.job_id, "waiting for preempted jobs to stop"))
+                if self.explain:
+                    self.waiting.append((j.job_id, "waiting for preempted jobs to stop"))
                 return True
         return False
 
-    def _find_victims(self, j: PendingView, rank: int, cands: list[PoolView],
-                      inc: dict[str, int]) -> tuple[list[str], dict[int, RunningView]] | None:
-        chosen = self.chosen
-
-        def eligible(r: RunningView, key: VictimKey) -> bool:
-            return key[0] < rank and r.attempt_id not in chosen
-
-        base = {nd: f + inc.get(nd, 0) for nd, f in self.cap.free.items()} if inc else self.cap.free
-        best = None
-        for p in cands:
-            got = pick_nodes(_pool_nodes(p), j.nodes, j.gpus_per_node, base, self.by_node, eligible)
-            if got is not None and (best is None or got[0] < best[0]):
-                best = got
-        return None if best is None else (best[1], best[2])
-
-    def _commit_victims(self, j: PendingView,
-                        choice: tuple[list[str], dict[int, RunningView]]) -> None:
-        nodes, victims = choice
+    def _commit_victims(self, j: PendingView, choice: Choice, defer_until: float | None = None) -> None:
+        _cost, _pool, nodes, victims = choice
+        vi = self._victims()
+        vi.choose(victims.values())
+        if defer_until is not None:
+            # the victims are kept for it; the free GPUs beside them are not held meanwhile
+            self.wake.append(defer_until)
+            if self.explain:
+                self.waiting.append((j.job_id, f"preempting {len(victims)} job(s) once they "
+                                               f"checkpoint, in {_dur(defer_until - self.now)}"))
+            return
         for aid in sorted(victims):
             r = victims[aid]
-            self.chosen.add(aid)
             self.preemptions.append(Preemption(aid, r.job_id, j.job_id, lost_gpu_s(r, self.now)))
         held = self.cap.hold(nodes, j.gpus_per_node)
         self.reservations.append((j.job_id, held))
-        self.waiting.append((j.job_id, f"preempting {len(victims)} job(s)"))
+        if self.explain:
+            self.waiting.append((j.job_id, f"preempting {len(victims)} job(s)"))
 
     # -- renting (rules in broker.policy.cloud) --------------------------------------------
-    def _rent(self, j: PendingView, rank: int,
-              victims: tuple[list[str], dict[int, RunningView]] | None) -> bool:
+    def _rent(self, j: PendingView, rank: int, victims: Choice | None) -> bool:
         """Claim spare launching capacity or launch nodes for j, if the rules say so."""
         urgentish = rank in PRIORITY_RANKS
         if victims is not None and not urgentish:
             return False
         if victims is None and not urgentish and self.now - j.submit_time < self.cfg.cloud_after_wait_s:
+            if self._can_rent():
+                self.wake.append(j.submit_time + self.cfg.cloud_after_wait_s)
             return False
         if j.nodes == 1:
+            names = self._candidates(j)[1]
             for p in self.rented:
                 spare = self.spare.get(p.name)
-                if not spare or p.name not in {c.name for c in self._candidates(j)}:
+                if not spare or p.name not in names:
                     continue
                 for i, free in enumerate(spare):
                     if free >= j.gpus_per_node:
                         spare[i] -= j.gpus_per_node
-                        self.waiting.append((j.job_id, f"waiting for a rented node in {p.name}"))
+                        if self.explain:
+                            self.waiting.append((j.job_id, f"waiting for a rented node in {p.name}"))
                         return True
-        offs = offers(j, self.rented, self.cfg, self.launched)
+        offs = offers(j, self.rented, self.cfg, self.launched, wait_for_spot=not urgentish)
         if not offs:
             return False
-        if victims is not None and not should_buy(victims[1].values(), offs[0], j, self.now, self.cfg):
+        if victims is not None and not should_buy(victims[3].values(), offs[0], j, self.now, self.cfg):
             return False
         price, p = offs[0]
         self.launched[p.name] = self.launched.get(p.name, 0) + j.nodes
         self.launches.append(Launch(p.name, j.nodes, j.job_id, p.price_per_gpu_hour * p.gpus_per_node
                                     * j.nodes))
-        spare = p.gpus_per_node - j.gpus_per_node
-        if spare:
-            self.spare.setdefault(p.name, []).extend([spare] * j.nodes)
-        self.waiting.append((j.job_id, f"renting {j.nodes} node(s) in {p.name} "
-                                       f"(${price:.2f}/GPU-h effective)"))
+        spare_gpus = p.gpus_per_node - j.gpus_per_node
+        if spare_gpus:
+            self.spare.setdefault(p.name, []).extend([spare_gpus] * j.nodes)
+        if self.explain:
+            self.waiting.append((j.job_id, f"renting {j.nodes} node(s) in {p.name} "
+                                           f"(${price:.2f}/GPU-h effective)"))
         return True
 
+    def _reserve(self, j: PendingView, rank: int, names: tuple[str, ...], inc: dict[str, int]) -> None:
+        pool, held, start, gpus = self.backfill.reserve(j, rank, names, self.cfg.easy, inc)
+        if not self.cfg.easy:
+            self.reservations.append((j.job_id, held))
+            if self.explain:
+                self.waiting.append((j.job_id, f"head of the queue: holding {gpus} GPUs in {pool}"
+                                     if gpus else f"head of the queue: next to start in {pool}; "
+                                     "GPUs freed there are held for it"))
+            return
+        if start is None:
+            if self.explain:
+                self.waiting.append((j.job_id, "head of the queue: start unknown (the jobs it waits "
+                                               "for have no runtime estimate); nothing held"))
+            return
+        self.easy_held[len(self.reservations)] = [nd for nd, _ in held]
+        self.reservations.append((j.job_id, held))
+        self.starts.append((j.job_id, start))
+        if self.explain:
+            self.waiting.append((j.job_id, f"head of the queue: starts in about "
+                                           f"{_dur(start - self.now)} in {pool}, holding {gpus} GPUs "
+                                           "against longer jobs"))
+
     def _scale_down(self) -> None:
+        cap = self.cap
         for p in self.rented:
             for node in p.nodes:
-                if (node.idle_since is not None and self.cap.free[node.id] >= p.gpus_per_node
-                        and self.now - node.idle_since >= p.idle_timeout_s):
+                if node.idle_since is None or cap.avail(node.id) < p.gpus_per_node:
+                    continue
+                at = node.idle_since + p.idle_timeout_s
+                if self.now >= at:
                     self.terminations.append(node.id)
+                else:
+                    self.wake.append(at)
 
-    def _reserve_head(self, j: PendingView, cands: list[PoolView], inc: dict[str, int]) -> None:
-        best: tuple[int, str, list[str]] | None = None
-        for p in cands:
-            nodes = self.cap.fullest(p.name, j.nodes, inc)
-            have = sum(min(self.cap.free[nd], j.gpus_per_node) for nd in nodes)
-            if best is None or have > best[0]:
-                best = (have, p.name, nodes)
-        assert best is not None
-        held = self.cap.hold(best[2], j.gpus_per_node)
-        self.reservations.append((j.job_id, held))
-        self.waiting.append((j.job_id, f"head of the queue: holding {best[0]} GPUs in {best[1]}"
-                             if best[0] else f"head of the queue: next to start in {best[1]}; "
-                             f"GPUs freed there are held for it"))
+    def _wake_at(self, walk: QueueWalk) -> float | None:
+        """The earliest future time a time rule may change this plan (see step 6)."""
+        wake = self.wake
+        if self.backfill.wake is not None:
+            wake.append(self.backfill.wake)
+        if walk.next_promotion is not None:
+            wake.append(walk.next_promotion)
+        if self.blocked_rank > 0 and self.cfg.min_run_s > 0:
+            demoted, min_run, now = self.demoted_running, self.cfg.min_run_s, self.now
+            for r in self.s.running:
+                if r.times_preempted and not r.stopping and now - r.started_at < min_run:
+                    rank = NORMAL_RANK if r.attempt_id in demoted else r.priority.rank
+                    if rank < self.blocked_rank:
+                        wake.append(r.started_at + min_run)
+        later = [t for t in wake if t > self.now]
+        return min(later) if later else None
 
 
-def _pool_nodes(p: PoolView) -> list[str]:
-    return [nd.id for nd in p.nodes]
-
-
-def _prio(rank: int) -> Priority:
-    return next(p for p in Priority if p.rank == rank)
+def _dur(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 7200:
+        return f"{s / 60:.0f}m"
+    return f"{s / 3600:.1f}h"

@@ -7,8 +7,13 @@ simulator's); the policy only compares and subtracts them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from broker.policy.config import PolicyConfig
 from broker.spec import Market, Priority, SpotPolicy
+
+if TYPE_CHECKING:
+    from broker.policy.queue import PendingQueue
 
 Alloc = tuple[tuple[str, int], ...]
 """GPUs held per node: ((node_id, gpus), ...)."""
@@ -21,6 +26,16 @@ class NodeView:
     idle_since: float | None = None  # when it last became empty (None: in use, or unknown)
     used: int | None = None  # GPUs running attempts hold; None: plan() sums `running` itself.
     # When every node carries it, it must equal the sum of the running allocations on it.
+    # A node under an interruption notice takes no new work: see broker.policy.pools.draining.
+    releases: tuple[tuple[float, int], ...] | None = None
+    # (expected end, GPUs) of the attempts on it, soonest first, as broker.policy.backfill
+    # reads them (an attempt whose GPUs go to the job it was preempted for: inf); None: plan()
+    # derives them from `running`. A caller that keeps nodes across cycles saves the work.
+    ready: tuple[float, ...] | None = None
+    ready_until: float = 0.0
+    # ready[g - 1]: when the node will have g free GPUs by `releases` (inf: not known to),
+    # as broker.policy.backfill.ready_times computes it; valid before `ready_until` (then an
+    # attempt counted on may have overrun its estimate). None: plan() computes it.
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +46,9 @@ class PoolView:
     nodes; `launching` lists nodes on their way, as (for_job_id, count); a node is ready
     `launch_latency_s` after its launch. `interruption_rate_per_h` is the expected number of
     reclaims per node-hour (spot). Idle rented nodes are terminated after `idle_timeout_s`.
+    `closed`: the pool refused a launch lately and may not grow for now (its `max_nodes` is
+    capped, see broker.policy.pools); work below high waits for a closed spot pool rather
+    than renting on demand (broker.policy.cloud).
     """
 
     name: str
@@ -45,6 +63,7 @@ class PoolView:
     launch_latency_s: float = 0.0
     interruption_rate_per_h: float = 0.0
     idle_timeout_s: float = 600.0
+    closed: bool = False  # refused a launch lately (a stock-out): closed to launches for now
 
     @property
     def launchable(self) -> int:
@@ -56,7 +75,12 @@ class PoolView:
 
 @dataclass(frozen=True, slots=True)
 class RunningView:
-    """One running attempt. `stopping_for` names the job a preemption is freeing it for."""
+    """One running attempt. `stopping_for` names the job a preemption is freeing it for.
+
+    `expected_end`: when it is expected to finish (from its job's expected duration or a
+    learned estimate, see broker.policy.estimates); None: unknown. An attempt still running
+    past it is treated as unknown (an estimate is never trusted blindly).
+    """
 
     attempt_id: int
     job_id: int
@@ -71,6 +95,7 @@ class RunningView:
     stopping_for: int | None = None
     checkpoint_period_s: float | None = None  # periodic checkpoints every period after origin
     checkpoint_origin: float = 0.0
+    expected_end: float | None = None
     gpus: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -97,7 +122,7 @@ class PendingView:
     gpu_types: tuple[str, ...] = ()  # empty: any type
     spot: SpotPolicy = SpotPolicy.ALLOWED
     budget_usd: float | None = None  # what is left of it
-    expected_duration_s: float | None = None
+    expected_duration_s: float | None = None  # work left, estimated (None: unknown)
     checkpoint_interval_s: float = 1800.0
 
     @property
@@ -107,6 +132,9 @@ class PendingView:
 
 @dataclass(frozen=True, slots=True)
 class TeamView:
+    """A team's fair-share weight (0: best effort, ordered after every weighted team), its
+    high/urgent allowance in GPUs, and its decayed usage."""
+
     name: str
     weight: float = 1.0
     priority_allowance_gpus: int = 1 << 30
@@ -114,59 +142,18 @@ class TeamView:
 
 
 @dataclass(frozen=True, slots=True)
-class PolicyConfig:
-    """A named configuration of the one policy. The baselines are settings, not other code.
-
-    - classes: order by priority class (False: plain FIFO by submit time)
-    - fair_share: within a class, order teams by decayed usage / weight
-    - anti_capture: a team's high/urgent GPUs beyond its allowance are scheduled as normal
-    - preemption: preempt strictly lower classes for a blocked job
-    - victim_order: "checkpoint" (least work lost first) or "youngest" (ignores checkpoints)
-    - min_run_s: a job preempted before is safe from preemption for this long after it restarts
-    - backfill: later jobs may use capacity the blocked ones cannot
-    - reservations: how many blocked jobs (in queue order) hold the capacity they wait for
-    - cloud: launch rented nodes for blocked jobs (see broker.policy.cloud for the rules)
-    - cloud_after_wait_s: a job must have waited this long before nodes are rented for it
-      (high/urgent jobs: at once)
-    - checkpoint_on_signal: victims checkpoint when signalled (the runtime does), so a
-      preemption loses only the restart overhead, not the work since the last checkpoint
-    - restart_overhead_s: time a resumed attempt spends before making progress
-    - gpu_hour_value_usd: what a GPU-hour of lost work is worth (preempt-or-buy)
-    - wait_value_usd_per_gpu_hour: what an hour of waiting costs a high/urgent job, per GPU
-    - rent_horizon_s: how long a rental is assumed to last when a job has no expected duration
-    - promote_after_s: aging; a job waiting this long since submission is scheduled one class
-      higher (never above high; anti-capture still applies). None: off
-    - promote_gangs_only: age only multi-node jobs (the ones backfill starves)
-    """
-
-    classes: bool = True
-    fair_share: bool = True
-    anti_capture: bool = True
-    preemption: bool = True
-    victim_order: str = "checkpoint"
-    min_run_s: float = 300.0
-    backfill: bool = True
-    reservations: int = 4
-    cloud: bool = True
-    cloud_after_wait_s: float = 600.0
-    checkpoint_on_signal: bool = True
-    restart_overhead_s: float = 180.0
-    gpu_hour_value_usd: float = 2.0
-    wait_value_usd_per_gpu_hour: float = 20.0
-    rent_horizon_s: float = 3600.0
-    grace_s: float = 60.0
-    promote_after_s: float | None = None
-    promote_gangs_only: bool = True
-
-
-@dataclass(frozen=True, slots=True)
 class Snapshot:
+    """Everything plan() reads. `queue`, when given, must hold exactly `pending` (a caller
+    that keeps one across cycles, like the simulator, saves plan() from rebuilding it); plan()
+    only reads it."""
+
     now: float
     pools: tuple[PoolView, ...]
     running: tuple[RunningView, ...] = ()
     pending: tuple[PendingView, ...] = ()
     teams: tuple[TeamView, ...] = ()
     config: PolicyConfig = field(default_factory=PolicyConfig)
+    queue: PendingQueue | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,5 +189,7 @@ class Plan:
     launches: tuple[Launch, ...] = ()
     terminations: tuple[str, ...] = ()  # idle rented node ids to give back
     reservations: tuple[tuple[int, Alloc], ...] = ()  # (job_id, GPUs held for it per node)
-    waiting: tuple[tuple[int, str], ...] = ()  # (job_id, why it is not placed)
+    waiting: tuple[tuple[int, str], ...] = ()  # (job_id, why it is not placed); plan(explain=True)
     demoted: tuple[int, ...] = ()  # job ids scheduled as normal by anti-capture
+    starts: tuple[tuple[int, float], ...] = ()  # (job_id, estimated start) of reservations
+    wake_at: float | None = None  # the earliest time a time rule may change this plan

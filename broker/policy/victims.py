@@ -11,21 +11,45 @@ Who can be a victim: a running attempt, not already stopping, of a strictly lowe
 class than the job it makes room for, and not protected by the minimum run time (a job that
 was preempted before cannot be preempted again until it has run ``min_run_s`` since restarting).
 
-Fewest victims: for every candidate node, the smallest number of victims that makes it fit,
-and among sets of that size the earliest in victim order (so a single large victim beats
-several small ones, on one node or across nodes). The job's nodes are the ones needing the
-fewest victims (ties: the cheapest victims by the order above); the pool is the one needing
-the fewest in all.
+Fewest victims, one node: the smallest number of victims that makes the node fit, and among
+sets of that size the earliest in victim order (so a single large victim beats several small
+ones). The job's node is the one needing the fewest (ties: the cheapest victims by the order
+above, then the node's place in its pool); the pool is the one needing the fewest in all.
+
+Fewest victims, a gang of n nodes: nodes are added one at a time. A node that already fits
+(free GPUs, or GPUs of victims chosen for this job) costs nothing; otherwise each node offers
+its fewest victims, and the offer taken is the one with the fewest victims per node it makes
+fit (a victim spanning several nodes frees all of them: once chosen, its nodes all count),
+then the earliest in victim order. The gang's cost is its distinct victims.
+
+The index (VictimIndex) makes this fast at thousands of nodes: per node and class, the GPUs
+reclaimable from strictly lower classes, so only nodes that can fit are looked at; per pool,
+every victim in order, walked with one cursor per GPU count for the common one-victim case;
+per (pool, class, GPU count), a heap of node costs refreshed lazily when a node changes.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
+from broker.policy.capacity import Capacity
+from broker.policy.config import PolicyConfig
 from broker.policy.snapshot import RunningView
+from broker.spec import Priority
 
 VictimKey = tuple[float, ...]
+OnNode = tuple[VictimKey, RunningView, int]  # (key, attempt, GPUs it holds on this node)
+Victims = list[tuple[VictimKey, RunningView]]
+Cost = tuple[int, list[VictimKey]]
+Choice = tuple[Cost, str, list[str], dict[int, RunningView]]  # (cost, pool, nodes, victims)
+# (victim count, their keys, node place, node, node version, victims)
+HeapEntry = tuple[int, list[VictimKey], int, str, int, Victims]
+RANKS = 4
+NORMAL_RANK = Priority.NORMAL.rank
+_RANK = {p: p.rank for p in Priority}
 
 
 def lost_gpu_s(r: RunningView, now: float) -> float:
@@ -41,6 +65,30 @@ def victim_key(r: RunningView, rank: int, now: float, mode: str) -> VictimKey:
     return (rank, lost_gpu_s(r, now), -r.started_at, r.job_id)
 
 
+def checkpoints_due(victims: Iterable[RunningView], now: float, cfg: PolicyConfig) -> float | None:
+    """When a job below high should preempt these victims instead of now (checkpoint
+    alignment): just after the latest of their next periodic checkpoints, if some victim would
+    lose unsaved work now and every one with unsaved work checkpoints within
+    min(checkpoint_align_s, half its period). None: preempt now (a victim's schedule unknown,
+    a checkpoint too far, nothing to save, or every victim saves on the signal anyway).
+    Beyond half a period, staggered victims could defer the preemption again and again."""
+    if cfg.checkpoint_align_s <= 0 or cfg.checkpoint_on_signal >= 1:
+        return None
+    latest, unsaved = now, False
+    for r in victims:
+        period = r.checkpoint_period_s
+        if not period:
+            return None
+        if lost_gpu_s(r, now) <= 0 or now < r.checkpoint_origin:
+            continue
+        nxt = r.checkpoint_origin + (math.floor((now - r.checkpoint_origin) / period) + 1) * period
+        if nxt - now > min(cfg.checkpoint_align_s, period / 2):
+            return None
+        unsaved = True
+        latest = max(latest, nxt)
+    return latest + 1.0 if unsaved else None
+
+
 def preemptable(r: RunningView, now: float, min_run_s: float) -> bool:
     return not r.stopping and (r.times_preempted == 0 or now - r.started_at >= min_run_s)
 
@@ -48,9 +96,9 @@ def preemptable(r: RunningView, now: float, min_run_s: float) -> bool:
 def node_victims(
     need: int,
     base_free: int,
-    on_node: Sequence[tuple[VictimKey, RunningView, int]],
+    on_node: Sequence[OnNode],
     eligible: Callable[[RunningView, VictimKey], bool],
-) -> list[tuple[VictimKey, RunningView]] | None:
+) -> Victims | None:
     """The fewest victims that bring one node from base_free to `need` GPUs; among sets of
     that size, the earliest in victim order.
 
@@ -69,7 +117,7 @@ def node_victims(
     if acc < short:
         return None
     # Greedy in victim order: take a candidate if the set can still be completed within k.
-    chosen: list[tuple[VictimKey, RunningView]] = []
+    chosen: Victims = []
     got = 0
     for i, (key, r, g) in enumerate(cands):
         left = k - len(chosen) - 1
@@ -82,32 +130,390 @@ def node_victims(
     raise AssertionError("unreachable: k victims were shown to suffice")
 
 
-def pick_nodes(
-    nodes: Sequence[str],
-    n: int,
-    need: int,
-    base_free: Mapping[str, int],
-    by_node: Mapping[str, Sequence[tuple[VictimKey, RunningView, int]]],
-    eligible: Callable[[RunningView, VictimKey], bool],
-) -> tuple[tuple[int, list[VictimKey]], list[str], dict[int, RunningView]] | None:
-    """Choose n nodes of one pool that fit `need` GPUs each with the fewest victims.
+class VictimIndex:
+    """Preemptable attempts of one plan, indexed for the fewest-victims search (see the module
+    docstring). Built once per plan on first need; `choose` marks victims as taken."""
 
-    Returns (cost, nodes, victims by attempt id) where cost = (victim count, sorted keys), or
-    None when the pool cannot be made to fit.
-    """
-    options: list[tuple[int, list[VictimKey], str, list[tuple[VictimKey, RunningView]]]] = []
-    for node in nodes:
-        vs = node_victims(need, base_free.get(node, 0), by_node.get(node, ()), eligible)
-        if vs is not None:
-            options.append((len(vs), [k for k, _ in vs], node, vs))
-    if len(options) < n:
+    def __init__(self, running: Iterable[RunningView], demoted: Collection[int], cap: Capacity,
+                 now: float, min_run_s: float, mode: str, below: int = RANKS) -> None:
+        """Index the preemptable attempts of effective class below `below` (the highest class
+        waiting: nothing else can be a victim in this plan). An attempt's effective class is
+        its priority's, or normal when its id is in `demoted` (anti-capture).
+
+        Built in two steps, the second only when a search needs it: per node, the (class,
+        attempt, GPUs) of its eligible victims (enough for `could_fit`); then per node the
+        victims in victim order (`by_node`, for the search)."""
+        self.cap = cap
+        self.now, self.mode = now, mode
+        self.rank: dict[int, int] = {}
+        self.chosen: set[int] = set()
+        self.version: dict[str, int] = defaultdict(int)
+        self._pos: dict[str, int] | None = None
+        self._by_node: dict[str, list[OnNode]] | None = None
+        raw: dict[str, list[tuple[int, RunningView, int]]] = {}
+        lowest: int | None = None
+        pool_of, ranks, rank_table = cap.pool_of, self.rank, _RANK
+        spanning: set[str] = set()
+        for r in running:
+            if r.stopping or (r.times_preempted and now - r.started_at < min_run_s):
+                continue  # not preemptable (see preemptable())
+            aid = r.attempt_id
+            rank = NORMAL_RANK if aid in demoted else rank_table[r.priority]
+            if rank >= below:
+                continue
+            ranks[aid] = rank
+            alloc = r.alloc
+            if len(alloc) > 1:
+                for node, g in alloc:
+                    if node in pool_of:
+                        raw.setdefault(node, []).append((rank, r, g))
+                        spanning.add(pool_of[node])
+            elif alloc:
+                node, g = alloc[0]
+                if node in pool_of:  # else a node no longer in any pool: nothing to free there
+                    raw.setdefault(node, []).append((rank, r, g))
+            if lowest is None or rank < lowest:
+                lowest = rank
+        self._raw = raw
+        self.spanning = spanning  # pools with a victim on several nodes (gangs search greedily)
+        self._per_pool: dict[str, list[tuple[VictimKey, int, str, int, RunningView]]] = {}
+        self._recl: dict[str, list[int]] = {}
+        self.lowest = lowest
+        self.cursor: dict[tuple[str, int], int] = {}
+        self.buckets: dict[tuple[str, int], list[dict[str, None]]] = {}
+        self.value: dict[tuple[str, int], dict[str, int]] = {}
+        self.heaps: dict[tuple[str, int, int], list[HeapEntry]] = {}
+        self.cache: dict[tuple[str, int, int], tuple[int, Victims | None]] = {}
+        cap.listener = self.touch
+
+    @property
+    def by_node(self) -> dict[str, list[OnNode]]:
+        """Per node, its eligible victims as (key, attempt, GPUs there), in victim order."""
+        if self._by_node is None:
+            now, youngest = self.now, self.mode == "youngest"
+            keys: dict[int, VictimKey] = {}
+            by_node: dict[str, list[OnNode]] = {}
+            for node, lst in self._raw.items():
+                out = by_node[node] = []
+                for rank, r, g in lst:
+                    k = keys.get(r.attempt_id)
+                    if k is None:
+                        k = keys[r.attempt_id] = _key(r, rank, now, youngest)
+                    out.append((k, r, g))
+                if len(out) > 1:
+                    out.sort(key=_first)
+            self._by_node = by_node
+        return self._by_node
+
+    @property
+    def pos(self) -> dict[str, int]:
+        """Each node's place in its pool (the last tie-break)."""
+        if self._pos is None:
+            self._pos = {nd: i for nodes in self.cap.nodes.values() for i, nd in enumerate(nodes)}
+        return self._pos
+
+    def per_pool(self, pool: str) -> list[tuple[VictimKey, int, str, int, RunningView]]:
+        """Every (key, node place, node, GPUs there, attempt) of the pool, in victim order."""
+        got = self._per_pool.get(pool)
+        if got is None:
+            pos, by_node = self.pos, self.by_node
+            got = [(k, pos[nd], nd, g, r) for nd in self.cap.nodes[pool] if nd in by_node
+                   for k, r, g in by_node[nd]]
+            got.sort()  # (key, node place) decide: an attempt is on a node once
+            self._per_pool[pool] = got
+        return got
+
+    # -- reclaimable GPUs per node and class ----------------------------------------------------
+    def recl(self, node: str) -> list[int]:
+        """GPUs of the node's eligible victims below each class (index: the class)."""
+        rc = self._recl.get(node)
+        if rc is None:
+            rc = self._recl[node] = [0] * (RANKS + 1)
+            chosen = self.chosen
+            for rank, r, g in self._raw.get(node, ()):
+                if r.attempt_id not in chosen:
+                    for above in range(rank + 1, RANKS + 1):
+                        rc[above] += g
+        return rc
+
+    def _reach(self, node: str, rank: int) -> int:
+        return self.cap.avail(node) + (self.recl(node)[rank] if node in self._raw else 0)
+
+    def _bucket(self, pool: str, rank: int) -> list[dict[str, None]]:
+        """Nodes of the pool by what they could offer a job of this class: available GPUs plus
+        those of eligible victims (capped at the node size)."""
+        key = (pool, rank)
+        b = self.buckets.get(key)
+        if b is None:
+            gpn = self.cap.size[pool]
+            b = self.buckets[key] = [{} for _ in range(gpn + 1)]
+            vals = self.value[key] = {}
+            for nd in self.cap.nodes[pool]:
+                v = min(gpn, self._reach(nd, rank))
+                if v:
+                    b[v][nd] = None
+                    vals[nd] = v
+        return b
+
+    def touch(self, node: str) -> None:
+        """The node's available GPUs or its victims changed: re-bucket it, outdate its costs."""
+        self.version[node] += 1
+        pool = self.cap.pool_of[node]
+        for rank in range(1, RANKS):
+            key = (pool, rank)
+            vals = self.value.get(key)
+            if vals is None:
+                continue
+            old = vals.get(node, 0)
+            new = min(self.cap.size[pool], self._reach(node, rank))
+            if new != old:
+                b = self.buckets[key]
+                if old:
+                    del b[old][node]
+                if new:
+                    b[new][node] = None
+                    vals[node] = new
+                else:
+                    vals.pop(node, None)
+
+    def could_fit(self, pool: str, rank: int, g: int, n: int) -> bool:
+        """Whether n nodes of the pool could fit g GPUs with victims below `rank`."""
+        b = self._bucket(pool, rank)
+        have = 0
+        for v in range(g, len(b)):
+            have += len(b[v])
+            if have >= n:
+                return True
+        return False
+
+    def _candidates(self, pool: str, rank: int, g: int) -> list[str]:
+        b = self._bucket(pool, rank)
+        out: list[str] = []
+        for v in range(g, len(b)):
+            out.extend(b[v])
+        return out
+
+    def choose(self, victims: Iterable[RunningView]) -> None:
+        """Mark victims as taken (by the job they now stop for)."""
+        for r in victims:
+            aid = r.attempt_id
+            if aid in self.chosen:
+                continue
+            self.chosen.add(aid)
+            rank = self.rank[aid]
+            for node, g in r.alloc:
+                rc = self._recl.get(node)
+                if rc is not None:
+                    for above in range(rank + 1, RANKS + 1):
+                        rc[above] -= g
+                if node in self.cap.pool_of:
+                    self.touch(node)
+
+    # -- the search ---------------------------------------------------------------------------
+    def _node_cost(self, node: str, rank: int, g: int) -> Victims | None:
+        key = (node, rank, g)
+        ver = self.version[node]
+        hit = self.cache.get(key)
+        if hit is not None and hit[0] == ver:
+            return hit[1]
+        chosen = self.chosen
+        vs = node_victims(g, self.cap.avail(node), self.by_node.get(node, ()),
+                          lambda r, k: k[0] < rank and r.attempt_id not in chosen)
+        self.cache[key] = (ver, vs)
+        return vs
+
+    def _one_victim(self, pool: str, rank: int, g: int) -> tuple[VictimKey, str, RunningView] | None:
+        """The earliest victim in order that alone makes its node fit g GPUs."""
+        lst = self.per_pool(pool)
+        if not lst:
+            return None
+        i = self.cursor.get((pool, g), 0)
+        chosen, avail = self.chosen, self.cap.avail
+        n = len(lst)
+        while i < n:
+            e = lst[i]
+            # skipped entries never become usable again in this plan: avail only shrinks
+            if e[4].attempt_id in chosen or e[3] + avail(e[2]) < g:
+                i += 1
+                continue
+            break
+        self.cursor[(pool, g)] = i
+        if i < n and lst[i][0][0] < rank:
+            e = lst[i]
+            return e[0], e[2], e[4]
         return None
-    best = heapq.nsmallest(n, options, key=lambda o: (o[0], o[1]))
-    victims: dict[int, RunningView] = {}
-    keys: dict[int, VictimKey] = {}
-    for _, _, _, vs in best:
-        for k, r in vs:
-            victims[r.attempt_id] = r
-            keys[r.attempt_id] = k
-    cost = (len(victims), sorted(keys.values()))
-    return cost, [o[2] for o in best], victims
+
+    def _cheapest(self, pool: str, rank: int, g: int, n: int) -> list[tuple[Victims, str]] | None:
+        """The n nodes of the pool needing the fewest victims, cheapest first (None: fewer
+        than n can fit). Exact for a gang only when no victim spans nodes."""
+        got: list[tuple[Victims, str]] = []
+        entries = []
+        heap = self._heap(pool, rank, g)
+        while len(got) < n:
+            few = self._fewest(pool, rank, g)
+            if few is None:
+                break
+            got.append(few)
+            entries.append(heapq.heappop(heap))
+        for e in entries:
+            heapq.heappush(heap, e)
+        return got if len(got) == n else None
+
+    def _heap(self, pool: str, rank: int, g: int) -> list[HeapEntry]:
+        hk = (pool, rank, g)
+        heap = self.heaps.get(hk)
+        if heap is None:
+            pos, version = self.pos, self.version
+            heap = []
+            for nd in self._candidates(pool, rank, g):
+                vs = self._node_cost(nd, rank, g)
+                if vs is not None:
+                    heap.append((len(vs), [k for k, _ in vs], pos[nd], nd, version[nd], vs))
+            heapq.heapify(heap)
+            self.heaps[hk] = heap
+        return heap
+
+    def _fewest(self, pool: str, rank: int, g: int) -> tuple[Victims, str] | None:
+        """The node of the pool needing the fewest victims (for a job with no one-victim node)."""
+        hk = (pool, rank, g)
+        heap = self._heap(*hk)
+        pos, version = self.pos, self.version
+        while heap:
+            top = heap[0]
+            nd = top[3]
+            if top[4] == version[nd]:
+                return top[5], nd
+            heapq.heappop(heap)  # its cost can only have grown: refresh it
+            vs = self._node_cost(nd, rank, g)
+            if vs is not None:
+                heapq.heappush(heap, (len(vs), [k for k, _ in vs], pos[nd], nd, version[nd], vs))
+        return None
+
+    def search(self, rank: int, g: int, n: int, pools: Sequence[str],
+               incoming: Mapping[str, int] | None = None) -> Choice | None:
+        """The fewest victims below `rank` that make n nodes of one of `pools` fit g GPUs each
+        (GPUs already on their way to the job, `incoming`, count as free). None: no set."""
+        best: Choice | None = None
+        for pool in pools:
+            got: Choice | None
+            if incoming:
+                got = self._gang(pool, rank, g, n, incoming, scan_all=True)
+            elif n == 1:
+                one = self._one_victim(pool, rank, g)
+                if one is not None:
+                    k, nd, r = one
+                    got = ((1, [k]), pool, [nd], {r.attempt_id: r})
+                else:
+                    few = self._fewest(pool, rank, g)
+                    got = None if few is None else (
+                        (len(few[0]), [k for k, _ in few[0]]), pool, [few[1]],
+                        {r.attempt_id: r for _, r in few[0]})
+            elif pool not in self.spanning:  # no victim spans nodes: the n cheapest nodes
+                nodes = self._cheapest(pool, rank, g, n)
+                got = None
+                if nodes is not None:
+                    vic = {r.attempt_id: (k, r) for vs, _ in nodes for k, r in vs}
+                    got = ((len(vic), sorted(k for k, _ in vic.values())), pool,
+                           [nd for _, nd in nodes], {aid: r for aid, (_, r) in vic.items()})
+            else:
+                got = self._gang(pool, rank, g, n, {}, scan_all=False)
+            if got is not None and (best is None or got[0] < best[0]):
+                best = got
+        return best
+
+    def _gang(self, pool: str, rank: int, g: int, n: int, incoming: Mapping[str, int],
+              scan_all: bool) -> Choice | None:
+        cap, chosen, pos = self.cap, self.chosen, self.pos
+        nodes = cap.nodes[pool] if scan_all else self._candidates(pool, rank, g)
+        if len(nodes) < n:
+            return None
+        extra: dict[str, int] = defaultdict(int, incoming)
+        mine: dict[int, tuple[VictimKey, RunningView]] = {}
+
+        def eligible(r: RunningView, k: VictimKey) -> bool:
+            return k[0] < rank and r.attempt_id not in chosen and r.attempt_id not in mine
+
+        options: dict[str, Victims] = {}
+        for nd in nodes:
+            if incoming.get(nd) or scan_all:
+                vs = node_victims(g, cap.avail(nd) + incoming.get(nd, 0), self.by_node.get(nd, ()),
+                                  eligible)
+            else:
+                vs = self._node_cost(nd, rank, g)
+            if vs is not None:
+                options[nd] = vs
+        if len(options) < n:
+            return None
+        # Nodes whose offer cannot change while this job's victims are chosen (no victim of
+        # theirs spans nodes, nothing of this job's lands on them) keep one static order.
+        spread = {nd for nd, vs in options.items() if any(len(r.alloc) > 1 for _, r in vs)}
+        static = sorted((len(vs), [k for k, _ in vs], pos[nd], nd) for nd, vs in options.items()
+                        if nd not in spread)
+        si = 0
+        picked: list[str] = []
+        taken: set[str] = set()
+        left = n
+        while left:
+            best: tuple[tuple[float, list[VictimKey], int], str, Victims, list[str]] | None = None
+            while si < len(static) and (static[si][3] in taken or extra.get(static[si][3])):
+                si += 1
+            if si < len(static):
+                c, keys, p_, nd = static[si]
+                best = ((float(c), keys, p_), nd, options[nd], [nd])
+            for nd in [*spread, *(x for x in extra if x in options and extra[x])]:
+                if nd in taken:
+                    continue
+                vs = options[nd]
+                if extra.get(nd):
+                    fresh = node_victims(g, cap.avail(nd) + extra[nd], self.by_node.get(nd, ()),
+                                         eligible)
+                    if fresh is None:
+                        continue
+                    vs = fresh
+                gained = [nd]
+                wide = [r for _, r in vs if len(r.alloc) > 1]
+                if wide:
+                    add = defaultdict(int, extra)
+                    for _, r in vs:
+                        for x, gg in r.alloc:
+                            add[x] += gg
+                    others = {x for r in wide for x, _ in r.alloc} - {nd}
+                    gained += sorted((x for x in others if x in options and x not in taken
+                                      and cap.avail(x) + add[x] >= g), key=pos.__getitem__)
+                score = (len(vs) / min(len(gained), left), [k for k, _ in vs], pos[nd])
+                if best is None or score < best[0]:
+                    best = (score, nd, vs, gained)
+            if best is None:
+                return None
+            _, nd, vs, gained = best
+            for k, r in vs:
+                mine[r.attempt_id] = (k, r)
+                for x, gg in r.alloc:
+                    extra[x] += gg
+            for x in gained[:left]:
+                picked.append(x)
+                taken.add(x)
+            left = n - len(picked)
+        keys = sorted(k for k, _ in mine.values())
+        return (len(mine), keys), pool, picked, {aid: r for aid, (_, r) in mine.items()}
+
+
+def _first(e: OnNode) -> VictimKey:
+    return e[0]
+
+
+def _key(r: RunningView, rank: int, now: float, youngest: bool) -> VictimKey:
+    """victim_key(), inlined for the index (it runs over every eligible attempt)."""
+    if youngest:
+        return (rank, -r.started_at, r.job_id)
+    since = r.started_at
+    ck = r.last_checkpoint_at
+    if ck is not None and ck > since:
+        since = ck
+    period = r.checkpoint_period_s
+    if period and now >= r.checkpoint_origin + period:
+        ck = r.checkpoint_origin + ((now - r.checkpoint_origin) // period) * period
+        if ck > since:
+            since = ck
+    return (rank, (now - since) * r.gpus if now > since else 0.0, -r.started_at, r.job_id)
+

@@ -1,19 +1,27 @@
 """What a replay measures, per policy. Definitions (all GPU-hours are GPU x hours):
 
-- jobs_completed; jobs_rejected (no pool could ever hold them); jobs_unfinished (at the
-  horizon: last submission + drain_limit_s).
+- jobs_completed; jobs_unplaceable (no pool the policy lets them use could ever hold them,
+  e.g. a job bigger than its team's partition: they never start, and their wait counts as
+  censored at the end, like a job still queued); jobs_unfinished (at the horizon: last
+  submission + drain_limit_s).
 - gpu_hours_delivered: the trace work of completed jobs (duration x GPUs).
 - onprem_occupancy: allocated on-prem GPU time / on-prem GPU time, over the submission window.
-- idle_while_waiting_gpu_hours: free on-prem GPUs in pools where some waiting job's shape
-  would physically fit (GPU type, node size and count; partition walls are ignored: they are
-  the waste this measures), integrated between scheduling cycles.
-- wait_s: time spent queued, summed over a job's attempts (jobs still queued at the end
-  count their wait so far); jct_s: completion minus submission, completed jobs.
-  Per class and `all`; wait_s_multinode: jobs with more than 8 GPUs.
+- idle_while_waiting_gpu_hours: free on-prem GPUs that some waiting job could use, after
+  each scheduling cycle, integrated until the next: the free GPUs of the nodes where a waiting
+  job's shape fits (GPU type; a node with at least its GPUs per node free, in a pool with
+  enough such nodes; partition walls are ignored: they are the waste this measures). GPUs a
+  reservation holds count (idle is idle); fragments too small for any waiting job do not.
+- wait_s: time spent queued, summed over a job's attempts (jobs still queued at the end, and
+  unplaceable ones, count their wait until the end); jct_s: completion minus submission,
+  completed jobs. Per class and `all`; wait_s_multinode: jobs with more than 8 GPUs.
+- wait_s_within_allowance: wait_s of urgent and high jobs that anti-capture never scheduled
+  as normal while they waited (their team was within its allowance).
 - lost_gpu_hours_{preemption,interruption}: GPU time of ended attempts not kept as progress
   (drain, work since the last checkpoint, restart overhead), by cause.
 - cloud_cost_usd: rented node-hours (launch to release) x price; cloud_cost_on_demand_usd:
-  the same node-hours at the on-demand price of the same instance.
+  the same node-hours at the on-demand price of the same instance; cloud_by_pool: node-hours,
+  cost and on-demand cost per rented pool (where the ratio of the two comes from);
+  launches_refused: launches a pool in a stock-out refused.
 - cost_per_gpu_hour: (cloud cost + on-prem GPUs x window hours x the amortized on-prem rate)
   / gpu_hours_delivered.
 """
@@ -36,7 +44,8 @@ class Recorder:
     def __init__(self, sc: Scenario, policy: str, window: tuple[float, float]) -> None:
         self.sc, self.policy = sc, policy
         self.w0, self.w1 = window
-        self.completed = self.rejected = self.preemptions = self.interruptions = 0
+        self.completed = self.preemptions = self.interruptions = self.launch_refused = 0
+        self.unplaced: list[Any] = []
         self.delivered_gpu_s = 0.0
         self.onprem_used = 0
         self.onprem_used_gpu_s = 0.0
@@ -44,6 +53,7 @@ class Recorder:
         self.idle_fit_gpu_s = 0.0
         self.lost_gpu_s: dict[str, float] = {"preemption": 0.0, "interruption": 0.0}
         self.cloud_usd = self.cloud_od_usd = 0.0
+        self.by_pool: dict[str, list[float]] = {}  # pool -> [node-hours, usd, on-demand usd]
         self.cloud_gpu_s = 0.0
         self.shapes: Counter[tuple] = Counter()
         self.hourly: list[float] = []  # on-prem GPU-seconds used per hour since the first submit
@@ -79,11 +89,14 @@ class Recorder:
         for p in pools.values():
             if p.rented or not p.free_total:
                 continue
-            for g, n, types, _team in self.shapes:
-                if (not types or p.gpu_type in types) and p.fits(g, n):
-                    idle += p.free_total
-                    break
+            g_min = min((g for g, n, types, _team in self.shapes
+                         if (not types or p.gpu_type in types) and p.fits(g, n)), default=0)
+            if g_min:
+                idle += sum(f * p.hist[f] for f in range(g_min, len(p.hist)))
         self.idle_fit = idle
+
+    def unplaceable(self, job: Any) -> None:
+        self.unplaced.append(job)
 
     def lost(self, cause: str, gpu_s: float) -> None:
         self.lost_gpu_s[cause] = self.lost_gpu_s.get(cause, 0.0) + max(0.0, gpu_s)
@@ -97,33 +110,44 @@ class Recorder:
         if pool.rented:
             self.cloud_gpu_s += gpu_s
 
-    def bill(self, usd: float, od_usd: float) -> None:
+    def bill(self, pool: str, node_hours: float, usd: float, od_usd: float) -> None:
         self.cloud_usd += usd
         self.cloud_od_usd += od_usd
+        acc = self.by_pool.setdefault(pool, [0.0, 0.0, 0.0])
+        acc[0] += node_hours
+        acc[1] += usd
+        acc[2] += od_usd
 
     # -- the result ----------------------------------------------------------------------------
     def result(self, jobs: list[Any], pending: dict[int, Any], running: dict[int, Any],
-               detail: bool = False) -> dict:
+               detail: bool = False) -> dict[str, Any]:
         """The metrics (see the module docstring). With detail: `wait_cdf` (per class, the
         wait at every percentile 0..100) and `occupancy_hourly` (on-prem, per hour)."""
         end = max([self.w1] + [j.done_at for j in jobs if j.done_at is not None])
         waits: dict[str, list[float]] = {c: [] for c in CLASSES}
         jcts: dict[str, list[float]] = {c: [] for c in CLASSES}
+        allowed: dict[str, list[float]] = {c: [] for c in CLASSES[:2]}
         multi: list[float] = []
+        unplaced = {j.jid for j in self.unplaced}
         for j in jobs:
             if j.jid in pending:
                 w = j.wait + (end - j.queued_at)
+            elif j.jid in unplaced:
+                w = end - j.trace.submit_s  # censored: it could never start
             elif j.first_start is None:
-                continue  # rejected
+                continue  # beyond the horizon
             else:
                 w = j.wait
             waits[j.cls.value].append(w)
+            if j.cls.value in allowed and not j.demoted:
+                allowed[j.cls.value].append(w)
             if j.trace.gpus > 8:
                 multi.append(w)
             if j.done_at is not None:
                 jcts[j.cls.value].append(j.done_at - j.trace.submit_s)
         waits["all"] = [x for c in CLASSES for x in waits[c]]
         jcts["all"] = [x for c in CLASSES for x in jcts[c]]
+        allowed["all"] = [x for c in CLASSES[:2] for x in allowed[c]]
         delivered_h = self.delivered_gpu_s / 3600.0
         window_h = (self.w1 - self.w0) / 3600.0
         onprem = self.sc.onprem_gpus
@@ -131,13 +155,14 @@ class Recorder:
         out = {
             "jobs_total": len(jobs),
             "jobs_completed": self.completed,
-            "jobs_rejected": self.rejected,
+            "jobs_unplaceable": len(self.unplaced),
             "jobs_unfinished": len(pending) + len(running),
             "gpu_hours_delivered": round(delivered_h, 1),
             "onprem_occupancy": round(self.onprem_used_gpu_s / (onprem * 3600 * window_h), 4)
             if window_h else 0.0,
             "idle_while_waiting_gpu_hours": round(self.idle_fit_gpu_s / 3600.0, 1),
             "wait_s": {c: _pct(v, (50, 95, 99)) for c, v in waits.items()},
+            "wait_s_within_allowance": {c: _pct(v, (50, 95, 99)) for c, v in allowed.items()},
             "jct_s": {c: _pct(v, (50, 95)) for c, v in jcts.items()},
             "wait_s_multinode": _pct(multi, (95, 99)),
             "preemptions": self.preemptions,
@@ -147,6 +172,10 @@ class Recorder:
             "cloud_gpu_hours": round(self.cloud_gpu_s / 3600.0, 1),
             "cloud_cost_usd": round(self.cloud_usd, 2),
             "cloud_cost_on_demand_usd": round(self.cloud_od_usd, 2),
+            "cloud_by_pool": {p: {"node_hours": round(h, 1), "cost_usd": round(u, 2),
+                                  "on_demand_usd": round(o, 2)}
+                              for p, (h, u, o) in sorted(self.by_pool.items())},
+            "launches_refused": self.launch_refused,
             "cost_per_gpu_hour": round(total_usd / delivered_h, 4) if delivered_h else None,
         }
         if detail:

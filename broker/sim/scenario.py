@@ -9,18 +9,26 @@ Assignment rules (all by a stable hash, so the same trace and seed give the same
   urgent, high, normal, low with the `classes` fractions as cumulative bands.
 - acceptable GPU types: the same with salt "types" over `gpu_types` bands ("any" = every type).
 - spot policy and budget: by class (`spot`, `budget_usd`).
-- expected duration: the trace's duration when `known_durations` is true, else unknown.
+- who checkpoints on the signal: u = hash(seed, "ckpt", job_id) < `checkpoint_on_signal`
+  (default 0.5); the others lose their work back to their last periodic checkpoint.
+- runtime estimates (`runtime_estimates`): "learned" (default; per team and experiment, where
+  a trace job's experiment is its GPU count: broker.policy.estimates), "exact" (the trace's
+  duration, as if every user gave a perfect expected_duration_s), or "none".
+
+The policy knobs (grace_s, min_run_s, reservations, checkpoint_on_signal, ...) are the same
+PolicySettings onepool.yaml's `broker:` section has; `policy:` overrides PolicyConfig fields
+per compared policy.
 """
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from broker.spec import Market, Priority, SpotPolicy, read_yaml, validate
+from broker.spec import Market, PolicySettings, Priority, SpotPolicy, read_yaml, validate
 
 
 class _S(BaseModel):
@@ -46,6 +54,11 @@ class CloudPool(_S):
     launch_latency_s: float = Field(default=180.0, ge=0)
     interruption_rate_per_h: float = Field(default=0.0, ge=0)
     idle_timeout_s: float = Field(default=600.0, ge=0)
+    # Stock-outs: the pool refuses launches for a while (spot capacity is not always there).
+    # They start at this rate (exponential gaps, seeded) and last this long on average
+    # (exponential); 0: always in stock.
+    stockouts_per_day: float = Field(default=0.0, ge=0)
+    stockout_mean_s: float = Field(default=7200.0, gt=0)
     source: str = ""  # where the price came from
 
     @model_validator(mode="after")
@@ -67,9 +80,15 @@ class TeamRule(_S):
     queues: list[str] = Field(default_factory=list)
     weight: float | None = Field(default=None, gt=0)
     priority_allowance_gpus: int | None = Field(default=None, ge=0)
+    # A budget over the whole replay (rented capacity its jobs used, at the pool's price):
+    # broker.policy.budget's rules apply (low: spot-only, no urgent allowance; spent: hidden).
+    budget_usd: float | None = Field(default=None, ge=0)
+    budget_low_fraction: float = Field(default=0.2, ge=0, le=1)
 
 
-class Scenario(_S):
+class Scenario(PolicySettings):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     name: str
     description: str = ""
     seed: int = 0
@@ -82,16 +101,12 @@ class Scenario(_S):
     gpu_types: dict[str, float] = Field(default_factory=lambda: {"any": 1.0})
     spot: dict[Priority, SpotPolicy] = Field(default_factory=dict)
     budget_usd: dict[Priority, float] = Field(default_factory=dict)
-    known_durations: bool = False
+    runtime_estimates: Literal["learned", "exact", "none"] = "learned"
     checkpoint_interval_s: float = Field(default=1800.0, gt=0)
-    restart_overhead_s: float = Field(default=180.0, ge=0)
-    grace_s: float = Field(default=60.0, ge=0)
     checkpoint_save_s: float = Field(default=30.0, ge=0)
     interruption_notice_s: float = Field(default=120.0, ge=0)
     cycle_s: float = Field(default=30.0, gt=0)
-    tick_s: float = Field(default=300.0, gt=0)
     onprem_usd_per_gpu_hour: float = Field(default=1.0, ge=0)
-    fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0)
     drain_limit_s: float = Field(default=60 * 86400.0, gt=0)
     policy: dict[str, dict[str, Any]] = Field(default_factory=dict)
 

@@ -1,19 +1,26 @@
-"""The discrete-event replay. Every scheduling decision is broker.policy.plan(); this file
-only moves simulated time, jobs and nodes.
+"""The discrete-event replay. Every scheduling decision is broker.policy.plan(), and every rule
+around it (can anything act, fair-share decay, budget restriction, pool closing, draining
+nodes, runtime estimates) is broker.policy's; this file only moves simulated time, jobs and
+nodes.
 
 Model:
 - A job's work is its trace duration. An attempt makes progress from its start plus the
   restart overhead (paid by every attempt after the first) and checkpoints every
   `checkpoint_interval_s` of progress.
-- A preempted victim gets the signal: with checkpoint-on-signal it saves its progress and
-  exits `checkpoint_save_s` later; without, it is killed after `grace_s` and keeps only its
-  last periodic checkpoint. A spot node's interruption works the same way with
-  `interruption_notice_s` (drawn per node as exponential gaps at the pool's rate, seeded).
+- A preempted victim gets the signal. A job that checkpoints on the signal (the scenario's
+  `checkpoint_on_signal` share of jobs, by hash) saves its progress and exits
+  `checkpoint_save_s` later; the others are killed after `grace_s` and keep only their last
+  periodic checkpoint. A spot node's interruption works the same way with
+  `interruption_notice_s` (drawn per node as exponential gaps at the pool's rate, seeded);
+  from its notice on, the node takes no new work.
+- A rented pool in a stock-out (the scenario's `stockouts_per_day`, seeded windows) refuses
+  launches: the pool closes for the policy's backoff and the next plan takes the next offer.
 - Lost GPU time of an attempt = its GPU time not turned into kept progress (drain, unsaved
   work, restart overhead), attributed to its cause (preemption or interruption).
-- Plans run at most every `cycle_s` of simulated time and only when something changed
-  (arrival, exit, node up/down), plus a `tick_s` heartbeat while jobs wait (time-based
-  rules: minimum run time, waiting before renting, idle scale-down).
+- Plans run at most every `cycle_s` of simulated time, when something changed (arrival, exit,
+  node up/down, a pool reopening) and plan() could act (broker.policy.activity), and at the
+  plan's own `wake_at` (a time rule: minimum run time, waiting before renting, idle timeout,
+  aging, an estimate overrun), exactly then, with no polling.
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from operator import attrgetter
+from typing import Any
 
 from broker.policy import (
+    PendingQueue,
     PendingView,
     Placement,
     PoolView,
@@ -35,15 +44,21 @@ from broker.policy import (
     TeamView,
     plan,
 )
+from broker.policy.activity import Activity, can_act, rank_floor
+from broker.policy.budget import restrict, team_budget_state
+from broker.policy.estimates import RuntimeHistory, remaining
+from broker.policy.fairshare import decay
+from broker.policy.pools import capped, closed_until, could_ever_run
 from broker.sim.metrics import Recorder
 from broker.sim.policies import SimPolicy
-from broker.sim.scenario import Scenario, pick_band, unit_hash
+from broker.sim.scenario import Scenario
+from broker.sim.setup import sim_job, sim_pools, team_views
 from broker.sim.state import SimAttempt, SimJob, SimNode, SimPool
 from broker.sim.trace import TraceJob
-from broker.spec import Market, Priority, SpotPolicy
 
-ARRIVE, FINISH, EXIT, READY, INTERRUPT, REMOVE, CYCLE = range(7)
+ARRIVE, FINISH, EXIT, READY, INTERRUPT, REMOVE, REOPEN, CYCLE = range(8)
 _VIEW = attrgetter("view")
+GLOBAL = ""  # the planning scope of a policy without partitions
 
 
 class Simulator:
@@ -56,101 +71,53 @@ class Simulator:
         self.progress = progress
         self.rng = random.Random(sc.seed)
         self.now = 0.0
-        self.heap: list[tuple[float, int, int, object]] = []
+        self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
         self.pending: dict[int, PendingView] = {}
         self.running: dict[int, SimAttempt] = {}
         self.run_ranks: Counter[int] = Counter()
         self.pend_ranks: Counter[int] = Counter()
-        # Partitioned runs plan each team's partition on its own (see _cycle).
+        # Planning scopes: one, or one per partition (partitions share nothing).
+        self.scope_of: Callable[[str], str] = (lambda team: team) if pol.partitioned else (
+            lambda team: GLOBAL)
         self.dirty: set[str] = set()
-        self.team_running: dict[str, dict[int, SimAttempt]] = {}
-        self.team_pending: dict[str, dict[int, PendingView]] = {}
+        self.wakes: dict[str, float] = {}
+        self.scope_running: dict[str, dict[int, SimAttempt]] = {}
+        self.scope_pending: dict[str, dict[int, PendingView]] = {}
+        self.queues: dict[str, PendingQueue] = {}
         self.next_aid = 1
         self.node_counter = 0
         self.cycle_at: float | None = None
         self.last_cycle = -math.inf
-        self.teams = self._teams(trace)
-        self.pools = self._pools()
-        self.team_pools: dict[str, list[SimPool]] = {}
-        for sp in self.pools.values():
-            for t in sp.teams or ():
-                self.team_pools.setdefault(t, []).append(sp)
-        for tv in self.teams:
-            self.team_running[tv.name], self.team_pending[tv.name] = {}, {}
-        self.jobs = [self._job(i + 1, t) for i, t in enumerate(trace)]
+        self.teams, self.weights, self.team_of = team_views(sc, trace)
+        self.pools = sim_pools(sc, pol, self.weights)
+        self.scope_pools: dict[str, list[SimPool]] = {GLOBAL: list(self.pools.values())}
+        if pol.partitioned:
+            self.scope_pools = {t.name: [] for t in self.teams}
+            for sp in self.pools.values():
+                for t in sp.teams or ():
+                    self.scope_pools[t].append(sp)
+        for scope in self.scope_pools:
+            self.scope_running[scope], self.scope_pending[scope] = {}, {}
+            self.queues[scope] = PendingQueue()
+        self.jobs = [sim_job(sc, i + 1, t, self.team_of) for i, t in enumerate(trace)]
         self.usage = {t.name: 0.0 for t in self.teams}
         self.team_gpus = {t.name: 0 for t in self.teams}
         self.usage_at = 0.0
+        self.spend = {t.name: 0.0 for t in self.teams}
+        self.budgets = {t.name: (t.budget_usd, t.budget_low_fraction) for t in sc.teams
+                        if t.budget_usd is not None}
+        self.history = RuntimeHistory()
         end = trace[-1].submit_s if trace else 0.0
         self.rec = Recorder(sc, pol.name, window=(trace[0].submit_s if trace else 0.0, end))
         self.horizon = end + sc.drain_limit_s
 
-    # -- set-up ------------------------------------------------------------------------------
-    def _teams(self, trace: list[TraceJob]) -> tuple[TeamView, ...]:
-        by_queue = {q: t.name for t in self.sc.teams for q in t.queues}
-        self.team_of = lambda q: by_queue.get(q, self.sc.default_team)
-        gh: dict[str, float] = {t.name: 0.0 for t in self.sc.teams}
-        for j in trace:
-            gh[self.team_of(j.queue)] += j.duration_s * j.gpus
-        total = sum(gh.values()) or 1.0
-        weights = {t.name: t.weight if t.weight is not None else max(gh[t.name] / total, 1e-3)
-                   for t in self.sc.teams}
-        wsum = sum(weights.values())
-        self.weights = {k: v / wsum for k, v in weights.items()}
-        out = []
-        for t in self.sc.teams:
-            allow = t.priority_allowance_gpus
-            if allow is None:
-                allow = math.ceil(self.weights[t.name] * self.sc.onprem_gpus
-                                  * self.sc.priority_allowance_fraction)
-            out.append(TeamView(t.name, self.weights[t.name], allow, 0.0))
-        return tuple(out)
-
-    def _pools(self) -> dict[str, SimPool]:
-        pools: dict[str, SimPool] = {}
-        for p in self.sc.onprem:
-            parts = self._partition(p.nodes) if self.pol.partitioned else {None: p.nodes}
-            for team, n in parts.items():
-                name = p.name if team is None else f"{p.name}/{team}"
-                sp = SimPool(name, p.gpu_type, p.gpus_per_node, Market.ONPREM, False,
-                             teams=None if team is None else frozenset({team}))
-                for i in range(n):
-                    sp.add_node(SimNode(f"{name}-{i}", p.gpus_per_node))
-                pools[name] = sp
-        if self.cfg.cloud:
-            for c in self.sc.cloud:
-                pools[c.name] = SimPool(
-                    c.name, c.gpu_type, c.gpus_per_node, c.market, True, c.price_per_node_hour,
-                    c.on_demand_price, c.max_nodes, c.launch_latency_s, c.interruption_rate_per_h,
-                    c.idle_timeout_s)
-        return pools
-
-    def _partition(self, nodes: int) -> dict[str | None, int]:
-        """Nodes per team by weight, largest remainder first (ties by name)."""
-        exact = {t: w * nodes for t, w in self.weights.items()}
-        got = {t: int(v) for t, v in exact.items()}
-        for t in sorted(exact, key=lambda t: (-(exact[t] - got[t]), t))[: nodes - sum(got.values())]:
-            got[t] += 1
-        return dict(got)
-
-    def _job(self, jid: int, t: TraceJob) -> SimJob:
-        sc = self.sc
-        cls = pick_band(unit_hash(sc.seed, "class", t.job_id),
-                        [(c, sc.classes.get(c, 0.0)) for c in
-                         (Priority.URGENT, Priority.HIGH, Priority.NORMAL, Priority.LOW)])
-        types = pick_band(unit_hash(sc.seed, "types", t.job_id), list(sc.gpu_types.items()))
-        return SimJob(t, jid, self.team_of(t.queue), cls,
-                      () if types == "any" else tuple(x.strip() for x in types.split(",")),
-                      sc.spot.get(cls, SpotPolicy.ALLOWED), sc.budget_usd.get(cls),
-                      t.duration_s, t.submit_s)
-
     # -- the event loop ----------------------------------------------------------------------
-    def push(self, t: float, kind: int, data: object) -> None:
+    def push(self, t: float, kind: int, data: Any) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, data))
 
-    def run(self) -> dict:
+    def run(self) -> dict[str, Any]:
         for j in self.jobs:
             self.push(j.trace.submit_s, ARRIVE, j)
         n_total = len(self.jobs)
@@ -167,7 +134,7 @@ class Simulator:
                 self._cycle()
             else:
                 self._event(kind, data)
-                self._want_cycle()
+                self._want_cycle(self.now)
             if self.progress and self.rec.completed >= next_report:
                 self.progress(self.rec.completed / max(1, n_total))
                 next_report = self.rec.completed + max(1, n_total // 200)
@@ -184,94 +151,119 @@ class Simulator:
             self.rec.integrate(self.now, t)
             self.now = t
 
-    def _want_cycle(self) -> None:
-        """Schedule a cycle as soon as the minimum interval allows (earlier than a heartbeat)."""
-        at = max(self.now, self.last_cycle + self.sc.cycle_s)
+    def _want_cycle(self, at: float) -> None:
+        """Schedule a cycle at `at`, or as soon after as the minimum interval allows."""
+        at = max(at, self.last_cycle + self.sc.cycle_s)
         if self.cycle_at is None or at < self.cycle_at:
             self.cycle_at = at
             self.push(at, CYCLE, at)
 
-    def _event(self, kind: int, data: object) -> None:
+    def _event(self, kind: int, data: Any) -> None:
         if kind == ARRIVE:
-            j: SimJob = data  # type: ignore[assignment]
-            if not self._could_ever_run(j):
-                self.rec.rejected += 1
-                return
-            self._enqueue(j)
+            self._arrive(data)
         elif kind == FINISH:
-            aid, finish_at = data  # type: ignore[misc]
+            aid, finish_at = data
             a = self.running.get(aid)
             if a is not None and a.finish_at == finish_at:
                 self._end(a, completed=True)
         elif kind == EXIT:
-            a = self.running.get(data)  # type: ignore[arg-type]
+            a = self.running.get(data)
             if a is not None:
                 self._end(a, completed=False)
         elif kind == READY:
-            self._ready(*data)  # type: ignore[misc]
+            self._ready(*data)
         elif kind == INTERRUPT:
-            self._interrupt(*data)  # type: ignore[misc]
+            self._interrupt(*data)
         elif kind == REMOVE:
-            pool, node_id = data  # type: ignore[misc]
+            pool, node_id = data
             p = self.pools[pool]
             node = p.drop_node(node_id)
             if node is not None:
                 self._bill(p, node)
+            self.dirty.update(self._scopes_of(p))
+        elif kind == REOPEN:
+            p = self.pools[data]
+            p.view = None  # its cap on growth lifts (broker.policy.pools.capped)
+            self.dirty.update(self._scopes_of(p))
 
-    def _could_ever_run(self, j: SimJob) -> bool:
-        g = j.trace.gpus
-        for p in self.pools.values():
-            if j.types and p.gpu_type not in j.types:
-                continue
-            if p.teams is not None and j.team not in p.teams:
-                continue
-            cap_nodes = p.max_nodes if p.rented else len(p.nodes)
-            per = min(g, p.gpus_per_node)
-            if g % per == 0 and g // per <= (cap_nodes or 0):
-                return True
-        return False
+    def _scopes_of(self, p: SimPool) -> list[str]:
+        return [GLOBAL] if not self.pol.partitioned else sorted(p.teams or ())
+
+    def _arrive(self, j: SimJob) -> None:
+        pools = [self._pool_view(p) for p in self.scope_pools[self.scope_of(j.team)]]
+        if not could_ever_run(j.trace.gpus, j.types, j.team, pools):
+            self.rec.unplaceable(j)
+            return
+        self._enqueue(j)
+
+    def _estimate(self, j: SimJob) -> float | None:
+        """The job's remaining runtime as the policy sees it (see Scenario.runtime_estimates)."""
+        mode = self.sc.runtime_estimates
+        if mode == "none":
+            return None
+        overhead = self.sc.restart_overhead_s if j.attempts else 0.0
+        if mode == "exact":
+            return overhead + j.remaining
+        left = remaining(self.history.estimate((j.team, j.trace.gpus)),
+                         j.trace.duration_s - j.remaining)
+        return None if left is None else overhead + left
 
     def _pending_view(self, j: SimJob) -> PendingView:
         g = j.trace.gpus
         gpn = g if g <= 8 else 8
         return PendingView(j.jid, j.team, j.cls, gpn, j.trace.submit_s, g // gpn, j.types, j.spot,
-                           j.budget, j.trace.duration_s if self.sc.known_durations else None,
-                           self.sc.checkpoint_interval_s)
+                           j.budget, self._estimate(j), self.sc.checkpoint_interval_s)
 
     # -- a scheduling cycle --------------------------------------------------------------------
     def _cycle(self) -> None:
         self.last_cycle = self.now
         self._decay_usage()
-        if self.pol.partitioned:
-            # Partitions share nothing: each is its own cluster, planned only when it changed.
-            for team in sorted(self.dirty):
-                pools = self.team_pools.get(team, [])
-                self._plan_scope(pools, self.team_running[team], self.team_pending[team], team)
-            self.dirty.clear()
-        else:
-            self._plan_scope(list(self.pools.values()), self.running, self.pending, None)
+        due = {s for s, t in self.wakes.items() if t <= self.now}
+        for s in due:
+            del self.wakes[s]
+        scopes, self.dirty = sorted(self.dirty | due), set()  # what planning dirties: next cycle
+        for scope in scopes:
+            self._plan_scope(scope)
         self.rec.after_cycle(self.pools)
-        if self.cycle_at is None and (self.pending or any(pp.rented and pp.nodes
-                                                          for pp in self.pools.values())):
-            # Time-based rules (min run, waiting before renting, idle timeouts) need a heartbeat.
-            self.cycle_at = self.now + self.sc.tick_s
-            self.push(self.cycle_at, CYCLE, self.cycle_at)
+        if self.wakes:
+            self._want_cycle(min(self.wakes.values()))
 
-    def _plan_scope(self, pools: list[SimPool], running: dict[int, SimAttempt],
-                    pending: dict[int, PendingView], team: str | None) -> None:
-        """One plan() over these pools, running attempts and waiting jobs; apply it."""
-        if not self._worth_planning(pools, running, pending, team):
+    def _activity(self, scope: str) -> Activity:
+        pools = self.scope_pools[scope]
+        pending = self.scope_pending[scope]
+        shapes = self.rec.shapes
+        smallest = min((g for g, _, _, t in shapes if scope == GLOBAL or t == scope), default=0)
+        return Activity(
+            pending=len(pending),
+            fits=bool(pending) and any(p.fits(smallest, 1) for p in pools),
+            top_pending_rank=max(self.pend_ranks) if self.pend_ranks else None,
+            lowest_running_rank=min(self.run_ranks) if self.run_ranks else None,
+            rented_pools=any(p.rented for p in pools),
+            rented_nodes=any(p.rented and p.nodes for p in pools))
+
+    def _plan_scope(self, scope: str) -> None:
+        """One plan() over the scope's pools, running attempts and waiting jobs; apply it."""
+        if not can_act(self._activity(scope), self.cfg):
             return
+        pending = self.scope_pending[scope]
         snap = Snapshot(
             now=self.now,
-            pools=tuple(self._pool_view(p) for p in pools),
-            running=tuple(a.view for a in running.values()),
+            pools=tuple(self._pool_view(p) for p in self.scope_pools[scope]),
+            running=tuple(map(_VIEW, self.scope_running[scope].values())),
             pending=tuple(pending.values()),
             teams=tuple(TeamView(t.name, t.weight, t.priority_allowance_gpus, self.usage[t.name])
                         for t in self.teams),
             config=self.cfg,
+            queue=self.queues[scope],
         )
-        p = plan(snap)
+        if self.budgets:
+            snap = restrict(snap, {t: team_budget_state(a, self.spend[t], low)
+                                   for t, (a, low) in self.budgets.items()})
+        p = plan(snap, explain=False)
+        if p.wake_at is not None:
+            self.wakes[scope] = p.wake_at
+        for jid in p.demoted:
+            self.jobs[jid - 1].demoted = True
         for pre in p.preemptions:
             self._preempt(self.running[pre.attempt_id], pre.for_job_id)
         for node_id in p.terminations:
@@ -280,135 +272,130 @@ class Simulator:
             if node is not None:
                 self._bill(pool, node)
         for la in p.launches:
-            pool = self.pools[la.pool]
-            pool.launching.append((la.for_job_id, la.count))
-            pool.view = None
-            self.push(self.now + pool.launch_latency_s, READY, (pool.name, la.for_job_id, la.count))
+            self._launch(self.pools[la.pool], la.for_job_id, la.count)
         for pl in p.placements:
             self._start(pl)
-
-    def _worth_planning(self, pools: list[SimPool], running: dict[int, SimAttempt],
-                        pending: dict[int, PendingView], team: str | None) -> bool:
-        """False only when plan() provably has nothing to do: no waiting job fits any node's
-        free GPUs, none outranks every running job (no preemption), and no rented pool exists.
-        Skipping such calls changes no outcome; it only saves time."""
-        if any(p.rented for p in pools):
-            return bool(pending) or any(p.nodes for p in pools if p.rented)
-        if not pending:
-            return False
-        smallest = min(g for g, _, _, t in self.rec.shapes if team is None or t == team)
-        if any(p.fits(smallest, 1) for p in pools):
-            return True
-        if not self.cfg.preemption or not running:
-            return False
-        top = max(self.pend_ranks)
-        if self.cfg.promote_after_s is not None:
-            top = max(top, min(top + 1, Priority.HIGH.rank))  # aging may lift one class
-        return top > min(self.run_ranks)
 
     def _pool_view(self, p: SimPool) -> PoolView:
         if p.view is None:
             nodes = tuple(map(_VIEW, p.nodes.values()))
+            alive = len(p.nodes) + sum(n for _, n in p.launching)
+            closed = p.closed_until > self.now
             p.view = PoolView(p.name, p.gpu_type, p.gpus_per_node, nodes, p.market,
-                              p.price_per_node_hour / p.gpus_per_node, p.teams, p.max_nodes,
-                              tuple(p.launching), p.launch_latency_s, p.interruption_rate_per_h,
-                              p.idle_timeout_s)
+                              p.price_per_node_hour / p.gpus_per_node, p.teams,
+                              capped(p.max_nodes, alive, closed), tuple(p.launching),
+                              p.launch_latency_s, p.interruption_rate_per_h, p.idle_timeout_s,
+                              closed)
         return p.view
 
     def _decay_usage(self) -> None:
-        """Advance every team's decayed GPU-seconds to now (closed form per constant stretch)."""
+        """Advance every team's decayed GPU-seconds to now (broker.policy.fairshare.decay)."""
         dt = self.now - self.usage_at
         if dt <= 0:
             return
-        k = math.log(2) / self.sc.fair_share_half_life_s
-        f = math.exp(-k * dt)
+        h = self.cfg.fair_share_half_life_s
         for t in self.usage:
-            self.usage[t] = self.usage[t] * f + self.team_gpus[t] * (1 - f) / k
+            self.usage[t] = decay(self.usage[t], self.team_gpus[t], dt, h)
         self.usage_at = self.now
 
-    def _rank_floor(self, cls: Priority) -> int:
-        """The lowest effective class a running job of this class can have (anti-capture may
-        schedule high/urgent work as normal)."""
-        if self.cfg.anti_capture and cls.rank > Priority.NORMAL.rank:
-            return Priority.NORMAL.rank
-        return cls.rank
-
     def _enqueue(self, j: SimJob) -> None:
-        view = self._pending_view(j)
+        view = j.view = self._pending_view(j)
+        scope = self.scope_of(j.team)
         self.pending[j.jid] = view
-        self.team_pending[j.team][j.jid] = view
-        self.dirty.add(j.team)
+        self.scope_pending[scope][j.jid] = view
+        self.queues[scope].add(view)
+        self.dirty.add(scope)
         self.pend_ranks[j.cls.rank] += 1
         self.rec.queued(view, +1)
 
     def _start(self, pl: Placement) -> None:
         view = self.pending.pop(pl.job_id)
-        del self.team_pending[view.team][pl.job_id]
+        scope = self.scope_of(view.team)
+        del self.scope_pending[scope][pl.job_id]
+        self.queues[scope].remove(view)
         self.pend_ranks[view.priority.rank] -= 1
         if not self.pend_ranks[view.priority.rank]:
             del self.pend_ranks[view.priority.rank]
         self.rec.queued(view, -1)
         j = self.jobs[pl.job_id - 1]
+        j.view = None
         j.wait += self.now - j.queued_at
         if j.first_start is None:
             j.first_start = self.now
         overhead = self.sc.restart_overhead_s if j.attempts else 0.0
+        est = view.expected_duration_s
         j.attempts += 1
         aid, self.next_aid = self.next_aid, self.next_aid + 1
         ps = self.now + overhead
         rv = RunningView(aid, j.jid, j.team, j.cls, pl.alloc, self.now, view.submit_time,
                          None, j.preemptions, checkpoint_period_s=self.sc.checkpoint_interval_s,
-                         checkpoint_origin=ps)
+                         checkpoint_origin=ps,
+                         expected_end=None if est is None else self.now + est)
         a = SimAttempt(j, rv, pl.pool, ps, ps + j.remaining)
         self.running[aid] = a
-        self.team_running[j.team][aid] = a
+        self.scope_running[scope][aid] = a
         pool = self.pools[pl.pool]
+        end = math.inf if rv.expected_end is None else rv.expected_end
         for node_id, g in pl.alloc:
-            pool.use(pool.nodes[node_id], g, self.now)
+            pool.use(pool.nodes[node_id], g, self.now, aid, end)
         self.team_gpus[j.team] += rv.gpus
-        self.run_ranks[self._rank_floor(j.cls)] += 1
+        self.run_ranks[rank_floor(j.cls, self.cfg)] += 1
         self.rec.gpus_changed(pool, rv.gpus)
         self.push(a.finish_at, FINISH, (aid, a.finish_at))
 
     def _preempt(self, a: SimAttempt, for_job: int) -> None:
         self._stop(a, "preemption", self.sc.checkpoint_save_s, self.sc.grace_s)
         a.view = replace(a.view, stopping=True, stopping_for=for_job)
+        pool = self.pools[a.pool]
+        for node_id, _g in a.view.alloc:  # its GPUs go to the job it stops for
+            pool.expect_end(pool.nodes[node_id], a.view.attempt_id, math.inf, self.now)
         a.job.preemptions += 1
         self.rec.preemptions += 1
 
     def _stop(self, a: SimAttempt, cause: str, save_s: float, deadline_s: float) -> None:
-        """Signal/notice at now: exit after the save (checkpoint on signal) or the deadline."""
+        """Signal/notice at now: a job that checkpoints on the signal exits after the save;
+        the others are killed at the deadline."""
         if a.stop_at is not None:
             return
         a.stop_at, a.cause = self.now, cause
-        if self.cfg.checkpoint_on_signal and save_s <= deadline_s:
+        if a.job.saves_on_signal and save_s <= deadline_s:
             a.saved_at_stop = max(0.0, self.now - a.progress_start)
             exit_at = self.now + save_s
         else:
             exit_at = self.now + deadline_s
         if exit_at < a.finish_at:
             self.push(exit_at, EXIT, a.view.attempt_id)
+            pool = self.pools[a.pool]
+            for node_id, _g in a.view.alloc:
+                node = pool.nodes.get(node_id)
+                if node is not None:
+                    pool.expect_end(node, a.view.attempt_id, exit_at, self.now)
         # else: it finishes its work before it would have to leave
 
     def _end(self, a: SimAttempt, completed: bool) -> None:
         del self.running[a.view.attempt_id]
         j, pool, gpus = a.job, self.pools[a.pool], a.view.gpus
-        del self.team_running[j.team][a.view.attempt_id]
-        self.dirty.add(j.team)
+        scope = self.scope_of(j.team)
+        del self.scope_running[scope][a.view.attempt_id]
+        self.dirty.add(scope)
         for node_id, g in a.view.alloc:
             node = pool.nodes.get(node_id)
             if node is not None:
-                pool.use(node, -g, self.now)
-        self.run_ranks[self._rank_floor(j.cls)] -= 1
-        if not self.run_ranks[self._rank_floor(j.cls)]:
-            del self.run_ranks[self._rank_floor(j.cls)]
+                pool.use(node, -g, self.now, a.view.attempt_id)
+        floor = rank_floor(j.cls, self.cfg)
+        self.run_ranks[floor] -= 1
+        if not self.run_ranks[floor]:
+            del self.run_ranks[floor]
         self.team_gpus[j.team] -= gpus
         self.rec.gpus_changed(pool, -gpus)
         gpu_s = (self.now - a.view.started_at) * gpus
+        if pool.rented:
+            self.spend[j.team] += gpu_s / 3600.0 * pool.price_per_node_hour / pool.gpus_per_node
         if completed:
             j.remaining, j.done_at = 0.0, self.now
             if j.last_cause and a.progress_start > a.view.started_at:
                 self.rec.lost(j.last_cause, (a.progress_start - a.view.started_at) * gpus)
+            self.history.observe((j.team, j.trace.gpus), j.trace.duration_s)
             self.rec.finished(j, gpu_s, pool)
             return
         if a.saved_at_stop is not None:
@@ -426,6 +413,20 @@ class Simulator:
         self._enqueue(j)
 
     # -- rented nodes ----------------------------------------------------------------------------
+    def _launch(self, p: SimPool, for_job: int, count: int) -> None:
+        """A launch the plan asked for; a pool in a stock-out refuses it and closes."""
+        if p.stocked_out(self.now):
+            p.closed_until = closed_until(self.now)
+            p.view = None
+            self.rec.launch_refused += 1
+            self.push(p.closed_until, REOPEN, p.name)
+            self.dirty.update(self._scopes_of(p))
+            self._want_cycle(self.now)
+            return
+        p.launching.append((for_job, count))
+        p.view = None
+        self.push(self.now + p.launch_latency_s, READY, (p.name, for_job, count))
+
     def _ready(self, pool_name: str, for_job: int, count: int) -> None:
         p = self.pools[pool_name]
         if (for_job, count) in p.launching:
@@ -434,17 +435,20 @@ class Simulator:
             self.node_counter += 1
             nid = f"{p.name}-{self.node_counter}"
             p.add_node(SimNode(nid, p.gpus_per_node, 0, self.now,
-                               launched_at=self.now - p.launch_latency_s))
+                               launched_at=self.now - p.launch_latency_s), self.now)
             if p.interruption_rate_per_h > 0:
                 gap = self.rng.expovariate(p.interruption_rate_per_h / 3600.0)
                 self.push(self.now + gap, INTERRUPT, (p.name, nid))
         p.view = None
+        self.dirty.update(self._scopes_of(p))
 
     def _interrupt(self, pool_name: str, node_id: str) -> None:
         p = self.pools[pool_name]
-        if node_id not in p.nodes:
+        node = p.nodes.get(node_id)
+        if node is None:
             return
         self.rec.interruptions += 1
+        p.drain(node, self.now)  # from the notice on, nothing new is placed there
         notice = self.sc.interruption_notice_s
         for a in list(self.running.values()):
             if a.pool == pool_name and any(n == node_id for n, _ in a.view.alloc):
@@ -454,4 +458,5 @@ class Simulator:
     def _bill(self, p: SimPool, node: SimNode) -> None:
         if p.rented:
             hours = (self.now - node.launched_at) / 3600.0
-            self.rec.bill(hours * p.price_per_node_hour, hours * p.on_demand_per_node_hour)
+            self.rec.bill(p.name, hours, hours * p.price_per_node_hour,
+                          hours * p.on_demand_per_node_hour)

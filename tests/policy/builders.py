@@ -51,6 +51,7 @@ def job(
     types: Iterable[str] = (),
     submit: float = 0.0,
     spot: str = "allowed",
+    estimate: float | None = None,
 ) -> PendingView:
     return PendingView(
         job_id=id,
@@ -61,6 +62,7 @@ def job(
         nodes=nodes,
         gpu_types=tuple(types),
         spot=SpotPolicy(spot),
+        expected_duration_s=estimate,
     )
 
 
@@ -76,6 +78,7 @@ def running(
     stopping: bool = False,
     stopping_for: int | None = None,
     submit: float | None = None,
+    end: float | None = None,
 ) -> RunningView:
     alloc = {"a-0": 8} if alloc is None else alloc
     return RunningView(
@@ -90,6 +93,7 @@ def running(
         times_preempted=preempted,
         stopping=stopping,
         stopping_for=stopping_for,
+        expected_end=end,
     )
 
 
@@ -106,9 +110,10 @@ def snap(
     **config: object,
 ) -> Snapshot:
     pools = tuple(pools) or (pool("a"),)
-    # The reservation tests were written for one holder; the product default (4) is tested
-    # on its own in test_backfill.py.
+    # The reservation tests were written for one holder of free GPUs (easy=False); EASY and
+    # the product default are tested on their own in test_backfill.py.
     config.setdefault("reservations", 1)
+    config.setdefault("easy", False)
     return Snapshot(
         now=now,
         pools=pools,

@@ -1,4 +1,8 @@
-"""Step 4e: blocked jobs hold GPUs (reservations) so backfill cannot starve them."""
+"""Step 4f: reservations for blocked jobs, so backfill cannot starve them.
+
+The first tables are the rule before EASY (easy=False: a reservation holds the free GPUs of
+its nodes against every later job), kept as an option; the EASY tables below are the default.
+"""
 
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ BACKFILL_CASES = [
 
 @pytest.mark.parametrize(("config", "expect", "holds"), BACKFILL_CASES)
 def test_backfill_without_starvation(config, expect, holds):
-    p = plan(snap([pool("a")], running=BUSY, pending=QUEUE, **config))
+    p = plan(snap([pool("a")], running=BUSY, pending=QUEUE, easy=False, **config))
     assert placed(p) == expect
     assert held(p) == holds
     assert p.preemptions == ()
@@ -104,14 +108,107 @@ def test_backfill_off_does_not_stop_at_a_job_that_preempts():
     assert placed(p) == {2: ("b", {"b-0": 8})}
 
 
-def test_product_default_lets_the_first_four_blocked_jobs_hold():
-    """PolicyConfig() holds for four blocked jobs (chosen on the 60-day trace: occupancy and
-    lost work improve over one holder at no cost to waits; see bench/results/tradeoff.*)."""
-    assert PolicyConfig().reservations == 4
-    pools = [pool(n, nodes=1) for n in "abcde"]
-    run = [running(i, 10 + i, prio="normal", alloc={f"{n}-0": 4}) for i, n in enumerate("abcde")]
-    pending = [job(i + 1, gpus=8, submit=i) for i in range(5)] + [job(9, gpus=4, submit=9)]
+def test_product_default_reserves_for_the_first_blocked_job_with_easy():
+    """PolicyConfig() is EASY with one reservation (chosen with the sweep over two capacities
+    of the 60-day trace; see bench/results/sweep.*)."""
+    cfg = PolicyConfig()
+    assert (cfg.reservations, cfg.easy) == (1, True)
+    pools = [pool(n, nodes=1) for n in "abc"]
+    run = [running(i, 10 + i, prio="normal", alloc={f"{n}-0": 4}, end=2000.0 + 100 * i)
+           for i, n in enumerate("abc")]
+    pending = [job(i + 1, gpus=8, submit=i) for i in range(3)] + [job(9, gpus=4, submit=9)]
     s = Snapshot(now=1000.0, pools=tuple(pools), running=tuple(run), pending=tuple(pending))
     p = plan(s)
-    assert sorted(held(p)) == [1, 2, 3, 4]
-    assert placed(p) == {9: ("e", {"e-0": 4})}  # the fifth blocked job holds nothing
+    assert held(p) == {1: {"a-0": 4}}
+    assert placed(p) == {9: ("b", {"b-0": 4})}  # job 9 has no estimate: not on a-0
+
+
+# -- EASY: a reservation holds GPUs only against jobs that would not end before its start ----
+# Pool a, 2 nodes x 8. a-0: a normal job of 4 GPUs expected to end at 2000 (now 1000);
+# a-1: one of 6 GPUs expected to end at 6000. Job 1 (8 GPUs) is blocked: a-0 has 8 GPUs at
+# 2000, so it reserves a-0 from 2000 and holds a-0's 4 free GPUs. Job 2 asks for 4 GPUs.
+def easy_snap(job2_estimate, end0=2000.0, end1=6000.0, **config):  # type: ignore[no-untyped-def]
+    run = [running(1, 11, prio="normal", alloc={"a-0": 4}, end=end0),
+           running(2, 12, prio="normal", alloc={"a-1": 6}, end=end1)]
+    pending = [job(1, gpus=8, submit=0), job(2, gpus=4, submit=1, estimate=job2_estimate),
+               job(3, gpus=2, submit=2)]
+    return snap([pool("a")], running=run, pending=pending, easy=True, **config)
+
+
+EASY_CASES = [
+    # (holds: what is still held once backfill has used what it may)
+    pytest.param(500.0, {}, {2: ("a", {"a-0": 4}), 3: ("a", {"a-1": 2})}, {1: {}},
+                 {1: 2000.0}, id="short-job-ends-before-the-start:uses-the-held-gpus"),
+    pytest.param(1000.0, {}, {2: ("a", {"a-0": 4}), 3: ("a", {"a-1": 2})}, {1: {}},
+                 {1: 2000.0}, id="ending-exactly-at-the-start-is-in-time"),
+    pytest.param(1500.0, {}, {3: ("a", {"a-1": 2})}, {1: {"a-0": 4}}, {1: 2000.0},
+                 id="longer-job-may-not"),
+    pytest.param(None, {}, {3: ("a", {"a-1": 2})}, {1: {"a-0": 4}}, {1: 2000.0},
+                 id="no-estimate-may-not"),
+    pytest.param(None, {"end0": None, "end1": None}, {2: ("a", {"a-0": 4}), 3: ("a", {"a-1": 2})},
+                 {}, {}, id="start-unknown:nothing-held"),
+    pytest.param(None, {"end0": 900.0, "end1": None}, {2: ("a", {"a-0": 4}), 3: ("a", {"a-1": 2})},
+                 {}, {}, id="an-overrun-estimate-is-unknown:nothing-held"),
+    pytest.param(None, {"end0": None}, {2: ("a", {"a-0": 4})}, {1: {"a-1": 2}}, {1: 6000.0},
+                 id="reserves-where-the-start-is-known"),
+    pytest.param(None, {"reservations": 0}, {2: ("a", {"a-0": 4}), 3: ("a", {"a-1": 2})}, {}, {},
+                 id="no-reservations"),
+]
+
+
+@pytest.mark.parametrize(("estimate", "over", "expect", "holds", "starts"), EASY_CASES)
+def test_easy_backfill(estimate, over, expect, holds, starts):
+    ends = {k: over.pop(k) for k in ("end0", "end1") if k in over}
+    p = plan(easy_snap(estimate, **ends, **over))
+    assert placed(p) == expect
+    assert held(p) == holds
+    assert dict(p.starts) == starts
+    assert p.preemptions == ()
+
+
+def test_easy_wakes_when_an_estimate_it_counts_on_would_be_overrun():
+    p = plan(easy_snap(None))
+    assert p.wake_at == 2000.0  # if job 11 still runs then, job 1's start is unknown
+    assert waiting(p)[1].startswith("head of the queue: starts in about 17m in a")
+
+
+def test_easy_gang_start_is_its_last_node():
+    # job 1 needs 2 x 8: a-0 frees at 2000, a-1 at 6000, a-2 never (no estimate)
+    run = [running(1, 11, prio="normal", alloc={"a-0": 8}, end=2000.0),
+           running(2, 12, prio="normal", alloc={"a-1": 8}, end=6000.0),
+           running(3, 13, prio="normal", alloc={"a-2": 8})]
+    p = plan(snap([pool("a", nodes=3)], running=run, pending=[job(1, gpus=8, nodes=2)], easy=True))
+    assert dict(p.starts) == {1: 6000.0}
+    assert held(p) == {1: {}}  # nothing is free now: the two nodes' jobs release all 16 GPUs
+
+
+# -- preemptible backfill: a lower class may use held GPUs; the reserved job preempts it then --
+PREEMPTIBLE_CASES = [
+    # job 1 (normal, 8 GPUs) reserves a-0 from T; job 2 (low, 4 GPUs, no estimate) may use the
+    # held GPUs when T is at least its checkpoint interval (1800 s) away
+    pytest.param("low", 4000.0, {}, {2: ("a", {"a-0": 4})}, id="lower-class-far-start:uses-them"),
+    pytest.param("low", 2000.0, {}, {}, id="lower-class-near-start:may-not"),
+    pytest.param("normal", 4000.0, {}, {}, id="same-class:may-not"),
+    pytest.param("low", 4000.0, {"preemptible_backfill": False}, {}, id="switched-off"),
+    pytest.param("low", 4000.0, {"preemption": False}, {}, id="no-preemption:may-not"),
+]
+
+
+@pytest.mark.parametrize(("prio", "end0", "over", "expect"), PREEMPTIBLE_CASES)
+def test_preemptible_backfill(prio, end0, over, expect):
+    run = [running(1, 11, prio="normal", alloc={"a-0": 4}, end=end0),
+           running(2, 12, prio="normal", alloc={"a-1": 8}, end=9000.0)]
+    pending = [job(1, gpus=8, submit=0), job(2, prio=prio, gpus=4, submit=1)]
+    p = plan(snap([pool("a")], running=run, pending=pending, easy=True, **over))
+    assert placed(p) == expect
+    assert dict(p.starts) == {1: end0}
+
+
+@pytest.mark.parametrize(("nodes", "reserved"), [(1, False), (2, True)],
+                         ids=["single-node:no-reservation", "gang:reserves"])
+def test_reservations_for_gangs_only(nodes, reserved):
+    run = [running(1, 11, prio="normal", alloc={"a-0": 4}, end=2000.0),
+           running(2, 12, prio="normal", alloc={"a-1": 4}, end=3000.0)]
+    p = plan(snap([pool("a")], running=run, pending=[job(1, gpus=8, nodes=nodes)], easy=True,
+                  reserve_gangs_only=True))
+    assert bool(p.starts) is reserved

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from broker.policy import plan
+from broker.policy import RunningView, plan
 
 from .builders import held, job, placed, pool, preempted, preempted_for, running, snap, waiting
 
@@ -371,3 +373,54 @@ def test_stopping_victims_not_enough_and_no_new_ones_still_holds_their_node():
     assert p.preemptions == ()
     assert held(p) == {5: {"a-0": 4, "a-2": 6}}
     assert placed(p) == {6: ("a", {"a-3": 4})}
+
+
+# -- checkpoint alignment: a normal job waits for its victims' imminent checkpoints ------------
+def _ckpt_victim(prio: str = "low", period: float | None = 1800.0, origin: float = 0.0,
+                 started: float = 0.0) -> RunningView:
+    r = running(1, 11, prio=prio, alloc={"a-0": 8}, started=started)
+    return dataclasses.replace(r, checkpoint_period_s=period, checkpoint_origin=origin)
+
+
+ALIGN_CASES = [
+    # now 1000: the victim last saved never, next at 1800 (800 s away)
+    pytest.param({"checkpoint_align_s": 900.0}, "normal", _ckpt_victim(), [], 1801.0,
+                 id="checkpoint-in-800s:waits-for-it"),
+    pytest.param({"checkpoint_align_s": 600.0}, "normal", _ckpt_victim(), [(1, 9)], None,
+                 id="checkpoint-too-far:preempts-now"),
+    pytest.param({"checkpoint_align_s": 900.0}, "high", _ckpt_victim(), [(1, 9)], None,
+                 id="high-does-not-wait"),
+    pytest.param({"checkpoint_align_s": 900.0, "checkpoint_on_signal": 1.0}, "normal",
+                 _ckpt_victim(), [(1, 9)], None, id="every-victim-saves-on-the-signal:no-wait"),
+    pytest.param({"checkpoint_align_s": 900.0}, "normal", _ckpt_victim(period=None), [(1, 9)], None,
+                 id="schedule-unknown:preempts-now"),
+    pytest.param({"checkpoint_align_s": 900.0}, "normal", _ckpt_victim(origin=1000.0, started=1000.0),
+                 [(1, 9)], None, id="nothing-unsaved:preempts-now"),
+]
+
+
+@pytest.mark.parametrize(("config", "prio", "victim", "expect", "wake"), ALIGN_CASES)
+def test_checkpoint_alignment(config, prio, victim, expect, wake):
+    p = plan(snap([pool("a", nodes=1)], running=[victim], pending=[job(9, prio=prio, gpus=8)],
+                  **config))
+    assert preempted_for(p) == expect
+    assert p.wake_at == wake
+    assert held(p) == ({9: {}} if expect else {})  # waiting for checkpoints holds nothing
+
+
+# -- patience: a job below high preempts only after waiting preempt_after_s --------------------
+PATIENCE_CASES = [
+    pytest.param(300.0, "normal", 900.0, [], 1200.0, id="waited-100s-of-300:waits"),
+    pytest.param(300.0, "normal", 0.0, [(1, 9)], None, id="waited-1000s:preempts"),
+    pytest.param(300.0, "high", 900.0, [(1, 9)], None, id="high-preempts-at-once"),
+    pytest.param(0.0, "normal", 900.0, [(1, 9)], None, id="off:preempts-at-once"),
+]
+
+
+@pytest.mark.parametrize(("after", "prio", "submit", "expect", "wake"), PATIENCE_CASES)
+def test_preempt_after_waiting(after, prio, submit, expect, wake):
+    run = [running(1, 11, prio="low", alloc={"a-0": 8}, started=0.0)]
+    p = plan(snap([pool("a", nodes=1)], running=run,
+                  pending=[job(9, prio=prio, gpus=8, submit=submit)], preempt_after_s=after))
+    assert preempted_for(p) == expect
+    assert p.wake_at == wake

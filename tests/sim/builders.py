@@ -21,7 +21,7 @@ def scenario(**over: Any) -> Scenario:
         "teams": [{"name": "t", "queues": ["q"], "priority_allowance_gpus": 64}],
         "default_team": "t", "classes": CLASSES,
         "checkpoint_interval_s": 1800, "restart_overhead_s": 180, "grace_s": 60,
-        "checkpoint_save_s": 30, "cycle_s": 30, "tick_s": 300,
+        "checkpoint_save_s": 30, "cycle_s": 30, "checkpoint_on_signal": 1.0,
     }
     base.update(over)
     return Scenario.model_validate(base)

@@ -18,7 +18,7 @@ H = 3600.0
 def run(tmp_path: Path, rows, policy: str, **sc_over):  # type: ignore[no-untyped-def]
     sc = scenario(**sc_over)
     trace = read_trace(write_trace(tmp_path / "t.csv", rows))
-    (pol,) = resolve([policy], sc.grace_s, sc.restart_overhead_s, sc.policy)
+    (pol,) = resolve([policy], sc, sc.policy)
     sim = Simulator(trace, sc, pol)
     result = sim.run()
     jobs = {j.trace.job_id: j for j in sim.jobs}
@@ -29,28 +29,34 @@ LOW, URGENT, NORMAL = job_id("low"), job_id("urgent"), job_id("normal")
 THREE = [(LOW, 0, 7200, 8), (URGENT, 1000, 600, 8), (NORMAL, 1100, 600, 4)]
 
 
+SAVES = ({LOW: 1200, URGENT: 30, NORMAL: 530}, {LOW: 8610, URGENT: 1630, NORMAL: 2230}, 1,
+         (240 + 1440) / H)
+KILLED = ({LOW: 1200, URGENT: 60, NORMAL: 560}, {LOW: 9640, URGENT: 1660, NORMAL: 2260}, 1,
+          (1060 * 8 + 1440) / H)
+
+
 @pytest.mark.parametrize(
-    ("policy", "waits", "done", "preemptions", "lost_gpu_h"),
+    ("policy", "share", "expect"),
     [
-        # onepool-onprem: t=1000 the urgent job preempts the low one, which saves on the signal
-        # and exits at 1030 (save 30 s): drain 30 s + 1000 s.. kept; lost = 30x8 + restart 180x8.
-        # urgent runs 1030-1630; normal 1630-2230; low resumes 2230, +180 s overhead, 6200 s
-        # of work left: done at 8610.
-        pytest.param("onepool-onprem", {LOW: 1200, URGENT: 30, NORMAL: 530},
-                     {LOW: 8610, URGENT: 1630, NORMAL: 2230}, 1, (240 + 1440) / H,
-                     id="onepool-onprem"),
-        # naive: no save on the signal, killed after the 60 s grace; its last checkpoint was
-        # never (1060 s < 1800 s): all 1060 s x 8 lost, plus the restart overhead.
-        pytest.param("naive-preempt", {LOW: 1200, URGENT: 60, NORMAL: 560},
-                     {LOW: 9640, URGENT: 1660, NORMAL: 2260}, 1, (1060 * 8 + 1440) / H,
-                     id="naive-preempt"),
+        # t=1000 the urgent job preempts the low one. If it checkpoints on the signal
+        # (checkpoint_on_signal share 1), it saves and exits at 1030 (save 30 s): lost =
+        # drain 30x8 + restart 180x8. Urgent runs 1030-1630; normal 1630-2230; low resumes
+        # 2230, +180 s overhead, 6200 s of work left: done at 8610.
+        pytest.param("onepool-onprem", 1.0, SAVES, id="onepool-onprem:job-saves"),
+        # A job that does not (share 0) is killed after the 60 s grace; its last checkpoint
+        # was never (1060 s < 1800 s): all 1060 s x 8 lost, plus the restart overhead.
+        pytest.param("onepool-onprem", 0.0, KILLED, id="onepool-onprem:job-does-not-save"),
+        # Who saves is the workload's trait: the naive policy gets the same jobs.
+        pytest.param("naive-preempt", 0.0, KILLED, id="naive-preempt:job-does-not-save"),
+        pytest.param("naive-preempt", 1.0, SAVES, id="naive-preempt:job-saves"),
         # fifo: nobody is preempted; urgent waits for the low job to finish.
-        pytest.param("fifo", {LOW: 0, URGENT: 6200, NORMAL: 6700},
-                     {LOW: 7200, URGENT: 7800, NORMAL: 8400}, 0, 0.0, id="fifo"),
+        pytest.param("fifo", 1.0, ({LOW: 0, URGENT: 6200, NORMAL: 6700},
+                                   {LOW: 7200, URGENT: 7800, NORMAL: 8400}, 0, 0.0), id="fifo"),
     ],
 )
-def test_three_jobs_by_hand(tmp_path, policy, waits, done, preemptions, lost_gpu_h):
-    result, jobs = run(tmp_path, THREE, policy)
+def test_three_jobs_by_hand(tmp_path, policy, share, expect):
+    waits, done, preemptions, lost_gpu_h = expect
+    result, jobs = run(tmp_path, THREE, policy, checkpoint_on_signal=share)
     assert {k: j.wait for k, j in jobs.items()} == pytest.approx(waits)
     assert {k: j.done_at for k, j in jobs.items()} == pytest.approx(done)
     assert result["preemptions"] == preemptions
@@ -95,13 +101,18 @@ def test_cloud_rents_after_waiting_and_bills_node_hours(tmp_path):
     its 600 s idle timeout: billed (120 + 3000 + 600) s at $8/h."""
     rows = [(job_id("low", 0), 0, 10_000, 8), (job_id("low", 1), 0, 3000, 8)]
     cloud = [dict(CLOUD[0], interruption_rate_per_h=0.0)]
-    result, jobs = run(tmp_path, rows, "onepool", cloud=cloud, cycle_s=1, tick_s=60)
+    result, jobs = run(tmp_path, rows, "onepool", cloud=cloud, cycle_s=1)
     second = jobs[job_id("low", 1)]
     assert second.first_start == pytest.approx(600 + 120)
     assert result["cloud_cost_usd"] == pytest.approx((120 + 3000 + 600) / H * 8.0, abs=0.01)
     assert result["cloud_cost_on_demand_usd"] == pytest.approx((120 + 3000 + 600) / H * 24.0,
                                                                abs=0.01)
     assert result["cloud_gpu_hours"] == pytest.approx(3000 * 8 / H, abs=0.1)
+    (pool, billed), = result["cloud_by_pool"].items()
+    assert pool == cloud[0]["name"]
+    assert billed["node_hours"] == pytest.approx((120 + 3000 + 600) / H, abs=0.1)
+    assert billed["cost_usd"] == result["cloud_cost_usd"]
+    assert billed["on_demand_usd"] == result["cloud_cost_on_demand_usd"]
     fifo, _ = run(tmp_path, rows, "onepool-onprem", cloud=cloud)
     assert fifo["cloud_cost_usd"] == 0
 
@@ -146,6 +157,85 @@ def test_malformed_trace_rows_fail_clearly(tmp_path, content, expect):
 def test_unknown_policy_and_override_are_refused():
     sc = scenario()
     with pytest.raises(SpecError, match="allowed: partitioned, fifo"):
-        resolve(["best"], 60, 180, {})
+        resolve(["best"], sc, {})
     with pytest.raises(SpecError, match=r"policy\.fifo\.nonsense"):
-        resolve(["fifo"], sc.grace_s, sc.restart_overhead_s, {"fifo": {"nonsense": 1}})
+        resolve(["fifo"], sc, {"fifo": {"nonsense": 1}})
+
+
+def test_fragments_no_waiting_job_can_use_are_not_idle_while_waiting(tmp_path):
+    """One 8-GPU node: a 4-GPU job runs for an hour while an 8-GPU job waits. The 4 free GPUs
+    are idle, but no waiting job could use them: they do not count."""
+    rows = [(job_id("low", 0), 0, 3600, 4), (job_id("low", 1), 10, 600, 8)]
+    result, jobs = run(tmp_path, rows, "fifo")
+    assert jobs[job_id("low", 1)].wait == pytest.approx(3590, abs=31)
+    assert result["idle_while_waiting_gpu_hours"] == 0
+
+
+def test_unplaceable_jobs_are_counted_and_their_waits_censored(tmp_path):
+    """A 16-GPU job on a one-node cluster can never start: it is reported, and its wait runs
+    to the end of the replay instead of being dropped from the percentiles."""
+    rows = [(job_id("low", 0), 0, 3600, 8), (job_id("low", 1), 100, 600, 16)]
+    result, _jobs = run(tmp_path, rows, "fifo")
+    assert result["jobs_unplaceable"] == 1
+    assert result["jobs_completed"] == 1
+    assert result["wait_s"]["low"]["p99"] == pytest.approx(3600 - 100, rel=0.05)
+
+
+OUT_OF_STOCK = dict(CLOUD[0], interruption_rate_per_h=0.0, stockouts_per_day=86400.0,
+                    stockout_mean_s=365 * 86400.0)  # a stock-out a second, lasting a year
+IN_STOCK = dict(CLOUD[0], name="spot2", price_per_node_hour=12.0, interruption_rate_per_h=0.0)
+ON_DEMAND = {"name": "od", "provider": "aws", "gpu_type": "A100", "gpus_per_node": 8,
+             "market": "on_demand", "price_per_node_hour": 24.0, "max_nodes": 2,
+             "launch_latency_s": 120, "idle_timeout_s": 600}
+
+
+@pytest.mark.parametrize(
+    ("cloud", "usd"),
+    [
+        # the cheapest spot pool refuses and closes (broker.policy.pools); the job rents the
+        # other spot pool: (launch latency + run + idle timeout) x $12/h
+        pytest.param([OUT_OF_STOCK, IN_STOCK, ON_DEMAND], (120 + 3000 + 600) / H * 12.0,
+                     id="next-spot-offer"),
+        # no other spot pool: a low job waits out the stock-out rather than pay on-demand; it
+        # runs on-prem when the first job is done
+        pytest.param([OUT_OF_STOCK, ON_DEMAND], 0.0, id="waits-rather-than-on-demand"),
+    ],
+)
+def test_a_stocked_out_spot_pool_refuses_and_closes(tmp_path, cloud, usd):
+    rows = [(job_id("low", 0), 0, 10_000, 8), (job_id("low", 1), 0, 3000, 8)]
+    result, jobs = run(tmp_path, rows, "onepool", cloud=cloud, cycle_s=1)
+    assert result["launches_refused"] >= 1
+    assert result["jobs_completed"] == 2
+    assert result["cloud_cost_usd"] == pytest.approx(usd, abs=0.5)
+    if not usd:
+        assert jobs[job_id("low", 1)].first_start == pytest.approx(10_000, abs=2)
+
+
+def test_a_node_under_notice_takes_no_new_work():
+    from broker.sim.state import SimNode, SimPool
+    from broker.spec import Market
+
+    p = SimPool("s", "A100", 8, Market.SPOT, True, max_nodes=1)
+    node = SimNode("s-1", 8)
+    p.add_node(node)
+    assert p.fits(8, 1)
+    p.drain(node, now=10.0)
+    assert not p.fits(1, 1) and p.free_total == 0
+    assert node.view is not None and node.view.gpus == node.view.used == 0
+
+
+def test_scenario_knobs_reach_every_policy_like_onepool_yaml_reaches_the_engine():
+    sc = scenario(grace_s=30, reservations=3, min_run_s=100, checkpoint_on_signal=0.25)
+    for pol in resolve(["fifo", "onepool-onprem", "onepool"], sc):
+        assert (pol.config.grace_s, pol.config.checkpoint_on_signal) == (30, 0.25)
+    onprem = resolve(["onepool-onprem"], sc)[0].config
+    assert (onprem.reservations, onprem.min_run_s) == (3, 100)
+    with pytest.raises(SpecError, match="reservations"):
+        resolve(["fifo"], sc, {"fifo": {"reservations": -1}})
+
+
+def test_fifo_runs_at_its_strongest():
+    sc = scenario()
+    tries = resolve(["fifo"], sc, strongest=True)
+    assert [(p.variant, p.config.reservations) for p in tries] == [
+        ("no reservations", 0), ("easy", sc.reservations)]

@@ -1,0 +1,266 @@
+"""The queue order (step 3 of the cycle), walked lazily over FIFO lists. Pure.
+
+Order: effective class (urgent first); then the team's fair share, its decayed usage divided
+by its weight, lighter first (a team of weight 0 is best effort: it comes after every
+weighted team, lighter usage first); then submit time (a requeued job keeps its original
+one); then job id. Without classes the order is submit time, then job id (FIFO).
+
+Effective class: aging first (a job that has waited `promote_after_s` since submission is
+scheduled one class higher, never above high), then anti-capture (per team, high/urgent GPUs
+beyond its allowance are scheduled as normal; pending jobs take what the team's running
+high/urgent work left of it, in queue order).
+
+Pending jobs sit in FIFO lists, one per (class, team, GPUs per node, nodes), each sorted by
+(submit time, job id). A class's order is its lists merged by fair share: teams of equal
+share interleave by submit time. So plan() touches only the jobs it reaches, and can drop a
+whole list (a source) once no job of that shape can do anything in this cycle. plan() builds
+the lists from a snapshot, or reads the ones a caller keeps across cycles (PendingQueue).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_left, bisect_right, insort
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
+
+from broker.policy.config import PolicyConfig
+from broker.policy.snapshot import PendingView, TeamView
+from broker.spec import Priority
+
+HIGH_RANK = 2
+NORMAL_RANK = 1
+PRIORITY_RANKS = (2, 3)
+Entry = tuple[float, int, PendingView]
+ListKey = tuple[int, str, int, int]  # (class rank, team, GPUs per node, nodes)
+ShareKey = tuple[int, float]
+UNKILLABLE = -1
+
+
+_RANK = {p: p.rank for p in Priority}
+
+
+def list_key(j: PendingView) -> ListKey:
+    return (_RANK[j.priority], j.team, j.gpus_per_node, j.nodes)
+
+
+class PendingQueue:
+    """Pending jobs in FIFO lists by (class, team, GPUs per node, nodes), each sorted by
+    (submit time, job id). add/remove cost O(log n) plus a list insert."""
+
+    def __init__(self, jobs: Iterable[PendingView] = ()) -> None:
+        self.lists: dict[ListKey, list[Entry]] = {}
+        lists, rank = self.lists, _RANK
+        for j in jobs:
+            k = (rank[j.priority], j.team, j.gpus_per_node, j.nodes)
+            lst = lists.get(k)
+            if lst is None:
+                lst = lists[k] = []
+            lst.append((j.submit_time, j.job_id, j))
+        self._jobs: dict[int, PendingView] | None = None
+        self._shortest: dict[ListKey, float] = {}
+        for lst in lists.values():
+            lst.sort()  # (submit, id) decide: ids are unique, so views are never compared
+
+    @property
+    def jobs(self) -> dict[int, PendingView]:
+        """Pending jobs by id (built on first use, then kept current by add/remove)."""
+        if self._jobs is None:
+            self._jobs = {e[1]: e[2] for lst in self.lists.values() for e in lst}
+        return self._jobs
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def shortest(self, key: ListKey) -> float:
+        """The shortest runtime estimate in the list (inf: none has one). Kept until the
+        list changes."""
+        got = self._shortest.get(key)
+        if got is None:
+            ests = [e[2].expected_duration_s for e in self.lists.get(key, ())]
+            got = self._shortest[key] = min((x for x in ests if x is not None), default=math.inf)
+        return got
+
+    def add(self, j: PendingView) -> None:
+        k = list_key(j)
+        insort(self.lists.setdefault(k, []), (j.submit_time, j.job_id, j))
+        self.jobs[j.job_id] = j
+        self._shortest.pop(k, None)
+
+    def remove(self, j: PendingView) -> None:
+        """Remove the job (matched by submit time and id). Raises KeyError if absent."""
+        lst = self.lists.get(list_key(j))
+        i = -1 if lst is None else bisect_left(lst, (j.submit_time, j.job_id))
+        if lst is None or i >= len(lst) or lst[i][1] != j.job_id:
+            raise KeyError(j.job_id)
+        del lst[i]
+        k = list_key(j)
+        if not lst:
+            del self.lists[k]
+        del self.jobs[j.job_id]
+        self._shortest.pop(k, None)
+
+
+def _by_time(e: Entry) -> tuple[float, int]:
+    return (e[0], e[1])
+
+
+def share_key(t: TeamView | None, fair_share: bool) -> ShareKey:
+    """The fair-share sort key of a team: (0, usage / weight), or (1, usage) for weight 0."""
+    if not fair_share or t is None:
+        return (0, 0.0)
+    if t.weight > 0:
+        return (0, t.usage / t.weight)
+    return (1, t.usage)
+
+
+class _Seg:
+    """A run of one FIFO list scheduled at one effective class: entries[pos:end]."""
+
+    __slots__ = ("end", "entries", "key", "pos", "rank")
+
+    def __init__(self, entries: list[Entry], start: int, end: int, rank: int, key: ListKey | None) -> None:
+        self.entries, self.pos, self.end, self.rank, self.key = entries, start, end, rank, key
+
+
+class QueueWalk:
+    """Yields (effective class, job, source) in queue order. `kill(source, reason)` drops the
+    rest of a source (its jobs keep `reason`); `rest()` yields what was not walked, with the
+    reason of its source (None: not reached). `demoted` lists the job ids anti-capture
+    schedules as normal, in queue order, all of them (computed up front)."""
+
+    def __init__(self, queue: PendingQueue, teams: Mapping[str, TeamView], cfg: PolicyConfig,
+                 now: float, priority_used: dict[str, int]) -> None:
+        self.segs: list[_Seg] = []
+        self.reasons: dict[int, str] = {}
+        self.dropped: list[tuple[int, int]] = []  # (source, where it was dropped)
+        self.demoted: list[int] = []
+        self.top: list[tuple[int, PendingView]] = []  # anti-capture's materialized classes
+        self.top_pos = 0
+        self.order: list[tuple[int, list[list[int]]]] = []  # (class, groups of source ids)
+        lists = queue.lists
+        self.next_promotion: float | None = None  # when the next waiting job is aged up
+        if not cfg.classes:
+            ids = [self._seg(lst, 0, len(lst), -1, k) for k, lst in lists.items()]
+            self.order = [(-1, [ids])]
+            return
+        share = {t: share_key(teams.get(t), cfg.fair_share) for t in {k[1] for k in lists}}
+        by_class: dict[int, dict[ShareKey, list[int]]] = defaultdict(lambda: defaultdict(list))
+        age = cfg.promote_after_s
+        cut = now - age if age is not None else -math.inf
+        for k, lst in lists.items():
+            r, team, _g, n = k
+            split = 0
+            if age is not None and r < HIGH_RANK and (not cfg.promote_gangs_only or n > 1):
+                split = bisect_right(lst, (cut, math.inf))
+                if split < len(lst):
+                    t = lst[split][0] + age
+                    if self.next_promotion is None or t < self.next_promotion:
+                        self.next_promotion = t
+            if split:
+                by_class[r + 1][share[team]].append(self._seg(lst, 0, split, r + 1, k))
+            if split < len(lst):
+                by_class[r][share[team]].append(self._seg(lst, split, len(lst), r, k))
+        first = 1 if cfg.anti_capture else 3
+        if cfg.anti_capture:
+            self._anti_capture(by_class, share, teams, priority_used)
+        for c in range(first, -1, -1):
+            groups = by_class.get(c)
+            if groups:
+                self.order.append((c, [groups[s] for s in sorted(groups)]))
+
+    def _seg(self, entries: list[Entry], start: int, end: int, rank: int, key: ListKey | None) -> int:
+        self.segs.append(_Seg(entries, start, end, rank, key))
+        return len(self.segs) - 1
+
+    def _anti_capture(self, by_class: dict[int, dict[ShareKey, list[int]]],
+                      share: dict[str, ShareKey], teams: Mapping[str, TeamView],
+                      used: dict[str, int]) -> None:
+        demoted: dict[str, list[Entry]] = defaultdict(list)
+        for c in (3, 2):
+            groups = by_class.get(c, {})
+            for s in sorted(groups):
+                for sid in groups[s]:
+                    self.segs[sid].key = None  # walked here, never dropped as a list
+                for e, _sid in self._merged(groups[s]):
+                    j = e[2]
+                    t = teams.get(j.team)
+                    allowance = t.priority_allowance_gpus if t is not None else 1 << 30
+                    if used[j.team] + j.gpus <= allowance:
+                        used[j.team] += j.gpus
+                        self.top.append((c, j))
+                    else:
+                        self.demoted.append(j.job_id)
+                        demoted[j.team].append(e)
+        for team, entries in demoted.items():
+            entries.sort(key=_by_time)
+            by_class[NORMAL_RANK][share[team]].append(self._seg(entries, 0, len(entries),
+                                                                NORMAL_RANK, None))
+
+    def _merged(self, sids: list[int]) -> Iterator[tuple[Entry, int]]:
+        """(entry, source) of these sources in (submit, id) order, advancing their positions;
+        a source dropped meanwhile stops yielding."""
+        segs = self.segs
+        if len(sids) == 1:
+            sid = sids[0]
+            sg = segs[sid]
+            while sg.pos < sg.end:
+                e = sg.entries[sg.pos]
+                sg.pos += 1
+                yield e, sid
+            return
+        heap = [(sg.entries[sg.pos][0], sg.entries[sg.pos][1], sid)
+                for sid in sids for sg in (segs[sid],) if sg.pos < sg.end]
+        heapq.heapify(heap)
+        while heap:
+            sid = heap[0][2]
+            sg = segs[sid]
+            if sg.pos >= sg.end:  # dropped meanwhile
+                heapq.heappop(heap)
+                continue
+            e = sg.entries[sg.pos]
+            sg.pos += 1
+            if sg.pos < sg.end:
+                nxt = sg.entries[sg.pos]
+                heapq.heapreplace(heap, (nxt[0], nxt[1], sid))
+            else:
+                heapq.heappop(heap)
+            yield e, sid
+
+    def __iter__(self) -> Iterator[tuple[int, PendingView, int]]:
+        top = self.top
+        while self.top_pos < len(top):
+            r, j = top[self.top_pos]
+            self.top_pos += 1
+            yield r, j, UNKILLABLE
+        segs = self.segs
+        for c, groups in self.order:
+            for sids in groups:
+                for e, sid in self._merged(sids):
+                    j = e[2]
+                    yield (j.priority.rank if c < 0 else c), j, (UNKILLABLE if segs[sid].key is None
+                                                                 else sid)
+
+    def kill(self, sid: int, reason: str) -> None:
+        """Drop the rest of source `sid`: its jobs wait with `reason`."""
+        sg = self.segs[sid]
+        self.reasons[sid] = reason
+        self.dropped.append((sid, sg.pos))
+        sg.pos = sg.end
+
+    def key_of(self, sid: int) -> ListKey | None:
+        return self.segs[sid].key
+
+    def rest(self) -> Iterator[tuple[PendingView, str | None]]:
+        """Jobs not walked: dropped sources' remainders (with their reason), then everything
+        not reached, in no particular order."""
+        for sid, pos in self.dropped:
+            sg = self.segs[sid]
+            for e in sg.entries[pos:sg.end]:
+                yield e[2], self.reasons[sid]
+        for _r, j in self.top[self.top_pos:]:
+            yield j, None
+        for sg in self.segs:
+            for e in sg.entries[sg.pos:sg.end]:
+                yield e[2], None
