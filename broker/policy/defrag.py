@@ -86,8 +86,7 @@ def _for_pool(snap: Snapshot, p: Plan, pool: PoolView, j: PendingView,
             continue
         movable = [r for r in on_node[nd] if _movable(r, j, facts, snap, busy)]
         for r in movable:
-            cost_of[r.attempt_id] = move_cost(r, pool, pool, facts[r.attempt_id], 0,
-                                              facts[r.attempt_id].store, snap, rc)
+            cost_of[r.attempt_id] = move_cost(r, pool, pool, facts[r.attempt_id], 0, snap, rc)
         pick = _cheapest_cover(movable, g - free.get(nd, 0), cost_of)
         if pick is not None:
             clear.append((sum(cost_of[r.attempt_id] for r in pick), nd, pick))

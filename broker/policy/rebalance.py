@@ -12,7 +12,8 @@ when, over the attempt's expected remaining run time, the saving exceeds the mov
     cost_usd       = G x restart_overhead_h x (price_B + gpu_hour_value_usd)   restart in B
                      + G x checkpoint_save_h x price_A                        saving the state
                      + nodes x gpus_per_node_B x launch_latency_h x price_B   if B boots nodes
-                     + checkpoint_gb x egress_usd_per_gb                      if the stores differ
+                     + egress to B's checkpoint store (AttemptFacts.egress_usd, priced by the
+                       caller with pricing.egress)
 
 `risk_P` is what interruptions cost per GPU-hour: each reclaim loses the restart, the wait
 for a replacement node and (without checkpoint-on-signal) half a checkpoint interval, at
@@ -56,7 +57,6 @@ class RebalanceConfig:
     max_moves: int = 4
     max_remaining_s: float = 7 * 86400.0
     checkpoint_save_s: float = 60.0
-    egress_usd_per_gb: float = 0.09
     defrag_after_s: float = 1800.0  # a gang must have waited this long before others move for it
 
 
@@ -68,9 +68,11 @@ class AttemptFacts:
     spot: SpotPolicy = SpotPolicy.ALLOWED
     gpu_types: tuple[str, ...] = ()
     remaining_s: float | None = None  # expected remaining run time; None: unknown
-    checkpoint_gb: float = 0.0
     checkpoint_interval_s: float = 1800.0
-    store: str = ""  # the checkpoint store root of its pool (egress when B's differs)
+    egress_usd: tuple[tuple[str, float], ...] = ()  # (pool, USD to copy its checkpoint there)
+
+    def egress_to(self, pool: str) -> float:
+        return next((usd for p, usd in self.egress_usd if p == pool), 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,15 +139,13 @@ def remaining_s(r: RunningView, facts: AttemptFacts, now: float, rc: RebalanceCo
 
 
 def move_cost(r: RunningView, a: PoolView, b: PoolView, facts: AttemptFacts, launch: int,
-              b_store: str, snap: Snapshot, rc: RebalanceConfig) -> float:
+              snap: Snapshot, rc: RebalanceConfig) -> float:
     """What moving r from a to b costs in USD (see the module docstring)."""
     cfg = snap.config
     cost = r.gpus * cfg.restart_overhead_s / 3600.0 * (b.price_per_gpu_hour + cfg.gpu_hour_value_usd)
     cost += r.gpus * rc.checkpoint_save_s / 3600.0 * a.price_per_gpu_hour
     cost += launch * b.gpus_per_node * b.launch_latency_s / 3600.0 * b.price_per_gpu_hour
-    if b_store != facts.store:
-        cost += facts.checkpoint_gb * rc.egress_usd_per_gb
-    return cost
+    return cost + facts.egress_to(b.name)
 
 
 def reason_for(a: PoolView, b: PoolView) -> str:
@@ -170,15 +170,14 @@ def fit(nodes: list[str], free: dict[str, int], gpn: int, count: int) -> Alloc |
 
 
 def rebalance(snap: Snapshot, p: Plan, facts: Mapping[int, AttemptFacts],
-              rc: RebalanceConfig = RebalanceConfig(), stores: Mapping[str, str] | None = None,
-              busy: frozenset[int] = frozenset()) -> tuple[Move, ...]:
+              rc: RebalanceConfig = RebalanceConfig(), busy: frozenset[int] = frozenset()
+              ) -> tuple[Move, ...]:
     """The moves worth making now (see the module docstring). `facts` per attempt id (an
-    attempt without facts is not moved); `stores`: each pool's checkpoint store root;
-    `busy`: job ids with a move in flight. Deterministic; nothing is mutated."""
+    attempt without facts is not moved); `busy`: job ids with a move in flight.
+    Deterministic; nothing is mutated."""
     now, cfg = snap.now, snap.config
     pools = {pl.name: pl for pl in snap.pools}
     free = free_after(snap, p)
-    stores = stores or {}
     launchable = {pl.name: pl.launchable for pl in snap.pools if pl.max_nodes is not None}
     cands: list[tuple[float, int, Move]] = []
     for r in snap.running:
@@ -207,7 +206,7 @@ def rebalance(snap: Snapshot, p: Plan, facts: Mapping[int, AttemptFacts],
                     continue
                 alloc, launch = (), n
             saving = (here - there) * rem_h
-            cost = move_cost(r, a, b, f, launch, stores.get(b.name, f.store), snap, rc)
+            cost = move_cost(r, a, b, f, launch, snap, rc)
             if saving <= cost or saving - cost < rc.min_saving_usd:
                 continue
             mv = Move(r.attempt_id, r.job_id, a.name, b.name, alloc, launch, saving, cost,

@@ -23,9 +23,9 @@ def rented(name: str, market: str, price: float, rate: float = 0.0, nodes: int =
 
 
 def facts(pool_name: str, remaining_h: float | None = 10.0, spot: str = "allowed",
-          gb: float = 0.0) -> AttemptFacts:
+          egress: tuple[tuple[str, float], ...] = ()) -> AttemptFacts:
     return AttemptFacts(pool_name, SpotPolicy(spot), (), None if remaining_h is None else remaining_h * HOUR,
-                        checkpoint_gb=gb)
+                        egress_usd=egress)
 
 
 def moves_of(s, fs, **rc):  # type: ignore[no-untyped-def]
@@ -71,12 +71,11 @@ def test_saving_and_cost_are_what_the_docstring_says() -> None:
     s = snap([rented("od", "on_demand", 4.0, nodes=1), pool("prem", nodes=1)],
              [running(1, 1, alloc={"od-0": 8})], now=HOUR, restart_overhead_s=180.0,
              gpu_hour_value_usd=2.0)
-    (m,) = rebalance(s, plan(s), {1: facts("od", 10.0, gb=10.0)},
-                     RebalanceConfig(checkpoint_save_s=60.0, egress_usd_per_gb=0.09),
-                     stores={"prem": "file:///b", "od": "s3://a"})
+    (m,) = rebalance(s, plan(s), {1: facts("od", 10.0, egress=(("prem", 0.9),))},
+                     RebalanceConfig(checkpoint_save_s=60.0))
     assert m.saving_usd == pytest.approx(8 * 4.0 * 10.0)
-    # restart in B at (0 + $2 value), save in A at $4, 10 GB egress (facts.store "" != b's)
-    assert m.cost_usd == pytest.approx(8 * 180 / 3600 * 2.0 + 8 * 60 / 3600 * 4.0 + 10 * 0.09)
+    # restart in B at (0 + $2 value), save in A at $4, the egress to B's store
+    assert m.cost_usd == pytest.approx(8 * 180 / 3600 * 2.0 + 8 * 60 / 3600 * 4.0 + 0.9)
     assert m.alloc == (("prem-0", 8),)
 
 
