@@ -73,3 +73,36 @@ def test_it_stays_when_the_saving_does_not_exceed_the_cost(make_cluster, clock):
     drive(eng, lambda: c.get(job).status == "RUNNING")
     assert "rebalance_move" not in kinds(c, job)
     assert [a.pool for a in c.get(job).attempt_list] == ["od"]
+
+
+def test_a_gang_that_fits_only_after_two_small_jobs_move_starts_after_they_move(make_cluster, clock):
+    pool = [{"name": "a100", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 4}]
+    c, eng = make_cluster(pools=pool, rebalance={"defrag_after_s": 300})
+    # long and short 1-GPU jobs alternate, so each node gets one of each (best fit) ...
+    ids = [c.submit(name=f"j{i}", team="research", gpus_per_node=1,
+                    command=train(2000, step_s=0.02, ckpt_every=25) if i % 2 == 0 else train(2)).id
+           for i in range(8)]
+    longs, shorts = ids[0::2], ids[1::2]
+    drive(eng, lambda: all(c.get(j).status == "SUCCEEDED" for j in shorts)
+          and all((c.get(j).last_step or -1) >= 0 for j in longs))
+    nodes = {c.get(j).attempt_list[0].alloc[0][0] for j in longs}
+    assert len(nodes) == 4  # ... and the free GPUs are scattered: one per node
+    gang = c.submit(name="gang", team="research", gpus_per_node=2, nodes=2, command=train(4)).id
+    eng.cycle()
+    assert c.get(gang).status == "PENDING"
+    assert eng.rebalancer.decide(clock.now()) == []  # it has not waited defrag_after_s yet
+    clock.advance(600)
+    moves = eng.rebalancer.decide(clock.now())
+    assert len(moves) == 2 and {m.reason for m in moves} == {f"defragment for gang job {gang}"}
+    drive(eng, lambda: c.get(gang).status in ("RUNNING", "SUCCEEDED"), timeout=60)
+    moved = [j for j in longs if len(c.get(j).attempt_list) == 2]
+    assert sorted(moved) == sorted(m.job_id for m in moves)
+    for j in moved:
+        first, second = c.get(j).attempt_list
+        assert first.end_reason == "REBALANCED" and second.restored_step == first.reached_step
+        assert second.alloc[0][0] != first.alloc[0][0]
+    gang_nodes = {node for node, _ in c.get(gang).attempt_list[0].alloc}
+    assert gang_nodes == {c.get(j).attempt_list[0].alloc[0][0] for j in moved}
+    for j in longs:
+        c.cancel(j)
+    drive(eng, lambda: all(c.get(j).status == "CANCELLED" for j in longs))
