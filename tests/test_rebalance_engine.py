@@ -106,3 +106,30 @@ def test_a_gang_that_fits_only_after_two_small_jobs_move_starts_after_they_move(
     for j in longs:
         c.cancel(j)
     drive(eng, lambda: all(c.get(j).status == "CANCELLED" for j in longs))
+
+
+def test_rebalance_dry_run_lists_the_moves_and_changes_nothing(make_cluster, clock):
+    import json
+
+    from typer.testing import CliRunner
+
+    from broker.client.cli import app
+    from broker.control.rebalancer import dry_run
+
+    c, eng, job = on_demand_job_with_prem_freed(make_cluster, clock, expected_s=None)
+    # while the leader runs (it holds the lease), from the database alone
+    [m] = [x.as_dict() for x in dry_run(c.store, clock)]
+    assert {k: m[k] for k in ("job", "from_pool", "to_pool", "reason")} == {
+        "job": job, "from_pool": "od", "to_pool": "prem", "reason": "on-demand to freed on-prem"}
+    assert m["saving_usd"] > m["cost_usd"] > 0
+    res = CliRunner().invoke(app, ["--home", str(c.store.home), "rebalance", "--dry-run", "--json"])
+    assert res.exit_code == 0, res.output
+    [shown] = json.loads(res.stdout)
+    assert set(shown) >= {"job", "from_pool", "to_pool", "saving_usd", "cost_usd", "reason"}
+    assert (shown["job"], shown["to_pool"]) == (job, "prem")
+    table = CliRunner().invoke(app, ["--home", str(c.store.home), "rebalance", "--dry-run"])
+    assert "on-demand to freed on-prem" in " ".join(table.stdout.split())
+    refused = CliRunner().invoke(app, ["--home", str(c.store.home), "rebalance"])
+    assert refused.exit_code != 0 and "--dry-run" in str(refused.exception or refused.output)
+    eng.cycle()
+    assert "rebalance_move" not in kinds(c, job) and c.get(job).attempt_list[-1].pool == "od"

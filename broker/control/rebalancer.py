@@ -332,3 +332,19 @@ class Rebalancer:
             for m in moves)
         return replace(snap, running=snap.running + tuple(p for p in phantoms if p.alloc),
                        pending=tuple(j for j in snap.pending if j.job_id not in jobs))
+
+
+def dry_run(store: Any, clock: Any) -> tuple[Move, ...]:
+    """The moves the leader's next rebalancing round would start now, read from the database
+    without acting and without the lease (`onepool rebalance --dry-run`; a broker may be
+    running). Rented pools are priced as the leader prices them; team budgets are not applied
+    (they are the leader's, computed each cycle)."""
+    from broker.control.engine import Engine
+    from broker.control.lease import Lease
+    from providers.local import LocalProcesses
+
+    eng = Engine(store, clock, LocalProcesses(store.home / "runs"), lease=Lease(store, clock, 15.0))
+    try:
+        return eng.rebalancer.proposals(clock.now())
+    finally:
+        eng.close()
