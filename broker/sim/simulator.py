@@ -35,8 +35,10 @@ from broker.policy import (
     TeamView,
     plan,
 )
+from broker.policy.rebalance import RebalanceConfig
 from broker.sim.metrics import Recorder
 from broker.sim.policies import SimPolicy
+from broker.sim.rebalance import SimRebalancer
 from broker.sim.scenario import Scenario, pick_band, unit_hash
 from broker.sim.state import SimAttempt, SimJob, SimNode, SimPool
 from broker.sim.trace import TraceJob
@@ -50,8 +52,11 @@ class Simulator:
     """One policy over one trace. `run()` returns the metrics dict (see metrics.Recorder)."""
 
     def __init__(self, trace: list[TraceJob], sc: Scenario, pol: SimPolicy,
-                 progress: Callable[[float], None] | None = None, detail: bool = False) -> None:
+                 progress: Callable[[float], None] | None = None, detail: bool = False,
+                 rebalance: RebalanceConfig | None = None, rebalance_every_s: float = 300.0) -> None:
         self.sc, self.pol, self.cfg = sc, pol, pol.config
+        # [issue 12 hook] the live broker's rebalancing rules, replayed (broker.sim.rebalance)
+        self.rebalancer = SimRebalancer(self, rebalance, rebalance_every_s) if rebalance else None
         self.detail = detail
         self.progress = progress
         self.rng = random.Random(sc.seed)
@@ -177,7 +182,14 @@ class Simulator:
                 self._bill(p, node)
         if self.progress:
             self.progress(1.0)
-        return self.rec.result(self.jobs, self.pending, self.running, self.detail)
+        out = self.rec.result(self.jobs, self.pending, self.running, self.detail)
+        if self.rebalancer is not None:  # [issue 12 hook]
+            rb = self.rebalancer
+            out["rebalance"] = {"moves": rb.moves, "defrag_moves": rb.defrag_moves,
+                                "expected_net_saving_usd": round(rb.expected_net_usd, 2),
+                                "lost_gpu_hours_rebalance": round(
+                                    self.rec.lost_gpu_s.get("rebalance", 0.0) / 3600, 2)}
+        return out
 
     def _advance(self, t: float) -> None:
         if t > self.now:
@@ -286,6 +298,8 @@ class Simulator:
             self.push(self.now + pool.launch_latency_s, READY, (pool.name, la.for_job_id, la.count))
         for pl in p.placements:
             self._start(pl)
+        if self.rebalancer is not None:  # [issue 12 hook]
+            self.rebalancer.after_plan(snap, p)
 
     def _worth_planning(self, pools: list[SimPool], running: dict[int, SimAttempt],
                         pending: dict[int, PendingView], team: str | None) -> bool:
@@ -423,6 +437,8 @@ class Simulator:
         self.rec.attempt_gpu_s(pool, gpu_s)
         j.last_cause = a.cause
         j.queued_at = self.now
+        if self.rebalancer is not None and self.rebalancer.resume(j):  # [issue 12 hook] moved
+            return
         self._enqueue(j)
 
     # -- rented nodes ----------------------------------------------------------------------------
