@@ -22,10 +22,11 @@ Simplifications (each favours rebalancing, and is reported by bench/rebalance.py
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from broker.policy import Placement, Plan, Snapshot
+from broker.policy import PendingView, Placement, Plan, Snapshot
 from broker.policy.defrag import defrag
 from broker.policy.rebalance import AttemptFacts, Move, RebalanceConfig, rebalance
 
@@ -42,6 +43,14 @@ class SimRebalancer:
         self.moves = 0
         self.defrag_moves = 0
         self.expected_net_usd = 0.0
+
+    def wants_turn(self, pending: Iterable[PendingView]) -> bool:
+        """Whether a round is due and a gang waits long enough for defragmentation (the
+        simulator then plans even when its shortcut says the plan would change nothing)."""
+        if self.sim.now - self.last < self.interval_s:
+            return False
+        cut = self.sim.now - self.rc.defrag_after_s
+        return any(j.nodes > 1 and j.submit_time <= cut for j in pending)
 
     def after_plan(self, snap: Snapshot, p: Plan) -> None:
         sim = self.sim

@@ -272,7 +272,8 @@ class Simulator:
     def _plan_scope(self, pools: list[SimPool], running: dict[int, SimAttempt],
                     pending: dict[int, PendingView], team: str | None) -> None:
         """One plan() over these pools, running attempts and waiting jobs; apply it."""
-        if not self._worth_planning(pools, running, pending, team):
+        if not self._worth_planning(pools, running, pending, team) and not (
+                self.rebalancer is not None and self.rebalancer.wants_turn(pending.values())):
             return
         snap = Snapshot(
             now=self.now,
