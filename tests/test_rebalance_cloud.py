@@ -54,3 +54,24 @@ def test_a_spot_job_moves_off_a_pool_whose_interruption_rate_spiked(cloud_cluste
     c.cancel(j)
     drive(eng, lambda: c.get(j).status == "CANCELLED")
     finish(c, eng, hog)
+
+
+def test_idle_rented_nodes_are_terminated_after_the_timeout_and_not_before(cloud_cluster, clock, aws_mock):
+    from tests.test_cloud_engine import nodes
+
+    c, eng = cloud_cluster(pools=[ONPREM, spot_pool(idle_timeout_s=600)], cloud_after_wait_s=0)
+    hog = fill_onprem(c, eng)
+    j = c.submit(name="short", team="research", command=train(3), gpus_per_node=2, priority="low").id
+    drive(eng, lambda: c.get(j).status == "SUCCEEDED")
+    eng.cycle()  # the node is seen idle from now
+    [node] = nodes(c)
+    assert node.state == "up" and node.idle_since == clock.now()
+    clock.advance(599)
+    eng.cycle()
+    assert nodes(c)[0].state == "up"  # one second short of the timeout: kept
+    clock.advance(1)
+    drive(eng, lambda: nodes(c)[0].state == "terminated")
+    assert nodes(c)[0].end_reason == "idle"
+    events = [e for e in c.events() if e.kind == "node_releasing"]
+    assert [e.time - node.idle_since for e in events] == [600]
+    finish(c, eng, hog)
