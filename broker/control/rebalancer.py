@@ -252,16 +252,17 @@ class Rebalancer:
             return self._give_up(s, rec, now, "the attempt stopped while nodes were launching for it")
         nodes = s.exec(select(Node).where(Node.pool == rec["to_pool"],
                                           Node.for_job_id == rec["job_id"])).all()
-        up = [n for n in nodes if n.state == NodeState.UP]
+        gpn = len(a.alloc[0][1])
+        up = [n for n in nodes if n.state == NodeState.UP and self._still_free(s, [(n.id, gpn)])]
         if len(up) >= rec["launch"]:
-            gpn = len(a.alloc[0][1])
             rec["alloc"] = [[n.id, gpn] for n in sorted(up, key=lambda n: n.id)[: rec["launch"]]]
             rec["phase"], rec["requested_at"], rec["since"] = "checkpointing", now, now
             s.commit()
             self.engine.request_checkpoint(a.id or 0, "rebalance: moving to cheaper capacity")
             return True
-        if not [n for n in nodes if n.state in (NodeState.LAUNCHING, NodeState.UP)]:
-            return self._give_up(s, rec, now, f"the nodes launched in {rec['to_pool']} did not come up")
+        if not [n for n in nodes if n.state == NodeState.LAUNCHING]:
+            return self._give_up(s, rec, now, f"the nodes launched in {rec['to_pool']} did not come "
+                                 "up, or other work took them")
         return True
 
     def _placed(self, s: Session, rec: dict[str, Any], now: float) -> bool:
