@@ -282,6 +282,24 @@ class TeamSpec(_Strict):
     budget_low_fraction: float = Field(default=0.2, ge=0.0, le=1.0)
 
 
+class RebalanceSettings(_Strict):
+    """Scheduled rebalancing (issue 12; the rules: broker.policy.rebalance and .defrag).
+
+    Every `interval_s` the leader looks for moves that pay for themselves: a move must save
+    at least `min_saving_usd` beyond its cost, at most `max_moves` start per round, and a
+    move whose checkpoint is not committed `checkpoint_wait_s` after the request is given
+    up (the job keeps running where it is). Gang jobs waiting `defrag_after_s` may have small
+    jobs moved for them. `enabled: false` turns both off (`onepool rebalance --dry-run`
+    still shows what it would do)."""
+
+    enabled: bool = True
+    interval_s: float = Field(default=300.0, ge=1.0, le=86400.0)
+    min_saving_usd: float = Field(default=1.0, ge=0.0)
+    max_moves: int = Field(default=4, ge=0, le=1000)
+    checkpoint_wait_s: float = Field(default=600.0, gt=0.0, le=86400.0)
+    defrag_after_s: float = Field(default=1800.0, ge=0.0)
+
+
 class PolicySettings(_Strict):
     """The scheduling policy's knobs, written once: onepool.yaml's `broker:` section and a
     simulation scenario both hold them, and `broker.policy.PolicyConfig.from_settings` turns
@@ -347,6 +365,13 @@ class BrokerSettings(PolicySettings):
     node_lost_after_s: float = Field(default=30.0, ge=3.0, le=3600.0)
     agent_heartbeat_s: float = Field(default=5.0, ge=0.5, le=600.0)
     agent_package: str | None = Field(default=None, min_length=1, max_length=500)
+    # Periodic tasks (issue 12; broker.control.scheduled, run by the leader on APScheduler
+    # with its job store in this database): refresh rented pools' prices from the clouds'
+    # APIs (spot price history, the AWS Price List; GCP from the catalog file) this often,
+    # and rebalance as `rebalance` says. A task that fails is logged and runs again at its
+    # next time.
+    price_refresh_s: float = Field(default=900.0, ge=1.0, le=86400.0)
+    rebalance: RebalanceSettings = RebalanceSettings()
 
     @model_validator(mode="after")
     def _agent_timing(self) -> BrokerSettings:

@@ -19,7 +19,7 @@ from broker.errors import NotConfigured
 from broker.state.ledger import spend_by_job
 from dashboard import queries, sections
 
-TABS = ["Overview", "Cost per experiment", "Job", "Preemptions", "Nodes & pools", "Budgets"]
+TABS = ["Overview", "Cost per experiment", "Job", "Preemptions", "Nodes & pools", "Budgets", "Rebalancing"]
 JOB_PAGE_FINISHED = 200  # the job page offers every unfinished job and this many finished ones
 
 
@@ -76,6 +76,8 @@ def main() -> None:
                 rows = queries.budget_overview(s, now)
                 sections.budgets(rows, {r["team"]: queries.burndown(s, r["team"], now) for r in rows
                                         if r["budget_usd"] is not None})
+            with tabs[6]:
+                sections.rebalancing(queries.rebalance_moves(s))
 
     body()
 

@@ -200,3 +200,39 @@ def burndown(s: Session, team: str, now: float, points: int = 40) -> list[dict[s
     step = max(1e-9, (now - lo) / max(1, points - 1))
     return [{"t": t, "left_usd": b.amount - sum(r.usd * _share(r.start, r.end, r.start, t) for r in rows)}
             for t in (lo + i * step for i in range(points))]
+
+
+MOVE_EVENTS = ("rebalance_move", "rebalance_moved", "rebalance_realized", "rebalance_abandoned")
+
+
+def rebalance_moves(s: Session, limit: int = 500) -> list[dict[str, Any]]:
+    """Every rebalancing move (broker.control.rebalancer), newest first: when it was decided,
+    the job, from and to which pool, why, its expected saving and cost (USD over the job's
+    expected remaining run time), where it stands (checkpointing/stopping, moved, done,
+    abandoned) and, once its attempt in the new pool ended, the realized saving."""
+    evs = s.exec(select(Event).where(col(Event.kind).in_(MOVE_EVENTS))
+                 .order_by(col(Event.time), col(Event.id))).all()
+    rows: list[dict[str, Any]] = []
+    open_: dict[int, dict[str, Any]] = {}
+    for e in evs:
+        d = e.data or {}
+        if e.kind == "rebalance_move":
+            row = {"t": e.time, "job": e.job_id, "from_pool": d.get("from_pool"),
+                   "to_pool": d.get("to_pool"), "reason": d.get("reason"),
+                   "expected_saving_usd": d.get("saving_usd"), "cost_usd": d.get("cost_usd"),
+                   "state": "in progress", "realized_saving_usd": None}
+            rows.append(row)
+            open_[e.job_id or 0] = row
+            continue
+        row = open_.get(e.job_id or 0)
+        if row is None:
+            continue
+        if e.kind == "rebalance_moved":
+            row["state"] = "moved"
+        elif e.kind == "rebalance_realized":
+            row["state"], row["realized_saving_usd"] = "done", d.get("realized_saving_usd")
+            del open_[e.job_id or 0]
+        else:
+            row["state"] = f"abandoned: {d.get('why', '')}"
+            del open_[e.job_id or 0]
+    return sorted(rows, key=lambda r: -r["t"])[:limit]

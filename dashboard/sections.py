@@ -209,3 +209,20 @@ def budgets(rows: list[dict[str, Any]], burndowns: dict[str, list[dict[str, Any]
         b = pd.DataFrame(series, columns=["t", "left_usd"])
         if not b.empty:
             st.line_chart(_local(b, "t").set_index("t")["left_usd"])
+
+
+def rebalancing(rows: list[dict[str, Any]]) -> None:
+    """Every move to cheaper capacity (or for a waiting gang job): expected and realized saving."""
+    st.subheader("rebalancing moves")
+    df = pd.DataFrame(rows)
+    if df.empty:
+        st.info("no job has been moved: no move has paid for itself yet "
+                "(`onepool rebalance --dry-run` shows what would move now)")
+        return
+    done = df[df["state"] == "done"]
+    cols = st.columns(3)
+    cols[0].metric("moves", str(len(df)))
+    cols[1].metric("expected net saving ($)", f"{(df['expected_saving_usd'] - df['cost_usd']).sum():.2f}")
+    cols[2].metric("realized saving ($)", f"{done['realized_saving_usd'].sum():.2f}" if len(done) else "-",
+                   help="moves whose attempt in the new pool has ended")
+    st.dataframe(_readable(df, "t").rename(columns={"t": "decided"}), hide_index=True, key="rebalancing")

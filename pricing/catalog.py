@@ -152,6 +152,29 @@ class Catalog:
                        and o.market == "spot" else o for o in self.offers]
         return []
 
+    def reprice_spot(self, provider: str, region: str,
+                     quotes: Iterable[tuple[str, str, float]]) -> int:
+        """Set spot prices from (instance type, zone id, USD per node-hour) quotes, e.g. from
+        providers.aws.prices.spot_quotes (paged, with AZ ids). A quote for a zone the snapshot
+        lacks adds that zone's offer (from another zone of the type). Returns how many
+        offers changed or were added."""
+        changed = 0
+        offers = list(self.offers)
+        for itype, zone, usd in quotes:
+            same = [i for i, o in enumerate(offers) if (o.provider, o.region, o.instance_type, o.market)
+                    == (provider, region, itype, "spot")]
+            at = [i for i in same if offers[i].zone == zone]
+            if at:
+                for i in at:
+                    if offers[i].usd_per_hour != usd or offers[i].source != "api":
+                        offers[i] = replace(offers[i], usd_per_hour=usd, source="api")
+                        changed += 1
+            elif same:
+                offers.append(replace(offers[same[0]], zone=zone, usd_per_hour=usd, source="api"))
+                changed += 1
+        self.offers = offers
+        return changed
+
     @staticmethod
     def _repriced(o: CatalogOffer, newest: dict[tuple[str, str], tuple[Any, float]],
                   cheapest: dict[str, float]) -> CatalogOffer:

@@ -41,6 +41,8 @@ def cause_of(a: Attempt, reason: EndReason) -> str | None:
         return a.cause or "node_failure"
     if reason == EndReason.CANCELLED:
         return "cancelled"
+    if reason == EndReason.REBALANCED:
+        return "rebalanced"
     return "budget" if a.stop_reason == "budget" else "failed"
 
 

@@ -517,6 +517,10 @@ from broker.client.cli_remote import register as _register_remote  # noqa: E402 
 
 _register_remote(app, _client, _embedded, _out, _print_json)
 
+from broker.client.cli_rebalance import register as _register_rebalance  # noqa: E402  (issue 12)
+
+_register_rebalance(app, _embedded, _out, _print_json)
+
 
 def main() -> None:
     import logging

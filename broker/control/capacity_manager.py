@@ -51,7 +51,7 @@ import threading
 import uuid
 from collections import defaultdict
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import update
 from sqlmodel import Session, col, select
@@ -115,6 +115,17 @@ class CapacityManager:
         if self._catalog is None:
             self._catalog = Catalog.snapshot()
         return self._catalog
+
+    def use_catalog(self, catalog: Catalog) -> None:
+        """Price from this catalog from now on (a refreshed one: broker.control.prices)."""
+        self._catalog = catalog
+
+    def refresh_prices(self, now: float, pricing: Any | None = None) -> list[str]:
+        """[issue 12] The scheduled price refresh (broker.control.prices.refresh; `pricing`:
+        a Price List API client, default one from the pool's session)."""
+        from broker.control import prices
+
+        return prices.refresh(self, now, pricing)
 
     def spec(self, pool: str) -> PoolSpec:
         return self.pools.get(pool) or self.retired[pool]
@@ -353,7 +364,7 @@ class CapacityManager:
             cap = capped(spec.max_nodes or 0, len(mine), closed)
             try:
                 price, rate = self.price(spec)
-                self._record_price(spec, price * spec.gpus_per_node, now)
+                self.record_price(spec, price * spec.gpus_per_node, now)
             except Unpriced as e:  # closed to launches, and said so once: never free
                 price, rate, cap, closed = 0.0, 0.0, len(mine), True
                 self._report_unpriced(spec.name, str(e), now)
@@ -390,7 +401,7 @@ class CapacityManager:
                 return None
         return self._zone_ids[spec.name]
 
-    def _record_price(self, spec: PoolSpec, usd_per_node_hour: float, now: float) -> None:
+    def record_price(self, spec: PoolSpec, usd_per_node_hour: float, now: float) -> None:
         """[issue 13 metering hook] Record the pool's price when first seen and on every change."""
         with self.engine.store.session() as s:
             if ledger.recorded_price(s, spec.name) != usd_per_node_hour:

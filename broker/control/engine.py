@@ -34,6 +34,7 @@ from broker.control.config_apply import applied_config
 from broker.control.executors import Executors
 from broker.control.guards import BROKER_CAUSES, BROKER_FAILURES, AttemptGuards
 from broker.control.lease import FencedStore, Lease, lease_row
+from broker.control.rebalancer import Rebalancer
 from broker.control.snapshots import build_snapshot
 from broker.crashpoints import crash_point
 from broker.errors import NotLeader
@@ -44,8 +45,9 @@ from broker.state.store import Store
 from providers.base import Executor, RankState
 
 log = logging.getLogger("onepool.engine")
-REQUEUE = (EndReason.PREEMPTED, EndReason.LOST, EndReason.INTERRUPTED)
+REQUEUE = (EndReason.PREEMPTED, EndReason.LOST, EndReason.INTERRUPTED, EndReason.REBALANCED)
 STOP_REASONS = {"preempted": EndReason.PREEMPTED, "interrupted": EndReason.INTERRUPTED,
+                "rebalanced": EndReason.REBALANCED,
                 "cancelled": EndReason.CANCELLED, "budget": EndReason.BUDGET, "lost": EndReason.LOST}
 CHECKPOINT_NOW = signal.SIGUSR1  # the runtime's "checkpoint now, keep running" request
 
@@ -89,6 +91,8 @@ class Engine(AttemptGuards):
         self.capacity = CapacityManager(self)  # rented pools (issue 4); providers built lazily
         # Slurm pools (issue 14): their nodes are read from Slurm each cycle; the executor runs them
         self.slurm = self.executor.slurm if isinstance(self.executor, Executors) else None
+        self.rebalancer = Rebalancer(self)  # moves to cheaper capacity (issue 12)
+        self.team_budgets: list[budgets.TeamBudget] = []  # as of the last cycle
         self._team_budget_state: dict[str, str] = {}  # money (issue 6): last team budget states
         self._quarantined: set[int] = set()  # attempts that fail even to be failed (skipped)
         self.wake: Callable[[], None] = lambda: None  # the loop's "cycle now" (service.run sets it)
@@ -137,16 +141,19 @@ class Engine(AttemptGuards):
         self._poll(now, rep)
         with self.store.session() as s:  # money (issue 6): charge the ledger, enforce budgets
             team_budgets = budgets.on_cycle(s, now, self._request_stop, self._team_budget_state)
+        self.team_budgets = team_budgets
         with self.store.session() as s:
             self._refresh_checkpoints(s, now)
         with self.store.session() as s:
             retention.run(s, now, keep=self.settings.keep_checkpoints,
                           delay_s=self.settings.checkpoint_delete_delay_s)
         self.capacity.sync(now)  # [issue 4 hook] launches finished, notices acted on, idleness
+        self.rebalancer.advance(now, rep)  # [issue 12 hook] in-flight moves: checkpoint, stop, place
         with self.store.session() as s:
             snap = build_snapshot(s, now, self.policy, self.settings.fair_share_half_life_s)
             snap = self.capacity.extend(snap, now)  # [issue 4 hook] rented pools' growth and prices
             snap = budgets.restrict(snap, team_budgets)  # money (issue 6): low teams spot-only
+            snap = self.rebalancer.hold(snap, s)  # [issue 12 hook] moves' target GPUs held
             p = plan(snap)
             rep.plan = p
             waiting = dict(p.waiting)
@@ -273,7 +280,8 @@ class Engine(AttemptGuards):
             if reason == EndReason.PREEMPTED:
                 job.preemptions += 1
             msg = {EndReason.PREEMPTED: f"preempted for job {a.preempted_by}",
-                   EndReason.INTERRUPTED: f"interrupted ({a.cause})"}.get(
+                   EndReason.INTERRUPTED: f"interrupted ({a.cause})",
+                   EndReason.REBALANCED: "stopped at its checkpoint to move to cheaper capacity"}.get(
                 reason, "processes vanished without an exit status")
             since = (f"since its checkpoint at step {a.reached_step}" if a.reached_step is not None
                      else "since it started: no checkpoint yet")

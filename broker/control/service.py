@@ -2,6 +2,9 @@
 until told to stop. Any long-running broker loop (`onepool broker`, `onepool server`) runs
 this same `run()`.
 
+Periodic tasks (price refresh, rebalancing) run on the leader's APScheduler schedule, kept
+in the database (broker.control.scheduled), on this loop's thread between cycles.
+
 Cycles run every `cycle_s`, and at once when a job process exits (no waiting out the
 interval to notice a finished job). The lease is renewed after every cycle and while
 waiting between cycles. A broker that loses the lease (another took over after it paused)
@@ -28,6 +31,7 @@ from broker.control.config_apply import applied_config
 from broker.control.engine import CycleReport, Engine
 from broker.control.executors import Executors
 from broker.control.lease import Lease, lease_row
+from broker.control.scheduled import TaskScheduler
 from broker.errors import LeaseLost, NotLeader
 from broker.state.store import Store
 from providers.base import Executor
@@ -89,17 +93,21 @@ def _lead(store: Store, clock: Clock, executor: Executor, lease: Lease, cycle_s:
     """Cycles as the leader until stopped or the lease is lost; returns how many ran."""
     n, failures = 0, 0
     engine: Engine | None = None
+    tasks: TaskScheduler | None = None
     try:
         engine = Engine(store, clock, executor, lease=lease)
         engine.wake = wake.set
         interval = cycle_s or engine.settings.cycle_s
         log.info("leader: fencing number %s, home %s, cycle %.3gs", lease.fencing, store.home, interval)
+        tasks = TaskScheduler(store, engine.settings, wake.set)  # [issue 12] the leader's schedule
+        tasks.start()
         reconciled = False
         while not stop.is_set():
             try:
                 if not reconciled:
                     engine.reconcile()
                     reconciled = True
+                tasks.run_due(engine)  # periodic tasks due now, on this thread, between cycles
                 describe(engine.cycle())
                 lease.renew(cycled=True)
                 n, failures = n + 1, 0
@@ -118,6 +126,8 @@ def _lead(store: Store, clock: Clock, executor: Executor, lease: Lease, cycle_s:
     except LeaseLost as e:
         log.warning("%s: standing by", e)
     finally:
+        if tasks is not None:
+            tasks.shutdown()
         if engine is not None:
             engine.close()
     return n

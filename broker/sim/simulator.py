@@ -49,8 +49,10 @@ from broker.policy.budget import restrict, team_budget_state
 from broker.policy.estimates import RuntimeHistory, remaining
 from broker.policy.fairshare import decay
 from broker.policy.pools import capped, closed_until, could_ever_run
+from broker.policy.rebalance import RebalanceConfig
 from broker.sim.metrics import Recorder
 from broker.sim.policies import SimPolicy
+from broker.sim.rebalance import SimRebalancer
 from broker.sim.scenario import Scenario
 from broker.sim.setup import sim_job, sim_pools, team_views
 from broker.sim.state import SimAttempt, SimJob, SimNode, SimPool
@@ -65,8 +67,11 @@ class Simulator:
     """One policy over one trace. `run()` returns the metrics dict (see metrics.Recorder)."""
 
     def __init__(self, trace: list[TraceJob], sc: Scenario, pol: SimPolicy,
-                 progress: Callable[[float], None] | None = None, detail: bool = False) -> None:
+                 progress: Callable[[float], None] | None = None, detail: bool = False,
+                 rebalance: RebalanceConfig | None = None, rebalance_every_s: float = 300.0) -> None:
         self.sc, self.pol, self.cfg = sc, pol, pol.config
+        # [issue 12 hook] the live broker's rebalancing rules, replayed (broker.sim.rebalance)
+        self.rebalancer = SimRebalancer(self, rebalance, rebalance_every_s) if rebalance else None
         self.detail = detail
         self.progress = progress
         self.rng = random.Random(sc.seed)
@@ -144,7 +149,14 @@ class Simulator:
                 self._bill(p, node)
         if self.progress:
             self.progress(1.0)
-        return self.rec.result(self.jobs, self.pending, self.running, self.detail)
+        out = self.rec.result(self.jobs, self.pending, self.running, self.detail)
+        if self.rebalancer is not None:  # [issue 12 hook]
+            rb = self.rebalancer
+            out["rebalance"] = {"moves": rb.moves, "defrag_moves": rb.defrag_moves,
+                                "expected_net_saving_usd": round(rb.expected_net_usd, 2),
+                                "lost_gpu_hours_rebalance": round(
+                                    self.rec.lost_gpu_s.get("rebalance", 0.0) / 3600, 2)}
+        return out
 
     def _advance(self, t: float) -> None:
         if t > self.now:
@@ -243,7 +255,9 @@ class Simulator:
 
     def _plan_scope(self, scope: str) -> None:
         """One plan() over the scope's pools, running attempts and waiting jobs; apply it."""
-        if not can_act(self._activity(scope), self.cfg):
+        due = self.rebalancer is not None and self.rebalancer.wants_turn(self.scope_pending[scope].values())
+        if not can_act(self._activity(scope), self.cfg) and not due:
+            self._rebalance_wake(scope)
             return
         pending = self.scope_pending[scope]
         snap = Snapshot(
@@ -275,6 +289,17 @@ class Simulator:
             self._launch(self.pools[la.pool], la.for_job_id, la.count)
         for pl in p.placements:
             self._start(pl)
+        if self.rebalancer is not None:  # [issue 12 hook]
+            self.rebalancer.after_plan(snap, p)
+            self._rebalance_wake(scope)
+
+    def _rebalance_wake(self, scope: str) -> None:
+        """[issue 12 hook] wake the scope when a waiting gang becomes due for defragmentation."""
+        if self.rebalancer is None:
+            return
+        turn = self.rebalancer.next_turn(self.scope_pending[scope].values())
+        if turn is not None and turn > self.now:
+            self.wakes[scope] = min(turn, self.wakes.get(scope, turn))
 
     def _pool_view(self, p: SimPool) -> PoolView:
         if p.view is None:
@@ -410,6 +435,8 @@ class Simulator:
         self.rec.attempt_gpu_s(pool, gpu_s)
         j.last_cause = a.cause
         j.queued_at = self.now
+        if self.rebalancer is not None and self.rebalancer.resume(j):  # [issue 12 hook] moved
+            return
         self._enqueue(j)
 
     # -- rented nodes ----------------------------------------------------------------------------

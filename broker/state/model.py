@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, Index
+from sqlalchemy import JSON, BigInteger, Column, Index, LargeBinary
 from sqlmodel import Field, SQLModel
 
 from broker.state.states import AttemptState, CheckpointState, EndReason, JobState, NodeState
 
 __all__ = ["Attempt", "AttemptState", "Checkpoint", "CheckpointState", "EndReason", "Event", "Job",
            "JobState", "LedgerEntry", "Node", "NodeMeter", "NodeState", "Pool", "PriceChange",
-           "Setting", "Team"]
+           "SchedulerJob", "Setting", "Team"]
 
 
 def _json(default: Any = None) -> Any:
@@ -274,3 +274,15 @@ class ProviderNotice(SQLModel, table=True):
     kind: str = Field(max_length=32)  # preempted | ...
     scope: str = Field(default="", max_length=64)  # the zone it was read in
     seen_at: float
+
+
+# -- the leader's periodic tasks (issue 12): see broker/control/scheduled.py -------------------
+class SchedulerJob(SQLModel, table=True):
+    """APScheduler's job store (SQLAlchemyJobStore): one row per periodic task, its pickled
+    schedule and next run time (UTC epoch seconds). Written only by APScheduler; declared here
+    so the migrations own the schema."""
+
+    __tablename__ = "apscheduler_jobs"
+    id: str = Field(primary_key=True, max_length=191)
+    next_run_time: float | None = Field(default=None, index=True)
+    job_state: bytes = Field(sa_column=Column(LargeBinary, nullable=False))

@@ -37,6 +37,7 @@ class EndReason(StrEnum):
     LOST = "LOST"  # the processes vanished without an exit status (node failure, reboot)
     INTERRUPTED = "INTERRUPTED"  # the provider reclaimed the node after a notice (spot)
     BUDGET = "BUDGET"  # stopped because the job's or its team's budget is spent (issue 6)
+    REBALANCED = "REBALANCED"  # stopped at a checkpoint to move to cheaper capacity (issue 12)
 
 
 class NodeState(StrEnum):

@@ -116,3 +116,29 @@ def test_budgets(app):
     assert research["budget_usd"] == 50.0
     assert research["spent_usd"] == pytest.approx(next(b.spent for b in c.budgets() if b.team == "research"))
     assert [h.value for h in _tab(at, "Budgets").subheader] == ["team budgets"]
+
+
+def test_rebalancing_shows_each_move_with_expected_and_realized_saving(app):
+    from broker.state.events import record
+    from dashboard import queries
+
+    c, _ = app
+    t = c.clock.now()
+    with c.store.session() as s:  # one move done, one given up (as broker.control.rebalancer records them)
+        record(s, t - 900, "rebalance_move", "...", job_id=1, from_pool="spot", to_pool="a100",
+               reason="on-demand to freed on-prem", saving_usd=10.0, cost_usd=1.0)
+        record(s, t - 800, "rebalance_moved", "...", job_id=1)
+        record(s, t - 100, "rebalance_realized", "...", job_id=1, realized_saving_usd=7.5)
+        record(s, t - 50, "rebalance_move", "...", job_id=2, from_pool="spot", to_pool="a100",
+               reason="spot to cheaper spot", saving_usd=4.0, cost_usd=2.0)
+        record(s, t - 40, "rebalance_abandoned", "...", job_id=2, why="no checkpoint committed")
+        s.commit()
+        rows = queries.rebalance_moves(s)
+    assert [(r["job"], r["state"], r["realized_saving_usd"]) for r in rows] == [
+        (2, "abandoned: no checkpoint committed", None), (1, "done", 7.5)]
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    assert not at.exception, at.exception
+    df = _frame(at, "Rebalancing", 0)
+    assert list(df["job"]) == [2, 1] and list(df["expected_saving_usd"]) == [4.0, 10.0]
+    m = {x.label: x.value for x in _tab(at, "Rebalancing").metric}
+    assert (m["moves"], m["expected net saving ($)"], m["realized saving ($)"]) == ("2", "11.00", "7.50")

@@ -226,6 +226,7 @@ def test_every_tab_of_a_seeded_home(browser: DevTools, tmp_path: Path) -> None:
             "Preemptions": (["with no work lost", "spot_interruption", "preempted", "prod"], 2),
             "Nodes & pools": (["pools", "nodes", "a100-0", "spot-0", "4"], 0),
             "Budgets": (["team budgets", "research"], 1),
+            "Rebalancing": (["rebalancing moves", "onepool rebalance --dry-run"], 0),
         })
     finally:
         _stop(proc, port, out)
@@ -250,6 +251,7 @@ def test_every_tab_of_a_real_demo_run(browser: DevTools, demo_run: dict[str, Any
             "Preemptions": (["preempted", "prod"], 2),
             "Nodes & pools": (["aws-spot", "a100-0", "l4-0"], 0),
             "Budgets": (["team budgets", "research", "prod"], 0),
+            "Rebalancing": (["rebalancing moves"], 0),
         })
     finally:
         _stop(proc, port, out)

@@ -1,0 +1,48 @@
+"""`onepool rebalance --dry-run [--json]`: the moves rebalancing would make now (issue 12).
+Registered on the main app like the money commands. Rebalancing itself runs on the leader's
+schedule (broker.rebalance in onepool.yaml); this command only shows what it would do."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from broker.errors import SpecError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def register(app: typer.Typer, embedded: Callable[[], Any], console: Callable[[], Console],
+             print_json: Callable[[Any], None]) -> None:
+    @app.command()
+    def rebalance(
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="list the moves it would make now; "
+                                              "change nothing")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="print JSON: [{job, from_pool, to_pool, "
+                                              "saving_usd, cost_usd, reason, ...}]")] = False,
+    ) -> None:
+        """Moves of running jobs to cheaper capacity, and for waiting gang jobs (dry run)."""
+        if not dry_run:
+            raise SpecError("rebalance", ["--dry-run: required; the leader rebalances on its schedule "
+                                          "(broker.rebalance.interval_s in onepool.yaml)"])
+        from rich.table import Table
+
+        from broker.clock import SystemClock
+        from broker.control.rebalancer import dry_run as proposals
+
+        c = embedded()
+        moves = proposals(c.store, SystemClock())
+        if as_json:
+            print_json([m.as_dict() for m in moves])
+            return
+        if not moves:
+            console().print("no move pays for itself now")
+            return
+        t = Table("job", "from", "to", "saving $", "cost $", "reason")
+        for m in moves:
+            t.add_row(str(m.job_id), m.from_pool, m.to_pool + (f" (+{m.launch} node)" if m.launch else ""),
+                      f"{m.saving_usd:.2f}", f"{m.cost_usd:.2f}", m.reason)
+        console().print(t)

@@ -1,0 +1,128 @@
+"""The simulator's side of rebalancing: the SAME pure rules (broker.policy.rebalance and
+.defrag) replayed on simulated time. Private to broker.sim; the Simulator calls two hooks.
+
+- `after_plan(snap, plan)`: at most every `interval_s` of simulated time (the live broker's
+  broker.rebalance.interval_s), after a plan was applied: the moves that pay now are started.
+  A move holds its target GPUs at once, signals the attempt (checkpoint on the signal, like a
+  preemption with checkpoint-on-signal: it exits `checkpoint_save_s` later having kept its
+  progress) and is placed on the held GPUs when it exits (`resume`), paying the restart
+  overhead there like any resumed attempt. The drain and the restart are counted as lost GPU
+  time under the cause "rebalance".
+- `resume(job)`: from the simulator's attempt-end path; True when the job was moving (it
+  was started on its target, not requeued).
+
+Simplifications (each favours rebalancing, and is reported by bench/rebalance.py):
+- only moves onto capacity that exists now (free on-prem GPUs, idle rented nodes) and
+  defragmentation are replayed; moves that first launch nodes in another pool (on-demand to
+  spot, spot to spot, spot off a spiking pool) are not (the trace scenario's prices and
+  interruption rates do not move, so such moves would only follow the initial routing);
+- checkpoint egress is free (the simulator has no checkpoint sizes);
+- the checkpoint the move asks for always commits (no failed saves); jobs that do not
+  checkpoint on the signal (the scenario's `checkpoint_on_signal` share) are never moved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from broker.policy import PendingView, Placement, Plan, Snapshot
+from broker.policy.defrag import defrag
+from broker.policy.rebalance import AttemptFacts, Move, RebalanceConfig, rebalance
+
+HOLD = -1  # GPUs held for a move are "used" by attempt id HOLD - job id (never a real id)
+
+if TYPE_CHECKING:
+    from broker.sim.simulator import Simulator
+    from broker.sim.state import SimJob
+
+
+class SimRebalancer:
+    def __init__(self, sim: Simulator, rc: RebalanceConfig, interval_s: float = 300.0) -> None:
+        self.sim, self.rc, self.interval_s = sim, rc, interval_s
+        self.last = -interval_s
+        self.moving: dict[int, Move] = {}  # job id -> its move, from the signal to the restart
+        self.moves = 0
+        self.defrag_moves = 0
+        self.expected_net_usd = 0.0
+
+    def wants_turn(self, pending: Iterable[PendingView]) -> bool:
+        """Whether a round is due and a gang waits long enough for defragmentation (the
+        simulator then plans even when its shortcut says the plan would change nothing)."""
+        if self.sim.now - self.last < self.interval_s:
+            return False
+        cut = self.sim.now - self.rc.defrag_after_s
+        return any(j.nodes > 1 and j.submit_time <= cut for j in pending)
+
+    def next_turn(self, pending: Iterable[PendingView]) -> float | None:
+        """When a waiting gang next becomes due for defragmentation (the simulator wakes then:
+        its time rules are exact events, not a periodic tick); None if none waits."""
+        due = [j.submit_time + self.rc.defrag_after_s for j in pending if j.nodes > 1]
+        if not due:
+            return None
+        return max(self.last + self.interval_s, min(due), self.sim.now)
+
+    def after_plan(self, snap: Snapshot, p: Plan) -> None:
+        sim = self.sim
+        if sim.now - self.last < self.interval_s:
+            return
+        self.last = sim.now
+        busy = frozenset(self.moving)
+        rented = {name for name, pool in sim.pools.items() if pool.rented}
+        facts = self._facts(lambda a: a.pool in rented)
+        moves = [m for m in rebalance(snap, p, facts, self.rc, busy) if not m.launch]
+        if any(j.nodes > 1 and sim.now - j.submit_time >= self.rc.defrag_after_s for j in snap.pending):
+            taken = {nd for m in moves for nd, _ in m.alloc}
+            gang = defrag(snap, p, self._facts(lambda a: len(a.view.alloc) == 1), self.rc,
+                          busy | {m.job_id for m in moves})
+            moves += [m for m in gang if not taken & {nd for nd, _ in m.alloc}]
+        for m in moves:
+            self._start(m)
+
+    def _facts(self, want) -> dict[int, AttemptFacts]:  # type: ignore[no-untyped-def]
+        sim, out = self.sim, {}
+        for aid, a in sim.running.items():
+            # a job that does not checkpoint on the signal never commits the checkpoint a move
+            # waits for: the live broker gives such a move up, so it is not replayed
+            if a.stop_at is not None or not a.job.saves_on_signal or not want(a):
+                continue
+            # what the policy's runtime estimate says is left (as the live broker knows it)
+            end = a.view.expected_end
+            remaining = max(0.0, end - sim.now) if end is not None else None
+            out[aid] = AttemptFacts(a.pool, a.job.spot, a.job.types, remaining,
+                                    sim.sc.checkpoint_interval_s)
+        return out
+
+    def _start(self, m: Move) -> None:
+        sim = self.sim
+        a = sim.running.get(m.attempt_id)
+        if a is None or a.stop_at is not None or a.finish_at <= sim.now + sim.sc.checkpoint_save_s:
+            return  # stopping already, or done before the move would be
+        pool = sim.pools[m.to_pool]
+        if any(nd not in pool.nodes or pool.nodes[nd].gpus - pool.nodes[nd].used < g for nd, g in m.alloc):
+            return
+        for nd, g in m.alloc:
+            pool.use(pool.nodes[nd], g, sim.now, HOLD - m.job_id)  # held from now on
+        self.moving[m.job_id] = m
+        self.moves += 1
+        self.defrag_moves += m.from_pool == m.to_pool
+        self.expected_net_usd += m.saving_usd - m.cost_usd
+        sim._stop(a, "rebalance", sim.sc.checkpoint_save_s, sim.sc.grace_s)
+        a.view = replace(a.view, stopping=True)
+
+    def resume(self, j: SimJob) -> bool:
+        """Start a moving job on its held GPUs (called when its attempt exits)."""
+        m = self.moving.pop(j.jid, None)
+        if m is None:
+            return False
+        sim = self.sim
+        pool = sim.pools[m.to_pool]
+        for nd, g in m.alloc:
+            if nd in pool.nodes:
+                pool.use(pool.nodes[nd], -g, sim.now, HOLD - m.job_id)
+        if any(nd not in pool.nodes for nd, _ in m.alloc):
+            return False  # its target went away (an interrupted node): it queues as usual
+        sim._enqueue(j)
+        sim._start(Placement(j.jid, m.to_pool, m.alloc, j.cls))
+        return True
