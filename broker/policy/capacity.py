@@ -8,6 +8,17 @@ from collections.abc import Callable, Collection, Iterable
 from broker.policy.snapshot import Alloc, PoolView, RunningView
 
 
+def enough(buckets: list[dict[str, None]], g: int, n: int) -> bool:
+    """True if the buckets (nodes by how many GPUs they have available) hold at least n nodes
+    with g or more."""
+    have = 0
+    for f in range(g, len(buckets)):
+        have += len(buckets[f])
+        if have >= n:
+            return True
+    return False
+
+
 class Capacity:
     """Free GPUs per node for one plan, and what reservations hold of them.
 
@@ -91,13 +102,7 @@ class Capacity:
 
     def count_fit(self, pool: str, g: int, n: int) -> bool:
         """True if at least n nodes of the pool have g or more GPUs available."""
-        b = self.buckets[pool]
-        have = 0
-        for f in range(g, len(b)):
-            have += len(b[f])
-            if have >= n:
-                return True
-        return False
+        return enough(self.buckets[pool], g, n)
 
     def take(self, pool: str, g: int, n: int, exclude: Collection[str] = ()) -> Alloc:
         """Take g available GPUs on each of n nodes, best fit (the fullest nodes that still

@@ -35,7 +35,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
-from broker.policy.capacity import Capacity
+from broker.policy.capacity import Capacity, enough
 from broker.policy.config import PolicyConfig
 from broker.policy.snapshot import RunningView
 from broker.spec import Priority
@@ -278,13 +278,7 @@ class VictimIndex:
 
     def could_fit(self, pool: str, rank: int, g: int, n: int) -> bool:
         """Whether n nodes of the pool could fit g GPUs with victims below `rank`."""
-        b = self._bucket(pool, rank)
-        have = 0
-        for v in range(g, len(b)):
-            have += len(b[v])
-            if have >= n:
-                return True
-        return False
+        return enough(self._bucket(pool, rank), g, n)
 
     def _candidates(self, pool: str, rank: int, g: int) -> list[str]:
         b = self._bucket(pool, rank)
