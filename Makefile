@@ -15,8 +15,10 @@ demo: $(STAMP)
 	$(BIN)/onepool demo
 
 # What tests need from outside Python is installed here, never inside a test.
-test-deps:
+test-deps: $(STAMP)
 	infra/test/install-chromium.sh
+	$(BIN)/python -c "from tests.postgres import ensure_installed; ensure_installed()"
+	tests/slurm/start_slurm.sh || echo "the Slurm test cluster cannot run here: its tests will be skipped" >&2
 
 # Two workers (pytest-xdist); the Slurm tests share one test cluster, so they stay on one.
 test: $(STAMP) test-deps
