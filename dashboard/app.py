@@ -18,8 +18,8 @@ from broker.client.sdk import Client
 from broker.errors import NotConfigured
 from broker.state.ledger import spend_by_job
 from dashboard import queries, sections
+from dashboard.tabs import TABS
 
-TABS = ["Overview", "Cost per experiment", "Job", "Preemptions", "Nodes & pools", "Budgets", "Rebalancing"]
 JOB_PAGE_FINISHED = 200  # the job page offers every unfinished job and this many finished ones
 
 

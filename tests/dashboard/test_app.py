@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dashboard.app import TABS
+from dashboard.tabs import TABS
 from tests.dashboard.seed import seed
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
