@@ -169,6 +169,9 @@ class Agent:
         for r in self.ranks.values():
             st = self.procs.status(r.handle)
             state = {RankState.RUNNING: "running", RankState.EXITED: "exited"}.get(st.state, "lost")
+            if st.cause == "fenced":  # it stopped itself, cut off from the server: not the job's
+                state = "lost"        # failure; the broker requeues it
+
             out.append({"assignment_id": r.assignment_id, "state": state,
                         "pid": r.handle.get("pid"), "exit_code": st.exit_code})
         return out

@@ -129,6 +129,35 @@ def test_a_killed_agent_loses_its_node_the_rank_fences_itself_and_the_job_resume
         assert "node_lost" in [e.kind for e in c.events()]
 
 
+def test_a_rank_fenced_during_a_short_outage_is_requeued_not_failed(site, clock, tmp_path, hosts):
+    """The agent cannot reach the server for longer than the fence but shorter than the lost
+    timeout (a server restart): its rank stops itself (SIGTERM, it checkpoints and exits
+    143). The platform ended it, not the job: once the agent reports again, the attempt is
+    LOST and the job resumes from its checkpoint and succeeds (found by `make chaos`; it
+    used to end FAILED with exit code 143)."""
+    import os
+
+    c = site.client
+    with agents_cleanup() as agents:
+        a = join(site, "onprem-0", tmp_path, hosts[0], agents)
+        j = c.submit(name="train", team="research", command=train(400, step_s=0.05, ckpt_every=4),
+                     gpus_per_node=2).id
+        drive(site.engine, lambda: (c.get(j).last_step or -1) >= 4, timeout=60)
+        pid = json.loads(next((a.state_dir / "runs").glob("attempt-*/rank-0/handle.json"))
+                         .read_text())["pid"]
+        os.killpg(a.proc.pid, signal.SIGSTOP)  # no sync: its lease file ages (the rank's keeps on)
+        try:
+            wait_for("rank fenced", lambda: not alive(pid), timeout=20)  # 2/3 of 6 s
+        finally:
+            os.killpg(a.proc.pid, signal.SIGCONT)  # back before the broker's clock loses the node
+        drive(site.engine, lambda: c.get(j).status in ("SUCCEEDED", "FAILED"), timeout=90)
+        info = c.get(j)
+        assert info.status == "SUCCEEDED"
+        assert [x.end_reason for x in info.attempt_list] == ["LOST", "COMPLETED"]
+        assert info.attempt_list[1].restored_step is not None
+        assert [n.state for n in c.nodes() if n.id == "onprem-0"] == ["up"]
+
+
 def test_a_join_token_works_once_and_a_bad_one_stops_the_agent_with_a_reason(site, tmp_path, hosts):
     token = site.client.join_token("onprem-0").join_token
     with agents_cleanup() as agents:
