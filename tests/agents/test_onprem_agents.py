@@ -158,6 +158,31 @@ def test_a_rank_fenced_during_a_short_outage_is_requeued_not_failed(site, clock,
         assert [n.state for n in c.nodes() if n.id == "onprem-0"] == ["up"]
 
 
+def test_a_killed_supervisor_under_an_agent_leaves_no_process_and_no_concurrent_attempt(
+        site, tmp_path, hosts):
+    """The supervisor of a rank run by an agent is SIGKILLed; the job process it leaves must
+    die before the broker ends the attempt and starts another (found by `make chaos`: the
+    agent reported such a rank lost at once, the job ran twice at the same time)."""
+    import os
+
+    import psutil
+
+    c = site.client
+    with agents_cleanup() as agents:
+        a = join(site, "onprem-0", tmp_path, hosts[0], agents)
+        j = c.submit(name="train", team="research", command=train(400, step_s=0.05, ckpt_every=4),
+                     gpus_per_node=2).id
+        drive(site.engine, lambda: (c.get(j).last_step or -1) >= 4, timeout=60)
+        supervisor = psutil.Process(json.loads(next((a.state_dir / "runs").glob(
+            "attempt-*/rank-0/handle.json")).read_text())["pid"])
+        [job] = supervisor.children()
+        os.kill(supervisor.pid, signal.SIGKILL)  # only the supervisor: the job lives on
+        drive(site.engine, lambda: len(c.get(j).attempt_list) == 2, timeout=60)
+        assert not alive(job.pid)  # killed before attempt 2 began
+        assert c.get(j).attempt_list[0].end_reason == "LOST"
+        drive(site.engine, lambda: c.get(j).status == "SUCCEEDED", timeout=90)
+
+
 def test_a_join_token_works_once_and_a_bad_one_stops_the_agent_with_a_reason(site, tmp_path, hosts):
     token = site.client.join_token("onprem-0").join_token
     with agents_cleanup() as agents:
