@@ -183,6 +183,32 @@ def test_a_killed_supervisor_under_an_agent_leaves_no_process_and_no_concurrent_
         drive(site.engine, lambda: c.get(j).status == "SUCCEEDED", timeout=90)
 
 
+def test_a_job_done_before_its_node_was_lost_completes_and_is_not_run_again(site, clock, tmp_path, hosts):
+    """The rank declared itself done (runtime.done()) but its host died before the agent could
+    report the exit: the node is lost, and the attempt is COMPLETED from the mark in the
+    store, not requeued to run again (found by `make chaos`: jobs completed twice)."""
+    import sys
+
+    c = site.client
+    script = ("from broker import runtime; import time; runtime.done(); print('declared done', flush=True); "
+              "time.sleep(600)")
+    with agents_cleanup() as agents:
+        a = join(site, "onprem-0", tmp_path, hosts[0], agents)
+        j = c.submit(name="finished", team="research", command=[sys.executable, "-c", script],
+                     gpus_per_node=2).id
+        logs = a.state_dir / "runs"
+        drive(site.engine, lambda: any("declared done" in p.read_text()
+                                       for p in logs.glob("attempt-*/rank-0/output.log")), timeout=60)
+        a.kill(signal.SIGKILL)  # the host dies with everything on it
+        a.ranks().kill_all()
+        clock.advance(7)  # past node_lost_after_s
+        drive(site.engine, lambda: c.get(j).status != "RUNNING", timeout=60)
+        info = c.get(j)
+        assert info.status == "SUCCEEDED"
+        assert [x.end_reason for x in info.attempt_list] == ["COMPLETED"]
+        assert "done_unreported" in [e.kind for e in c.events(j)]
+
+
 def test_a_join_token_works_once_and_a_bad_one_stops_the_agent_with_a_reason(site, tmp_path, hosts):
     token = site.client.join_token("onprem-0").join_token
     with agents_cleanup() as agents:
