@@ -109,7 +109,8 @@ def test_a_killed_agent_loses_its_node_the_rank_fences_itself_and_the_job_resume
     with agents_cleanup() as agents:
         a0 = join(site, "onprem-0", tmp_path, hosts[0], agents)
         join(site, "onprem-1", tmp_path, hosts[1], agents)
-        j = c.submit(name="train", team="research", command=train(80, step_s=0.05, ckpt_every=4),
+        # long enough that the fence stops it (a rank done before that completes: see below)
+        j = c.submit(name="train", team="research", command=train(400, step_s=0.05, ckpt_every=4),
                      gpus_per_node=2).id
         drive(site.engine, lambda: (c.get(j).last_step or -1) >= 4, timeout=60)
         node = c.get(j).attempt_list[0].alloc[0][0]
