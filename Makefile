@@ -24,7 +24,7 @@ test-deps: $(STAMP)
 test: $(STAMP) test-deps
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
-# Not part of `make test`: kills brokers and supervisors CHAOS_KILLS times (default 100) under
+# Not part of `make test`: kills servers, supervisors and agents CHAOS_KILLS times (default 100) under
 # cloud faults, then checks every job completed once (tests/chaos/run.py).
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos

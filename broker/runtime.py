@@ -265,11 +265,19 @@ def wait(timeout: float | None = None) -> None:
 def done() -> None:
     """This rank's work is finished: call it last, after the job's final side effects (its
     results written). If the rank's supervisor or node then dies before this process has
-    exited, the broker records the attempt COMPLETED instead of running it again. Outside
-    the broker it does nothing."""
+    exited, or its exit cannot be reported (its node lost, its instance reclaimed), the
+    broker records the attempt COMPLETED instead of running it again: the mark is kept in
+    the rank's folder and in the attempt's checkpoint store. Outside the broker it does
+    nothing."""
     d = os.environ.get("ONEPOOL_RANK_DIR")
     if not d:
         return
+    ctx = context()
+    if ctx.checkpoint_uri and ctx.attempt is not None:  # outlives the node: see Engine._poll_one
+        try:
+            ctx.store().mark_done(ctx.attempt, ctx.rank, SystemClock().now())
+        except OSError as e:
+            print(f"onepool: could not record in the store that this rank is done ({e})", file=sys.stderr)
     tmp = Path(d) / "done.json.tmp"
     tmp.write_text(f'{{"pid": {os.getpid()}}}')
     tmp.replace(Path(d) / "done.json")

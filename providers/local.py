@@ -186,8 +186,10 @@ class LocalProcesses:
     def status(self, handle: Handle) -> RankStatus:
         """RUNNING while its supervisor lives; ORPHANED when the supervisor is gone but a
         process of the rank still lives (kill it with signal(SIGKILL)); then EXITED with the
-        code the supervisor recorded (0 if it recorded none but the job had declared itself
-        done with runtime.done()), or LOST."""
+        code the supervisor recorded, or LOST. A job that declared itself done
+        (runtime.done()) EXITED 0 if its supervisor recorded no code or a death by a signal
+        that came after (its node's fence, a stop): its work is finished. A rank the
+        supervisor's fence stopped carries the cause "fenced" (the platform ended it)."""
         d = handle["run_dir"]
         if d in self._final:
             return self._final[d]
@@ -199,9 +201,10 @@ class LocalProcesses:
         if cg:
             _rmdir(Path(cg))
         ex = _read_json(Path(d) / "exit.json")
-        if ex is None and (Path(d) / "done.json").exists():
-            ex = {"code": 0}  # the job said it finished (runtime.done()); its supervisor died
-        final = RankStatus(RankState.LOST) if ex is None else RankStatus(RankState.EXITED, int(ex["code"]))
+        if (ex is None or int(ex["code"]) > 128) and (Path(d) / "done.json").exists():
+            ex = {"code": 0}  # the job said it finished (runtime.done()); then it was killed
+        final = (RankStatus(RankState.LOST) if ex is None else
+                 RankStatus(RankState.EXITED, int(ex["code"]), cause=ex.get("cause")))
         self._final[d] = final
         return final
 

@@ -6,6 +6,8 @@ subreaper, so every descendant of the job stays findable (see providers.local). 
 `handle.json` (pid, create time, group, cgroup) as soon as it starts and `exit.json` (the
 child's exit code) the moment the child ends, both by atomic rename, so a restarted broker
 can tell a finished rank (exit.json) from a running one (live pid) from a lost one (neither).
+A rank it stopped itself because its node lost contact with the server (the fence, below)
+is recorded with `"cause": "fenced"`: the platform ended it, not the job.
 Then it ends whatever the job left behind (SIGTERM, 2 s, SIGKILL) before it exits itself:
 no process outlives its rank. It survives the broker: it runs in its own session.
 """
@@ -37,19 +39,20 @@ def write_json(path: Path, data: dict) -> None:
     tmp.replace(path)
 
 
-def _wait(child: subprocess.Popen[bytes]) -> int:
-    """The child's exit status. Under a node agent (ONEPOOL_AGENT_LEASE names the lease file
-    the agent touches after every sync with the server), a lease older than
-    ONEPOOL_AGENT_FENCE_S stops the child (SIGTERM, ONEPOOL_GRACE_S, SIGKILL): the broker
-    will soon count this node lost and run the work elsewhere, so it must not run here too."""
+def _wait(child: subprocess.Popen[bytes]) -> tuple[int, bool]:
+    """The child's exit status, and whether the fence stopped it. Under a node agent
+    (ONEPOOL_AGENT_LEASE names the lease file the agent touches after every sync with the
+    server), a lease older than ONEPOOL_AGENT_FENCE_S stops the child (SIGTERM,
+    ONEPOOL_GRACE_S, SIGKILL): the broker will soon count this node lost and run the work
+    elsewhere, so it must not run here too."""
     lease = os.environ.get("ONEPOOL_AGENT_LEASE")
     if not lease:
-        return child.wait()
+        return child.wait(), False
     fence_s = float(os.environ.get("ONEPOOL_AGENT_FENCE_S", "20"))
     grace_s = float(os.environ.get("ONEPOOL_GRACE_S", "30"))
     while True:
         try:
-            return child.wait(timeout=1.0)
+            return child.wait(timeout=1.0), False
         except subprocess.TimeoutExpired:
             pass
         try:
@@ -61,10 +64,10 @@ def _wait(child: subprocess.Popen[bytes]) -> int:
                   "stopping this rank", file=sys.stderr, flush=True)
             child.send_signal(signal.SIGTERM)
             try:
-                return child.wait(timeout=grace_s)
+                return child.wait(timeout=grace_s), True
             except subprocess.TimeoutExpired:
                 child.kill()
-                return child.wait()
+                return child.wait(), True
 
 
 def main(argv: list[str]) -> int:
@@ -83,9 +86,10 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, lambda *_: None)
     signal.signal(signal.SIGUSR1, lambda *_: None)
+    fenced = False
     try:
         child = subprocess.Popen(cmd)
-        code = _wait(child)
+        code, fenced = _wait(child)
     except FileNotFoundError:
         print(f"onepool: command not found: {cmd[0]}", file=sys.stderr)
         code = 127
@@ -94,7 +98,8 @@ def main(argv: list[str]) -> int:
         code = 126
     if code < 0:  # killed by a signal: report it the way a shell does
         code = 128 - code
-    write_json(run_dir / "exit.json", {"code": code})  # at once: the status outlives us
+    # at once: the status outlives us
+    write_json(run_dir / "exit.json", {"code": code, "cause": "fenced"} if fenced else {"code": code})
     end_leftovers(me)
     return code
 

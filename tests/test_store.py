@@ -90,3 +90,33 @@ def test_upgrade_from_0001_keeps_checkpoint_rows_and_fills_their_store(tmp_path:
     with eng.connect() as conn:
         row = conn.execute(text("SELECT store, state, step FROM checkpoint")).one()
     assert tuple(row) == ("s3://b/x", "committed", 4)
+
+
+def test_two_cloud_workers_making_the_broker_secret_at_once_share_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker secret is made on first use by whichever cloud worker (one thread per rented
+    pool) launches first. When another worker stores it between this one's look and its
+    insert, this launch goes on with the stored secret: same join token, no IntegrityError
+    failing the pool's round (found by `make chaos`)."""
+    from broker.state import tokens
+    from broker.state.model import Setting
+
+    store = Store(tmp_path)
+    made = iter(["11" * 32, "22" * 32])
+    real = tokens.secrets.token_hex
+
+    def other_worker_wins(n: int) -> str:  # runs inside this worker's window, after its look
+        mine = next(made)
+        if mine == "11" * 32:
+            with store.session() as other:
+                assert tokens._broker_secret(other) == bytes.fromhex("22" * 32)
+        return mine
+
+    monkeypatch.setattr(tokens.secrets, "token_hex", other_worker_wins)
+    with store.session() as s:
+        token = tokens.derived_join_token(s, "spot-0", "launch-token", 0.0, 60.0)
+    monkeypatch.setattr(tokens.secrets, "token_hex", real)
+    with store.session() as s:
+        row = s.get(Setting, "broker_secret")
+        assert row is not None and row.value == {"hex": "22" * 32}
+        assert tokens.derived_join_token(s, "spot-0", "launch-token", 0.0, 60.0) == token

@@ -168,7 +168,18 @@ class Agent:
         out = []
         for r in self.ranks.values():
             st = self.procs.status(r.handle)
-            state = {RankState.RUNNING: "running", RankState.EXITED: "exited"}.get(st.state, "lost")
+            if st.state == RankState.ORPHANED:  # its supervisor died; what it left dies first
+                self.procs.kill(r.handle)
+                log.warning("agent: the supervisor of rank %s of attempt %s died; its processes "
+                            "were killed", r.rank, r.attempt_id)
+                st = self.procs.status(r.handle)
+            # ORPHANED still: reported running, so the broker starts no other attempt while a
+            # process of this one lives (it is killed again at the next report)
+            state = {RankState.RUNNING: "running", RankState.ORPHANED: "running",
+                     RankState.EXITED: "exited"}.get(st.state, "lost")
+            if st.cause == "fenced":  # it stopped itself, cut off from the server: not the job's
+                state = "lost"        # failure; the broker requeues it
+
             out.append({"assignment_id": r.assignment_id, "state": state,
                         "pid": r.handle.get("pid"), "exit_code": st.exit_code})
         return out

@@ -386,6 +386,22 @@ class CheckpointStore:
             "first_step": step if first_step is None else first_step,
             "first_time": now if first_time is None else first_time}).encode())
 
+    def mark_done(self, attempt: int, rank: int, now: float) -> None:
+        """Record that rank `rank` of attempt `attempt` finished its work (runtime.done())."""
+        path = self._path(ATTEMPTS_DIR, f"attempt-{attempt:05d}-done-rank-{rank:05d}.json")
+        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        self.fs.pipe_file(path, json.dumps({"time": now}).encode())
+
+    def all_done(self, attempt: int, world_size: int) -> bool:
+        """Whether every rank of `attempt` recorded mark_done (read object by object: no
+        cached listing)."""
+        for rank in range(world_size):
+            try:
+                self.fs.cat_file(self._path(ATTEMPTS_DIR, f"attempt-{attempt:05d}-done-rank-{rank:05d}.json"))
+            except FileNotFoundError:
+                return False
+        return True
+
     def progress(self, attempt: int) -> dict[str, Any] | None:
         """What mark_progress wrote for `attempt`, or None."""
         try:

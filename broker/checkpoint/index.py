@@ -9,6 +9,7 @@ store is a second row.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from sqlmodel import Session, col, select
@@ -17,6 +18,8 @@ from broker.checkpoint.checkpoints import CheckpointStore, Manifest, job_prefix,
 from broker.spec import ClusterConfig
 from broker.state.model import Attempt, AttemptState, Checkpoint, CheckpointState, Job
 from pricing.egress import Location, provider_of
+
+log = logging.getLogger("onepool.checkpoints")
 
 LIVED = (CheckpointState.COMMITTED, CheckpointState.DAMAGED, CheckpointState.DELETED)
 """States of a row that was a committed checkpoint at some point."""
@@ -102,6 +105,16 @@ def refresh_attempt(s: Session, job: Job, a: Attempt, now: float) -> list[Manife
     s.add(a)
     s.add(job)
     return new
+
+
+def declared_done(job: Job, a: Attempt) -> bool:
+    """Whether every rank of the attempt declared itself done (runtime.done() records it in
+    the attempt's store, which outlives its node). False when the store cannot be read."""
+    try:
+        return CheckpointStore(attempt_prefix(job, a)).all_done(a.number, len(a.alloc))
+    except OSError as e:
+        log.warning("job %s: cannot read the done markers of attempt %s (%s)", job.id, a.number, e)
+        return False
 
 
 def _read_progress(st: CheckpointStore, a: Attempt, now: float) -> None:

@@ -252,6 +252,14 @@ class Engine(AttemptGuards):
             reason = EndReason.FAILED
         else:
             reason = EndReason.LOST
+        job = s.get(Job, a.job_id)
+        if reason in REQUEUE and job is not None and ckpt_index.declared_done(job, a):
+            # Its ranks finished (runtime.done() is in the store) before their exit could be
+            # reported: the node was lost, the instance reclaimed. Running it again would
+            # repeat work the job declared finished.
+            record(s, now, "done_unreported", f"attempt {a.number}: every rank had declared itself "
+                   f"done before it ended {reason.value}; completed", job_id=a.job_id, attempt_id=a.id)
+            reason, all_ok, codes = EndReason.COMPLETED, True, []
         code = next((c for c in codes if c), 0 if all_ok else None)
         keep = a.cause if reason == EndReason.FAILED and a.cause in BROKER_CAUSES else None
         self._end(s, a, now, reason, code, cause=keep)

@@ -227,12 +227,21 @@ def _executed(state: ORMExecuteState) -> None:
 
 @event.listens_for(Session, "before_commit")
 def _fence(session: Session) -> None:
+    """The fence comes before the last flush: a term that is over gets LeaseLost even when its
+    pending rows would collide with rows the newer leader wrote meanwhile (the checkpoint it
+    indexed too), instead of an IntegrityError that looks like a bug. The check write-locks
+    the lease row, so nothing can take over between it and the commit."""
     fenced = session.info.get(FENCE)
     if fenced is None:
         return
+    checked = bool(session.info.get(WROTE) or session.new or session.deleted
+                   or any(session.is_modified(o) for o in session.dirty))
+    if checked:
+        fenced.lease.check(session.connection(), fenced.fencing)
     session.flush()
     if session.info.pop(WROTE, False):
-        fenced.lease.check(session.connection(), fenced.fencing)
+        if not checked:
+            fenced.lease.check(session.connection(), fenced.fencing)
         crash_point("db_write")  # written and fenced, not committed
 
 

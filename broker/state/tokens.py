@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, select
 
 from broker.errors import Forbidden, NotFound, SpecError, Unauthorized
@@ -217,11 +219,19 @@ def _store_join(s: Session, node: str, tid: str, token: str, expires_at: float) 
 
 
 def _broker_secret(s: Session) -> bytes:
+    """This broker home's secret (made on first use). Several cloud workers (one thread per
+    rented pool) may ask for it first at the same moment: the first insert wins and the others
+    read the winner's (INSERT ... ON CONFLICT DO NOTHING, then read back), so no launch fails
+    and every derived join token uses the one stored secret."""
     row = s.get(Setting, "broker_secret")
     if row is None:
-        row = Setting(key="broker_secret", value={"hex": secrets.token_hex(32)})
-        s.add(row)
-        s.flush()
+        made = {"hex": secrets.token_hex(32)}
+        dialect = s.get_bind().dialect.name
+        insert = {"sqlite": sqlite_insert, "postgresql": pg_insert}[dialect]
+        s.execute(insert(Setting).values(key="broker_secret", value=made)
+                  .on_conflict_do_nothing(index_elements=["key"]))
+        row = s.get(Setting, "broker_secret", populate_existing=True)
+        assert row is not None, "the broker secret was just inserted or found"
     return bytes.fromhex(str(row.value["hex"]))
 
 

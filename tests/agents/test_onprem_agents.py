@@ -109,7 +109,8 @@ def test_a_killed_agent_loses_its_node_the_rank_fences_itself_and_the_job_resume
     with agents_cleanup() as agents:
         a0 = join(site, "onprem-0", tmp_path, hosts[0], agents)
         join(site, "onprem-1", tmp_path, hosts[1], agents)
-        j = c.submit(name="train", team="research", command=train(80, step_s=0.05, ckpt_every=4),
+        # long enough that the fence stops it (a rank done before that completes: see below)
+        j = c.submit(name="train", team="research", command=train(400, step_s=0.05, ckpt_every=4),
                      gpus_per_node=2).id
         drive(site.engine, lambda: (c.get(j).last_step or -1) >= 4, timeout=60)
         node = c.get(j).attempt_list[0].alloc[0][0]
@@ -127,6 +128,86 @@ def test_a_killed_agent_loses_its_node_the_rank_fences_itself_and_the_job_resume
         assert info.attempt_list[1].restored_step is not None
         assert [n.state for n in c.nodes() if n.id == node] == ["lost"]
         assert "node_lost" in [e.kind for e in c.events()]
+
+
+def test_a_rank_fenced_during_a_short_outage_is_requeued_not_failed(site, clock, tmp_path, hosts):
+    """The agent cannot reach the server for longer than the fence but shorter than the lost
+    timeout (a server restart): its rank stops itself (SIGTERM, it checkpoints and exits
+    143). The platform ended it, not the job: once the agent reports again, the attempt is
+    LOST and the job resumes from its checkpoint and succeeds (found by `make chaos`; it
+    used to end FAILED with exit code 143)."""
+    import os
+
+    c = site.client
+    with agents_cleanup() as agents:
+        a = join(site, "onprem-0", tmp_path, hosts[0], agents)
+        j = c.submit(name="train", team="research", command=train(400, step_s=0.05, ckpt_every=4),
+                     gpus_per_node=2).id
+        drive(site.engine, lambda: (c.get(j).last_step or -1) >= 4, timeout=60)
+        pid = json.loads(next((a.state_dir / "runs").glob("attempt-*/rank-0/handle.json"))
+                         .read_text())["pid"]
+        os.killpg(a.proc.pid, signal.SIGSTOP)  # no sync: its lease file ages (the rank's keeps on)
+        try:
+            wait_for("rank fenced", lambda: not alive(pid), timeout=20)  # 2/3 of 6 s
+        finally:
+            os.killpg(a.proc.pid, signal.SIGCONT)  # back before the broker's clock loses the node
+        drive(site.engine, lambda: c.get(j).status in ("SUCCEEDED", "FAILED"), timeout=90)
+        info = c.get(j)
+        assert info.status == "SUCCEEDED"
+        assert [x.end_reason for x in info.attempt_list] == ["LOST", "COMPLETED"]
+        assert info.attempt_list[1].restored_step is not None
+        assert [n.state for n in c.nodes() if n.id == "onprem-0"] == ["up"]
+
+
+def test_a_killed_supervisor_under_an_agent_leaves_no_process_and_no_concurrent_attempt(
+        site, tmp_path, hosts):
+    """The supervisor of a rank run by an agent is SIGKILLed; the job process it leaves must
+    die before the broker ends the attempt and starts another (found by `make chaos`: the
+    agent reported such a rank lost at once, the job ran twice at the same time)."""
+    import os
+
+    import psutil
+
+    c = site.client
+    with agents_cleanup() as agents:
+        a = join(site, "onprem-0", tmp_path, hosts[0], agents)
+        j = c.submit(name="train", team="research", command=train(400, step_s=0.05, ckpt_every=4),
+                     gpus_per_node=2).id
+        drive(site.engine, lambda: (c.get(j).last_step or -1) >= 4, timeout=60)
+        supervisor = psutil.Process(json.loads(next((a.state_dir / "runs").glob(
+            "attempt-*/rank-0/handle.json")).read_text())["pid"])
+        [job] = supervisor.children()
+        os.kill(supervisor.pid, signal.SIGKILL)  # only the supervisor: the job lives on
+        drive(site.engine, lambda: len(c.get(j).attempt_list) == 2, timeout=60)
+        assert not alive(job.pid)  # killed before attempt 2 began
+        assert c.get(j).attempt_list[0].end_reason == "LOST"
+        drive(site.engine, lambda: c.get(j).status == "SUCCEEDED", timeout=90)
+
+
+def test_a_job_done_before_its_node_was_lost_completes_and_is_not_run_again(site, clock, tmp_path, hosts):
+    """The rank declared itself done (runtime.done()) but its host died before the agent could
+    report the exit: the node is lost, and the attempt is COMPLETED from the mark in the
+    store, not requeued to run again (found by `make chaos`: jobs completed twice)."""
+    import sys
+
+    c = site.client
+    script = ("from broker import runtime; import time; runtime.done(); print('declared done', flush=True); "
+              "time.sleep(600)")
+    with agents_cleanup() as agents:
+        a = join(site, "onprem-0", tmp_path, hosts[0], agents)
+        j = c.submit(name="finished", team="research", command=[sys.executable, "-c", script],
+                     gpus_per_node=2).id
+        logs = a.state_dir / "runs"
+        drive(site.engine, lambda: any("declared done" in p.read_text()
+                                       for p in logs.glob("attempt-*/rank-0/output.log")), timeout=60)
+        a.kill(signal.SIGKILL)  # the host dies with everything on it
+        a.ranks().kill_all()
+        clock.advance(7)  # past node_lost_after_s
+        drive(site.engine, lambda: c.get(j).status != "RUNNING", timeout=60)
+        info = c.get(j)
+        assert info.status == "SUCCEEDED"
+        assert [x.end_reason for x in info.attempt_list] == ["COMPLETED"]
+        assert "done_unreported" in [e.kind for e in c.events(j)]
 
 
 def test_a_join_token_works_once_and_a_bad_one_stops_the_agent_with_a_reason(site, tmp_path, hosts):

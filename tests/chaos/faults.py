@@ -1,10 +1,10 @@
 """The chaos suite's fault kinds: name -> (weight, action). An action returns True if it did
 something. Kills are counted by the actions themselves (Chaos.kills).
 
-Node agents (issue 9) add two entries here: "kill_agent" (SIGKILL an agent process: its node
-misses heartbeats, goes lost, its instance is terminated and confirmed gone, its work
-requeues) and "partition_agent" (its heartbeats stop reaching the API for longer than the
-lost-node timeout, then come back: the agent must find its assignments revoked).
+"kill_agent" SIGKILLs a node agent: an on-prem one starts again soon (it adopts its ranks)
+or after its node was declared lost (its ranks fenced themselves and its work requeued;
+it rejoins empty and kills what the broker gave up on); a rented instance's agent stays
+dead (its node goes lost, its instance is terminated and confirmed gone, its work requeues).
 """
 
 from __future__ import annotations
@@ -60,9 +60,37 @@ def pause_leader(c: Chaos) -> bool:
     b = c.leader()
     if b is None or len(c.brokers) < 2:
         return standby(c)
+    b.paused = True
+    c.route()  # the load balancer's health check fails for it
     b.proc.send_signal(signal.SIGSTOP)
     time.sleep(LEASE_S + c.rng.uniform(1.0, 2.5))
     b.proc.send_signal(signal.SIGCONT)
+    b.paused = False
+    c.route()
+    return True
+
+
+def kill_agent(c: Chaos) -> bool:
+    """SIGKILL one node agent (its ranks keep running). An on-prem agent comes back either
+    before its ranks fence themselves (it adopts them) or after its node was declared lost;
+    a rented instance's agent does not come back."""
+    from tests.chaos.nodes import rented_agents
+    from tests.chaos.run import NODE_LOST_S
+
+    onprem, rented = c.hosts.live(), rented_agents(c.booter)
+    if not onprem and not rented:
+        return False
+    if rented and (not onprem or c.rng.random() < 0.3):
+        try:
+            c.booter.kill_agent(c.rng.choice(rented))
+        except (KeyError, ProcessLookupError):  # the instance went meanwhile: no kill happened
+            return False
+        c.kills["node agent (rented)"] += 1
+        return True
+    back = (c.rng.uniform(0.5, NODE_LOST_S / 3) if c.rng.random() < 0.6
+            else c.rng.uniform(NODE_LOST_S + 2, NODE_LOST_S + 15))
+    c.hosts.kill(c.rng.choice(onprem), back)
+    c.kills["node agent (on-prem)"] += 1
     return True
 
 
@@ -120,6 +148,7 @@ def urgent(c: Chaos) -> bool:
 FAULTS: dict[str, tuple[float, Callable[[Chaos], bool]]] = {
     "kill_leader": (1.0, kill_leader),
     "kill_supervisor": (1.5, kill_supervisor),
+    "kill_agent": (1.0, kill_agent),
     "standby": (1.0, standby),
     "pause_leader": (0.5, pause_leader),
     "cloud_fault": (2.0, cloud_fault),

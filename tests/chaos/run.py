@@ -3,35 +3,45 @@
     make chaos                                  # CHAOS_KILLS=100
     CHAOS_KILLS=20 CHAOS_SEED=7 CHAOS_DB=postgresql make chaos
 
-What runs: real `onepool broker` processes on one database (SQLite in a temporary home, or
-CHAOS_DB=postgresql: a throwaway server from tests/postgres.py), two local pools and two
-AWS spot pools on moto's server (EC2 + SQS through tests/chaos/proxy.py, checkpoints of the
-spot pools in moto's S3, so resumes copy across stores). Every job is examples/train_numpy.py
+What runs is production's shape (infra/README.md): `onepool server` processes (API + broker
+loop; a second one on the same database is the standby) on one database (SQLite in a
+temporary home, or CHAOS_DB=postgresql: a throwaway server from tests/postgres.py), behind
+one address, `broker.server_url` (tests/chaos/balancer.py, the load balancer in front of an
+HA pair). Pools: an on-prem pool with `provider: agent` (two hosts, each an `onepool agent`
+process started by the suite), a local pool (slots of the leader's host), and two AWS spot
+pools on moto's server (EC2 + SQS through tests/chaos/proxy.py, checkpoints in moto's S3, so
+resumes copy across stores) whose instances boot their user data on this machine
+(broker.client.demo_instances.InstanceBooter): the agent it starts joins through the
+balancer, and a rented node is up only once it has. Every job is examples/train_numpy.py
 under tests/chaos/witness.py (an exclusive lock per job and rank: a second live process of
 the same job is caught in the act) and appends a line to a done-file when it finishes.
 
 What is done to it, at random (CHAOS_SEED), until CHAOS_KILLS kills have happened:
-- the leader broker SIGKILLed from outside at a random moment;
+- the leader server SIGKILLed from outside at a random moment;
 - a broker that arms a crash point (broker/crashpoints.py) SIGKILLs itself there: a launch
   in flight, a database write in flight (fenced, not committed), a preemption's grace, a
   checkpoint copy, a cloud launch whose answer is not written, a notice recorded but not
   acknowledged;
-- a job's supervisor (providers.local_runner) SIGKILLed, its job left running;
-- a second broker started now and then (it stands by); the leader paused (SIGSTOP) past its
+- a job's supervisor (providers.local_runner, on the leader's host or under an agent)
+  SIGKILLed, its job left running;
+- a node agent SIGKILLed: an on-prem one starts again soon (it adopts its ranks) or after
+  its node was declared lost (its ranks fenced themselves, the work requeued); a rented
+  instance's agent stays dead (its node is lost, the instance terminated);
+- a second server started now and then (it stands by); the leader paused (SIGSTOP) past its
   lease so the standby takes over, then woken (SIGCONT) as a stale leader;
 - cloud faults: no capacity on the cheapest pool, throttling bursts, timeouts (the call
   still reaches the cloud), 5xx, a listing that misses a live instance, spot interruption
   notices followed by the reclaim, a reclaim whose notice was lost;
 - urgent jobs that preempt, and more jobs.
-Kills count the SIGKILLs of brokers (from outside and at crash points) and of supervisors.
-Fault kinds are entries of FAULTS (tests/chaos/faults.py): node agents and agent kills
-(issue 9) are one more entry each.
+Kills count the SIGKILLs of servers (from outside and at crash points), supervisors and
+agents. Fault kinds are entries of FAULTS (tests/chaos/faults.py).
 
-Then the faults stop, one broker runs until every job has finished and every rented node is
-given back, and the suite counts. Its last line is one JSON object:
+Then the faults stop, the dead agents start again, one server runs until every job has
+finished and every rented node is given back, and the suite counts. Its last line is one JSON object:
 {"kills", "jobs", "completed_once", "lost_jobs", "duplicate_completions",
  "concurrent_duplicate_attempts", "leaked_instances", "stuck_jobs"}; a table before it says
-what was injected. Exit status 0 only if every job completed once and the rest is zero.
+what was injected. Exit status 0 only if every job completed once, the rest is zero, no
+server or agent exited with an error and no job process is left.
 """
 
 from __future__ import annotations
@@ -53,6 +63,9 @@ from typing import Any
 
 import psutil
 
+from tests.chaos.balancer import Balancer
+from tests.chaos.nodes import Hosts, processes_under, rented_agents
+
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train_numpy.py"
 WITNESS = Path(__file__).with_name("witness.py")
@@ -60,6 +73,7 @@ BUCKET = "chaos"
 REGION = "us-east-1"
 CHEAP, DEAR = "g5.12xlarge", "g6.12xlarge"
 LEASE_S = 3.0
+NODE_LOST_S, HEARTBEAT_S = 12.0, 2.0  # the broker's agent timing (defaults 30 s and 5 s)
 DRAIN_S = 900.0
 FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 SHAPES = [  # (weight, GPUs per node, nodes, acceptable GPU types) of the random jobs
@@ -71,7 +85,7 @@ def say(msg: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def chaos_config(proxy_url: str, queue_url: str) -> dict[str, Any]:
+def chaos_config(proxy_url: str, queue_url: str, server_url: str) -> dict[str, Any]:
     aws = {"provider": "aws", "gpu_type": "A10G", "gpus_per_node": 4, "nodes": 0, "max_nodes": 2,
            "market": "spot", "region": REGION, "image": "ami-0chaos000000000", "launch_latency_s": 0,
            "idle_timeout_s": 3, "interruption_rate_per_h": 0.01, "endpoint_url": proxy_url,
@@ -79,7 +93,8 @@ def chaos_config(proxy_url: str, queue_url: str) -> dict[str, Any]:
            "options": {"queue_url": queue_url, "read_timeout_s": 2, "connect_timeout_s": 2}}
     return {
         "pools": [
-            {"name": "a100", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 2, "price_per_node_hour": 8.0},
+            {"name": "a100", "provider": "agent", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 2,
+             "price_per_node_hour": 8.0},
             {"name": "l4", "gpu_type": "L4", "gpus_per_node": 4, "nodes": 1, "price_per_node_hour": 3.0},
             {**aws, "name": "cheap", "instance_type": CHEAP, "price_per_node_hour": 1.0},
             {**aws, "name": "dear", "instance_type": DEAR, "price_per_node_hour": 3.0},
@@ -88,21 +103,26 @@ def chaos_config(proxy_url: str, queue_url: str) -> dict[str, Any]:
                   {"name": "prod", "priority_allowance_gpus": 8}],
         "broker": {"cycle_s": 0.3, "grace_s": 3, "min_run_s": 5, "lease_s": LEASE_S,
                    "cloud_after_wait_s": 1, "orphan_sweep_s": 10, "keep_checkpoints": 2,
-                   "checkpoint_delete_delay_s": 5},
+                   "checkpoint_delete_delay_s": 5, "server_url": server_url,
+                   "node_lost_after_s": NODE_LOST_S, "agent_heartbeat_s": HEARTBEAT_S},
     }
 
 
 @dataclass
 class Broker:
+    """One `onepool server` process (API + broker loop) on its own port."""
+
     proc: subprocess.Popen[bytes]
     crash_at: str | None
     log: Path
+    port: int
     killed_by_us: bool = False
+    paused: bool = False
 
 
 @dataclass
 class Chaos:
-    """The running experiment: its home, clouds, brokers and counters."""
+    """The running experiment: its home, clouds, servers, agents and counters."""
 
     rng: random.Random
     home: Path
@@ -112,6 +132,9 @@ class Chaos:
     ec2: Any
     sqs: Any
     queue: str
+    balancer: Balancer
+    hosts: Hosts
+    booter: Any = None
     brokers: list[Broker] = field(default_factory=list)
     kills: Counter[str] = field(default_factory=Counter)
     actions: Counter[str] = field(default_factory=Counter)
@@ -123,20 +146,28 @@ class Chaos:
     def total_kills(self) -> int:
         return sum(self.kills.values())
 
-    # -- brokers ---------------------------------------------------------------------------
+    # -- servers (API + broker loop) --------------------------------------------------------
     def start_broker(self, crash_at: str | None = None) -> Broker:
+        from broker.client.demo_site import free_port
+
         self.started += 1
         env = dict(self.env)
         if crash_at:
             env["ONEPOOL_CRASH_AT"] = crash_at
-        log = self.home / f"broker-{self.started:03d}.log"
+        log = self.home / f"server-{self.started:03d}.log"
+        port = free_port()
         with open(log, "wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", "broker.client.cli", "--home", str(self.home),
-                                     "broker"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
-        b = Broker(proc, crash_at, log)
+                                     "server", "--port", str(port)], cwd=ROOT, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        b = Broker(proc, crash_at, log, port)
         self.brokers.append(b)
+        self.route()
         return b
+
+    def route(self) -> None:
+        """The balancer's health check: live servers that are not paused."""
+        self.balancer.set_backends([b.port for b in self.brokers if b.proc.poll() is None and not b.paused])
 
     def reap(self) -> None:
         """Forget brokers that died; count the ones that died at a crash point."""
@@ -150,8 +181,12 @@ class Chaos:
                 self.kills[f"broker at crash point {where[-1] if where else '?'}"] += 1
             elif rc not in (0, -signal.SIGKILL, -signal.SIGTERM):
                 tail = b.log.read_text(errors="replace")[-2000:]
-                self.broker_errors.append(f"broker {b.proc.pid} exited {rc}: {tail}")
-                say(f"broker {b.proc.pid} exited with status {rc}; see {b.log}")
+                self.broker_errors.append(f"server {b.proc.pid} exited {rc}: {tail}")
+                say(f"server {b.proc.pid} exited with status {rc}; see {b.log}")
+        self.route()
+        for err in self.hosts.died():
+            self.broker_errors.append(err)
+            say(err.splitlines()[0])
 
     def leader(self) -> Broker | None:
         from broker.control.lease import lease_row
@@ -166,6 +201,7 @@ class Chaos:
         b.proc.send_signal(signal.SIGKILL)
         b.proc.wait()
         self.kills[what] += 1
+        self.route()
 
     def ensure_broker(self) -> None:
         self.reap()
@@ -198,12 +234,12 @@ class Chaos:
             self.jobs.append(info.id)
 
     def supervisors(self) -> list[psutil.Process]:
-        out = []
-        for p in psutil.process_iter(["cmdline"]):
-            cmd = p.info.get("cmdline") or []
-            if "providers.local_runner" in cmd and any(str(self.home) in c for c in cmd):
-                out.append(p)
-        return out
+        """Rank supervisors, on the leader's host and under agents (on-prem and rented)."""
+        return processes_under(self.home, "providers.local_runner")
+
+    def runs(self) -> list[Path]:
+        """Every folder of rank folders: the local slots', the hosts' and the instances'."""
+        return [self.home / "runs", *self.hosts.runs(), *self.home.glob("instances/*/agent/runs")]
 
     def instances(self, states: tuple[str, ...] = ("pending", "running")) -> list[dict[str, Any]]:
         resp = self.ec2.describe_instances(Filters=[{"Name": "instance-state-name", "Values": list(states)}])
@@ -225,6 +261,7 @@ def main() -> int:
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
 
+    from tests.agents.harness import FakeImds
     from tests.chaos.proxy import FaultProxy, Faults
 
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -232,6 +269,8 @@ def main() -> int:
     host, port = moto.get_host_and_port()
     faults = Faults()
     proxy = FaultProxy((host, port), faults)
+    balancer = Balancer()
+    imds = FakeImds()  # what the instances' agents watch for notices (none: those come by SQS)
     chaos: Chaos | None = None
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "ONEPOOL_"))}
@@ -245,19 +284,22 @@ def main() -> int:
             pg = PgServer.start()
             env["ONEPOOL_DATABASE_URL"] = pg.create_database("chaos")
         os.environ.update({k: v for k, v in env.items() if k.startswith(("AWS_", "ONEPOOL_"))})
-        chaos = setup(home, env, faults, seed, f"http://{host}:{port}", proxy.url)
+        os.environ["PYTHONPATH"] = str(ROOT)  # the instances' agents run this checkout
+        chaos = setup(home, env, faults, seed, f"http://{host}:{port}", proxy.url, balancer, imds.url)
         storm(chaos, target)
         drain(chaos)
-        result, table = verify(chaos, time.monotonic() - t0, seed, backend)
+        result, table, clean = verify(chaos, time.monotonic() - t0, seed, backend)
     finally:
         cleanup(chaos, home)
+        balancer.stop()
+        imds.close()
         proxy.stop()
         moto.stop()
         if pg is not None:
             pg.stop()
     print(table, flush=True)
     print(json.dumps(result), flush=True)
-    ok = (result["completed_once"] == result["jobs"] and not chaos.broker_errors
+    ok = (clean and result["completed_once"] == result["jobs"]
           and all(result[k] == 0 for k in ("lost_jobs", "duplicate_completions",
                                             "concurrent_duplicate_attempts", "leaked_instances",
                                             "stuck_jobs")))
@@ -268,10 +310,13 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def setup(home: Path, env: dict[str, str], faults: Any, seed: int, moto_url: str, proxy_url: str) -> Chaos:
+def setup(home: Path, env: dict[str, str], faults: Any, seed: int, moto_url: str, proxy_url: str,
+          balancer: Balancer, imds_url: str) -> Chaos:
     import boto3
 
+    from broker.client.demo_instances import Ec2Instances, InstanceBooter
     from broker.client.sdk import Client
+    from broker.control.capacity_manager import broker_id
     from broker.spec import parse_config
 
     (home / "locks").mkdir()
@@ -281,8 +326,21 @@ def setup(home: Path, env: dict[str, str], faults: Any, seed: int, moto_url: str
     queue = sqs.create_queue(QueueName="chaos-notices", Attributes={"VisibilityTimeout": "5"})["QueueUrl"]
     ec2 = boto3.client("ec2", endpoint_url=moto_url, region_name=REGION)
     client = Client(home)
-    client.apply(parse_config(chaos_config(proxy_url, queue), "chaos config"))
-    chaos = Chaos(random.Random(seed), home, env, client, faults, ec2, sqs, queue)
+    config = parse_config(chaos_config(proxy_url, queue, balancer.url), "chaos config")
+    client.apply(config)
+    hosts = Hosts(client, balancer.url, home)
+    for n in client.nodes():
+        pool = config.pool(n.pool)
+        if pool.provider == "agent":
+            hosts.add(n.id, pool.gpus_per_node, pool.gpu_type)
+    chaos = Chaos(random.Random(seed), home, env, client, faults, ec2, sqs, queue, balancer, hosts)
+    with client.store.session() as s:
+        bid = broker_id(s)
+    # The cloud side: moto's instances boot their user data here (the booter reads moto
+    # directly, as the cloud itself would, not through the fault proxy).
+    booter_ec2 = boto3.client("ec2", endpoint_url=moto_url, region_name=REGION)
+    chaos.booter = InstanceBooter(Ec2Instances(lambda: booter_ec2, broker_id=bid), home / "instances",
+                                  metadata_url=lambda iid: imds_url).__enter__()
     chaos.submit(30)
     return chaos
 
@@ -292,11 +350,13 @@ def storm(c: Chaos, target: int) -> None:
     from tests.chaos.faults import FAULTS
 
     c.start_broker(None)
+    c.hosts.start_all()
     names = list(FAULTS)
     weights = [FAULTS[n][0] for n in names]
     last = 0
     while c.total_kills < target:
         c.ensure_broker()
+        c.hosts.tend()
         name = c.rng.choices(names, weights)[0]
         if FAULTS[name][1](c):
             c.actions[name] += 1
@@ -306,11 +366,13 @@ def storm(c: Chaos, target: int) -> None:
             last = c.total_kills // 10
             done = sum(i.status in FINAL for i in c.client.list())
             say(f"{c.total_kills}/{target} kills; jobs finished {done}/{len(c.jobs)}; "
-                f"brokers {len(c.brokers)}; faults {dict(c.faults.injected)}")
+                f"servers {len(c.brokers)}; agents up {len(c.hosts.live())}/{len(c.hosts.hosts)} on-prem, "
+                f"{len(rented_agents(c.booter))} rented; faults {dict(c.faults.injected)}")
 
 
 def drain(c: Chaos) -> None:
-    """Faults off; one unarmed broker finishes the work and gives every node back."""
+    """Faults off, the dead agents back; one unarmed server finishes the work and gives every
+    rented node back."""
     c.faults.clear()
     c.reap()
     for b in list(c.brokers):
@@ -319,9 +381,11 @@ def drain(c: Chaos) -> None:
             b.proc.send_signal(signal.SIGTERM)
             b.proc.wait(timeout=60)
     c.reap()
+    c.hosts.start_all()
     final = c.start_broker(None)
     say(f"storm over after {c.total_kills} kills; draining {len(c.jobs)} jobs")
     deadline = time.monotonic() + DRAIN_S
+    last = time.monotonic()
     while time.monotonic() < deadline:
         infos = c.client.list()
         if all(i.status in FINAL for i in infos) and not c.instances() and _rented_alive(c) == 0:
@@ -329,10 +393,17 @@ def drain(c: Chaos) -> None:
         if final.proc.poll() is not None:  # it must not die now: report and restart
             c.reap()
             final = c.start_broker(None)
+        c.reap()
+        c.hosts.start_all()
+        if time.monotonic() - last > 30:
+            last = time.monotonic()
+            waiting = Counter(i.status for i in infos)
+            say(f"draining: {dict(waiting)}; instances {len(c.instances())}; rented nodes {_rented_alive(c)}")
         time.sleep(1.0)
     final.proc.send_signal(signal.SIGTERM)
     final.proc.wait(timeout=60)
     c.reap()
+    c.hosts.stop_all()
 
 
 def _rented_alive(c: Chaos) -> int:
@@ -345,7 +416,9 @@ def _rented_alive(c: Chaos) -> int:
                                                 col(Node.state) != "terminated")).all())
 
 
-def verify(c: Chaos, wall_s: float, seed: int, backend: str) -> tuple[dict[str, int], str]:
+def verify(c: Chaos, wall_s: float, seed: int, backend: str) -> tuple[dict[str, int], str, bool]:
+    """The count (the JSON), the table, and whether nothing else went wrong (no server or
+    agent exited with an error, no job process left)."""
     infos = {i.id: i for i in c.client.list()}
     done_file, violations = c.home / "done.jsonl", c.home / "violations.jsonl"
     lines = [json.loads(x) for x in done_file.read_text().splitlines()] if done_file.exists() else []
@@ -367,7 +440,8 @@ def verify(c: Chaos, wall_s: float, seed: int, backend: str) -> tuple[dict[str, 
     }
     attempts = sum(len(i.attempt_list) for i in infos.values())
     causes = Counter(a.cause or "completed" for i in infos.values() for a in i.attempt_list)
-    leftovers = c.supervisors()
+    leftovers = processes_under(c.home, "providers.local_runner", str(WITNESS), str(TRAIN))
+    pools = Counter(a.pool for i in infos.values() for a in i.attempt_list)
     from broker.control.lease import lease_row
 
     rows = [
@@ -375,21 +449,38 @@ def verify(c: Chaos, wall_s: float, seed: int, backend: str) -> tuple[dict[str, 
         ("kills", ", ".join(f"{k} {v}" for k, v in sorted(c.kills.items()))),
         ("other actions", ", ".join(f"{k} {v}" for k, v in sorted(c.actions.items()))),
         ("cloud faults injected", ", ".join(f"{k} {v}" for k, v in sorted(c.faults.injected.items()))),
-        ("broker processes", f"{c.started} started; leadership changed hands "
+        ("server processes", f"{c.started} started; leadership changed hands "
                              f"{lease_row(c.client.store).fencing} times"),
-        ("broker exits with an error", str(len(c.broker_errors))),
+        ("agents", f"on-prem restarted {c.hosts.restarts} times; {len(c.booter.history)} instances booted"),
+        ("exits with an error", str(len(c.broker_errors))),
         ("jobs / attempts", f"{len(c.jobs)} / {attempts}"),
+        ("attempts per pool", ", ".join(f"{k} {v}" for k, v in sorted(pools.items()))),
         ("attempt endings", ", ".join(f"{k} {v}" for k, v in causes.most_common())),
         ("job processes left", str(len(leftovers))),
+        ("tracebacks logged", ", ".join(f"{k} {v}" for k, v in tracebacks(c.home).most_common()) or "none"),
     ]
-    width = max(len(k) for k, _ in rows)
+    width = max(len(k) for k in [*(k for k, _ in rows), *result])
     table = "\n".join(f"{k:<{width}}  {v}" for k, v in rows) + "\n\n" + "\n".join(
         f"{k:<{width}}  {v}" for k, v in result.items())
-    return result, table
+    for err in c.broker_errors:
+        say(err)
+    return result, table, not c.broker_errors and not leftovers
+
+
+def tracebacks(home: Path) -> Counter[str]:
+    """Failures the servers and agents contained and logged: the log line before each
+    traceback, without its timestamp (each one is a bug to look at, even when contained)."""
+    out: Counter[str] = Counter()
+    for log in [*home.glob("server-*.log"), *home.glob("hosts/*.log"), *home.glob("instances/*/console.log")]:
+        lines = log.read_text(errors="replace").splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("Traceback") and i > 0 and lines[i - 1].strip():  # not a chained one
+                out[re.sub(r"^[\d-]+ [\d:,]+ ", "", lines[i - 1])[:100]] += 1
+    return out
 
 
 def cleanup(c: Chaos | None, home: Path) -> None:
-    """No broker, job process or cgroup outlives the suite."""
+    """No server, agent, instance, job process or cgroup outlives the suite."""
     from tests.conftest import kill_leftovers
 
     if c is not None:
@@ -398,5 +489,10 @@ def cleanup(c: Chaos | None, home: Path) -> None:
                 b.proc.send_signal(signal.SIGCONT)
                 b.proc.kill()
                 b.proc.wait()
-    if (home / "runs").exists():
+        c.hosts.stop_all()
+        if c.booter is not None:
+            c.booter.__exit__(None, None, None)
+        for runs in c.runs():
+            kill_leftovers(runs)
+    elif (home / "runs").exists():
         kill_leftovers(home / "runs")
