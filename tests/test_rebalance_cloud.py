@@ -34,7 +34,7 @@ def set_rate(c: Any, pool: str, rate: float) -> None:
 def test_a_spot_job_moves_off_a_pool_whose_interruption_rate_spiked(cloud_cluster, clock, aws_mock):
     c, eng = cloud_cluster(pools=[ONPREM, spot_pool(), on_demand_pool()], cloud_after_wait_s=0, min_run_s=0)
     hog = fill_onprem(c, eng)
-    j = c.submit(name="sweep", team="research", command=train(300, step_s=0.02, ckpt_every=20),
+    j = c.submit(name="sweep", team="research", command=train(3000, step_s=0.02, ckpt_every=20),
                  gpus_per_node=2, priority="low", expected_duration_s=10 * 3600).id
     drive(eng, lambda: (c.get(j).last_step or -1) >= 0)  # running, and its runtime is up
     assert c.get(j).attempt_list[0].pool == "spot"

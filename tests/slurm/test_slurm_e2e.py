@@ -149,7 +149,7 @@ def test_a_restarted_broker_adopts_running_slurm_attempts_without_running_twice(
     done = tmp_path / "done"
     j = c.submit(name="once", team="research", command=train(60, ckpt_every=5, done_file=done),
                  gpus_per_node=1).id
-    eng.cycle()  # submitted to Slurm ...
+    drive(eng, lambda: c.get(j).attempts == 1)  # submitted to Slurm (once its GPUs are free) ...
     h = handle(c, j)
     with c.store.session() as s:  # ... and the broker died before it wrote the handle down
         a = s.exec(select(Attempt).where(Attempt.job_id == j)).one()
