@@ -25,9 +25,9 @@ def kinds(c: Any, job: int) -> list[str]:
 
 def on_demand_job_with_prem_freed(make_cluster, clock, expected_s: float):  # type: ignore[no-untyped-def]
     c, eng = make_cluster(pools=POOLS)
-    blocker = c.submit(name="blocker", team="research", command=train(4), gpus_per_node=2).id
+    blocker = c.submit(name="blocker", team="research", command=train(40), gpus_per_node=2).id  # 2 s
     drive(eng, lambda: c.get(blocker).status == "RUNNING")
-    job = c.submit(name="long", team="research", command=train(150, step_s=0.02, ckpt_every=10_000),
+    job = c.submit(name="long", team="research", command=train(600, step_s=0.02, ckpt_every=10_000),
                    gpus_per_node=2, expected_duration_s=expected_s).id
     drive(eng, lambda: c.get(job).status == "RUNNING" and c.get(job).attempt_list[0].pool == "od")
     drive(eng, lambda: c.get(blocker).status == "SUCCEEDED")  # on-prem frees up
