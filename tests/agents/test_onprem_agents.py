@@ -52,6 +52,18 @@ def join(site: Site, node: str, tmp: Path, host: Netns, agents: list) -> object:
     return a
 
 
+def long_job_on_an_agent(site: Site, tmp: Path, hosts: list[Netns], agents: list):  # type: ignore[no-untyped-def,type-arg]
+    """An agent joined as onprem-0 and a 400-step job running there past its first checkpoint:
+    (the agent, the job id, the rank's supervisor pid)."""
+    c = site.client
+    a = join(site, "onprem-0", tmp, hosts[0], agents)
+    j = c.submit(name="train", team="research", command=train(400, step_s=0.05, ckpt_every=4),
+                 gpus_per_node=2).id
+    drive(site.engine, lambda: (c.get(j).last_step or -1) >= 4, timeout=60)
+    handle = next((a.state_dir / "runs").glob("attempt-*/rank-0/handle.json"))  # type: ignore[attr-defined]
+    return a, j, json.loads(handle.read_text())["pid"]
+
+
 def test_agent_in_its_own_network_joins_runs_a_job_and_ships_its_log(site: Site, tmp_path, hosts):
     with agents_cleanup() as agents:
         join(site, "onprem-0", tmp_path, hosts[0], agents)
@@ -140,12 +152,7 @@ def test_a_rank_fenced_during_a_short_outage_is_requeued_not_failed(site, clock,
 
     c = site.client
     with agents_cleanup() as agents:
-        a = join(site, "onprem-0", tmp_path, hosts[0], agents)
-        j = c.submit(name="train", team="research", command=train(400, step_s=0.05, ckpt_every=4),
-                     gpus_per_node=2).id
-        drive(site.engine, lambda: (c.get(j).last_step or -1) >= 4, timeout=60)
-        pid = json.loads(next((a.state_dir / "runs").glob("attempt-*/rank-0/handle.json"))
-                         .read_text())["pid"]
+        a, j, pid = long_job_on_an_agent(site, tmp_path, hosts, agents)
         os.killpg(a.proc.pid, signal.SIGSTOP)  # no sync: its lease file ages (the rank's keeps on)
         try:
             wait_for("rank fenced", lambda: not alive(pid), timeout=20)  # 2/3 of 6 s
@@ -170,12 +177,8 @@ def test_a_killed_supervisor_under_an_agent_leaves_no_process_and_no_concurrent_
 
     c = site.client
     with agents_cleanup() as agents:
-        a = join(site, "onprem-0", tmp_path, hosts[0], agents)
-        j = c.submit(name="train", team="research", command=train(400, step_s=0.05, ckpt_every=4),
-                     gpus_per_node=2).id
-        drive(site.engine, lambda: (c.get(j).last_step or -1) >= 4, timeout=60)
-        supervisor = psutil.Process(json.loads(next((a.state_dir / "runs").glob(
-            "attempt-*/rank-0/handle.json")).read_text())["pid"])
+        _agent, j, pid = long_job_on_an_agent(site, tmp_path, hosts, agents)
+        supervisor = psutil.Process(pid)
         [job] = supervisor.children()
         os.kill(supervisor.pid, signal.SIGKILL)  # only the supervisor: the job lives on
         drive(site.engine, lambda: len(c.get(j).attempt_list) == 2, timeout=60)
