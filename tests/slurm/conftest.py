@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,13 +44,23 @@ def slurm_pool(**over: Any) -> dict[str, Any]:
             "amortized_usd_per_gpu_hour": 1.5, "slurm": slurm, **over}
 
 
-def scancel_all(prefix: str) -> None:
-    """Cancel this user's Slurm jobs whose names start with `prefix` (test teardown)."""
+def _jobs_named(prefix: str) -> list[str]:
     out = subprocess.run(["squeue", "--me", "-h", "-o", "%i %j"], capture_output=True, text=True).stdout
-    ids = [line.split()[0] for line in out.splitlines() if len(line.split()) > 1
-           and line.split()[1].startswith(prefix)]
-    if ids:
-        subprocess.run(["scancel", *ids], capture_output=True)
+    return [line.split()[0] for line in out.splitlines() if len(line.split()) > 1
+            and line.split()[1].startswith(prefix)]
+
+
+def scancel_all(prefix: str, wait_s: float = 30.0) -> None:
+    """Cancel this user's Slurm jobs whose names start with `prefix` (test teardown), and wait
+    until squeue no longer lists them, so the next test starts on a node with all its GPUs free.
+    Slurm has no event to await here, so this polls squeue every 0.2 s, at most `wait_s`."""
+    ids = _jobs_named(prefix)
+    if not ids:
+        return
+    subprocess.run(["scancel", *ids], capture_output=True)
+    deadline = time.monotonic() + wait_s
+    while _jobs_named(prefix) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 @pytest.fixture
