@@ -48,11 +48,14 @@ def train(steps: int = 20, step_s: float = 0.05, ckpt_every: int = 2,
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`make test`: two workers, --dist loadgroup) a module's tests run on
-    one worker (its module-scoped fixtures, such as the demo run, are made once), and so do all
-    the tests of the one shared Slurm test cluster (tests/slurm), one at a time."""
+    one worker (its module-scoped fixtures are made once); so do all the tests that use the
+    session's demo run (`demo_run`: run once per worker, so once), and all the tests of the one
+    shared Slurm test cluster (tests/slurm), one at a time."""
     for item in items:
         module = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group("slurm" if module.startswith("tests/slurm/") else module))
+        group = ("slurm" if module.startswith("tests/slurm/")
+                 else "demo" if "demo_run" in getattr(item, "fixturenames", ()) else module)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)

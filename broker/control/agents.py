@@ -260,12 +260,16 @@ class WatchResult:
     rented_lost: list[str] = field(default_factory=list)  # to terminate; their work ends once gone
 
 
-def watch(s: Session, now: float, lost_after_s: float) -> WatchResult:
-    """Declare agents silent for `lost_after_s` lost. An on-prem node's unfinished ranks are
+def watch(s: Session, now: float, lost_after_s: float, since: float | None = None) -> WatchResult:
+    """Declare agents silent for `lost_after_s` lost, silence counted from their last call or
+    from `since` (the start of the caller's term), whichever is later: after an outage of the
+    broker no agent is lost before it had `lost_after_s` to call in. An on-prem node's unfinished ranks are
     LOST at once (its ranks fence themselves before this, see providers.local_runner); a
     rented node is returned for termination: its ranks are LOST once the instance is
     confirmed gone (broker.control.executors)."""
     out = WatchResult()
+    if since is not None and since > now - lost_after_s:
+        return out
     rows = s.exec(select(NodeAgent, Node, Pool).join(Node, col(Node.id) == NodeAgent.node)
                   .join(Pool, col(Pool.name) == Node.pool)
                   .where(col(NodeAgent.joined_at).is_not(None), col(NodeAgent.lost_at).is_(None),

@@ -83,6 +83,7 @@ class Engine(AttemptGuards):
                 raise NotLeader(f"broker {row.holder} holds the lease (fencing number {row.fencing}) "
                                 f"for {max(0.0, row.expires_at - clock.now()):.0f}s more")
         self.lease = lease
+        self.term_started = clock.now()  # agents' silence counts from here at the earliest
         self.store = FencedStore(store, lease)
         self.executor: Executor = executor or Executors(self.store, clock, store.home / "runs")
         if isinstance(self.executor, Executors):
@@ -171,9 +172,10 @@ class Engine(AttemptGuards):
     def _watch_agents(self, now: float) -> None:
         """Agents silent too long: an on-prem node's ranks are LOST (the poll below ends and
         requeues their attempts); a rented node is terminated (its work ends once it is
-        confirmed gone)."""
+        confirmed gone). Silence counts from the start of this engine's term at the earliest:
+        agents could not call in while no broker led, and get a whole timeout to do so."""
         with self.store.session() as s:
-            seen = agents.watch(s, now, self.settings.node_lost_after_s)
+            seen = agents.watch(s, now, self.settings.node_lost_after_s, since=self.term_started)
         for node in seen.rented_lost:
             self.capacity.agent_lost(node, now)
 
