@@ -145,9 +145,11 @@ def test_job_over_budget_checkpoints_stops_and_resumes_when_raised(make_cluster,
     final checkpoint; raising the budget resumes it from that checkpoint to completion."""
     expensive = {**ONPREM, "price_per_node_hour": 7200.0}
     c, eng = make_cluster(pools=[expensive])
-    j = c.submit(name="pricey", team="research", command=train(60, step_s=0.05, ckpt_every=50),
+    # A first checkpoint after 0.5 s, then 5.5 s more to run: the stop comes long before the end.
+    j = c.submit(name="pricey", team="research", command=train(120, step_s=0.05, ckpt_every=10),
                  gpus_per_node=2, budget_usd=30.0).id
-    drive(eng, lambda: (c.get(j).last_step or -1) >= 0 or c.get(j).status != "RUNNING")
+    drive(eng, lambda: (c.get(j).last_step or -1) >= 0)
+    assert c.get(j).status == "RUNNING"
     clock.advance(20)  # $40 of GPU time: over budget at the next cycle
     drive(eng, lambda: c.get(j).status == "BUDGET_EXHAUSTED")
     info = c.get(j)
@@ -170,7 +172,7 @@ def test_job_over_budget_checkpoints_stops_and_resumes_when_raised(make_cluster,
 def test_cancel_of_a_budget_stopped_job_ends_it(make_cluster, clock):
     expensive = {**ONPREM, "price_per_node_hour": 7200.0}
     c, eng = make_cluster(pools=[expensive])
-    j = c.submit(name="pricey", team="research", command=train(60, step_s=0.05, ckpt_every=50),
+    j = c.submit(name="pricey", team="research", command=train(120, step_s=0.05, ckpt_every=10),
                  gpus_per_node=2, budget_usd=30.0).id
     drive(eng, lambda: c.get(j).status == "RUNNING")
     clock.advance(20)
