@@ -56,9 +56,19 @@ def _rebalance(engine: Engine, now: float) -> None:
         engine.rebalancer.decide(now)
 
 
-TASKS: dict[str, tuple[Callable[[BrokerSettings], float], Callable[[Engine, float], None]]] = {
-    "refresh_prices": (lambda b: b.price_refresh_s, _refresh_prices),
-    "rebalance": (lambda b: b.rebalance.interval_s, _rebalance),
+Task = tuple[Callable[[BrokerSettings], float], Callable[["Engine", float], None]]
+
+# name -> (its interval from the settings, what it runs). Each duty is the engine method the
+# cycle itself runs when no schedule drives the duties (Engine.duties_scheduled false).
+TASKS: dict[str, Task] = {
+    "refresh_prices": (lambda b: b.tasks.refresh_prices_s, _refresh_prices),
+    "rebalance": (lambda b: b.tasks.rebalance_s, _rebalance),
+    "scale_down": (lambda b: b.tasks.scale_down_s, lambda e, now: e.scale_down(now)),
+    "sweep_orphans": (lambda b: b.tasks.sweep_orphans_s, lambda e, now: e.sweep_orphans(now)),
+    "enforce_budgets": (lambda b: b.tasks.enforce_budgets_s, lambda e, now: e.enforce_budgets(now)),
+    "decay_fair_share": (lambda b: b.tasks.decay_fair_share_s, lambda e, now: e.decay_fair_share(now)),
+    "retain_checkpoints": (lambda b: b.tasks.retain_checkpoints_s,
+                           lambda e, now: e.retain_checkpoints(now)),
 }
 
 
@@ -91,6 +101,7 @@ class TaskScheduler:
         self.settings = settings
         self.executor = _Queue(wake)
         self.ran = threading.Event()  # set after every run_due() that ran a task (tests await it)
+        self._engine: Engine | None = None  # the engine whose duties this drives (attach)
         self.scheduler = BackgroundScheduler(
             jobstores={"default": SQLAlchemyJobStore(engine=store.engine, tablename=TABLE)},
             executors={"default": self.executor}, timezone="UTC",
@@ -131,6 +142,16 @@ class TaskScheduler:
             self.ran.set()
         return ran
 
+    def attach(self, engine: Engine) -> None:
+        """From now on this schedule drives the engine's duties: its cycle no longer runs them
+        (Engine.duties_scheduled)."""
+        engine.duties_scheduled = True
+        self._engine = engine
+
     def shutdown(self) -> None:
+        """Stop scheduling; an attached engine runs its duties in its cycle again."""
+        if self._engine is not None:
+            self._engine.duties_scheduled = False
+            self._engine = None
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
