@@ -1,4 +1,5 @@
-"""Dollar budgets that hold: estimated at submission, enforced every cycle, raised by hand.
+"""Dollar budgets that hold: estimated at submission, enforced on the leader's schedule (or
+every cycle, broker.control.duties), raised by hand.
 
 Contract:
 

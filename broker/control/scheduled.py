@@ -1,5 +1,5 @@
 """The leader's periodic tasks on APScheduler, with their schedule persisted in the broker's
-own database (SQLAlchemyJobStore, table `apscheduler_jobs`, created by migration 0010).
+own database (SQLAlchemyJobStore, table `apscheduler_jobs`, created by migration 0011).
 
 Contract:
 
@@ -13,14 +13,19 @@ Contract:
   a task acts only while the lease is held.
 - A task that raises is logged with its traceback; it stays scheduled and runs again at its
   next time. A lost lease (LeaseLost, NotLeader) is not a task failure: it propagates.
-- Intervals come from onepool.yaml (broker.price_refresh_s, broker.rebalance.interval_s); a
-  changed interval replaces the stored schedule, an unchanged one keeps it.
+- Intervals come from onepool.yaml (`broker.tasks.<task>_s`, broker.spec.TaskIntervals); a
+  changed interval replaces the stored schedule, an unchanged one keeps it. A fresh schedule
+  first runs each task one interval after it starts.
 
 Tasks (`TASKS`): refresh_prices (broker.control.prices), rebalance (moves and
-defragmentation: broker.control.rebalancer; skipped while broker.rebalance.enabled is false).
-The other periodic duties (charging the ledger and enforcing budgets, checkpoint retention,
-releasing idle rented nodes, fair-share decay) run inside every cycle, and orphan sweeps in
-each pool's cloud worker (broker.orphan_sweep_s).
+defragmentation: broker.control.rebalancer; skipped while broker.rebalance.enabled is
+false), and the engine's duties (broker.control.duties): scale_down, sweep_orphans,
+enforce_budgets, decay_fair_share, retain_checkpoints. Each duty is ONE engine method: the
+leader's loop `attach()`es the schedule to its engine, and from then on its cycles leave the
+duties to their tasks (Engine.duties_scheduled); an engine no schedule drives (the tests,
+`onepool broker --once`) runs them in every cycle. The ledger is charged in every cycle
+either way; only budget enforcement is scheduled. Orphan sweeps stay on each pool's cloud
+worker thread: the task asks for one (no cloud call on the loop's thread).
 """
 
 from __future__ import annotations
