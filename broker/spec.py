@@ -285,19 +285,82 @@ class TeamSpec(_Strict):
 class RebalanceSettings(_Strict):
     """Scheduled rebalancing (issue 12; the rules: broker.policy.rebalance and .defrag).
 
-    Every `interval_s` the leader looks for moves that pay for themselves: a move must save
-    at least `min_saving_usd` beyond its cost, at most `max_moves` start per round, and a
-    move whose checkpoint is not committed `checkpoint_wait_s` after the request is given
-    up (the job keeps running where it is). Gang jobs waiting `defrag_after_s` may have small
-    jobs moved for them. `enabled: false` turns both off (`onepool rebalance --dry-run`
-    still shows what it would do)."""
+    Every `broker.tasks.rebalance_s` the leader looks for moves that pay for themselves: a
+    move must save at least `min_saving_usd` beyond its cost, at most `max_moves` start per
+    round, and a move whose checkpoint is not committed `checkpoint_wait_s` after the request
+    is given up (the job keeps running where it is). Gang jobs waiting `defrag_after_s` may
+    have small jobs moved for them. `enabled: false` turns both off (`onepool rebalance
+    --dry-run` still shows what it would do)."""
 
     enabled: bool = True
-    interval_s: float = Field(default=300.0, ge=1.0, le=86400.0)
     min_saving_usd: float = Field(default=1.0, ge=0.0)
     max_moves: int = Field(default=4, ge=0, le=1000)
     checkpoint_wait_s: float = Field(default=600.0, gt=0.0, le=86400.0)
     defrag_after_s: float = Field(default=1800.0, ge=0.0)
+
+
+class TaskIntervals(_Strict):
+    """How often the leader runs each periodic task, in seconds (`broker.tasks:` in
+    onepool.yaml; broker.control.scheduled runs them on APScheduler). Defaults by what a late
+    run costs:
+
+    - enforce_budgets_s (30): a job or team over its budget keeps spending until the next
+      run; 30 s of an 8-GPU on-demand node is well under a dollar.
+    - scale_down_s (30): an idle rented node is given back up to this long after its pool's
+      idle_timeout_s (default 600 s): at most 5% more idle time, billed by the second.
+    - rebalance_s (300): a move pays only over hours of remaining run time; minutes of delay
+      change little, and each round plans the whole cluster.
+    - sweep_orphans_s (300): a leaked instance is rare (a crash between a launch and its
+      answer) and each sweep lists every pool's instances.
+    - decay_fair_share_s (300): usage halves over fair_share_half_life_s (days); between
+      runs it is carried forward at the teams' current GPU counts (broker.control.snapshots).
+    - refresh_prices_s (900): spot prices move over hours; the clouds' price APIs are paged
+      and throttled.
+    - retain_checkpoints_s (3600): deleting old checkpoints frees storage, which is billed
+      by the month; checkpoint_delete_delay_s (default 1 h) already delays every deletion.
+    """
+
+    refresh_prices_s: float = Field(default=900.0, ge=1.0, le=86400.0)
+    rebalance_s: float = Field(default=300.0, ge=1.0, le=86400.0)
+    scale_down_s: float = Field(default=30.0, ge=1.0, le=3600.0)
+    sweep_orphans_s: float = Field(default=300.0, ge=1.0, le=86400.0)
+    enforce_budgets_s: float = Field(default=30.0, ge=1.0, le=3600.0)
+    decay_fair_share_s: float = Field(default=300.0, ge=1.0, le=86400.0)
+    retain_checkpoints_s: float = Field(default=3600.0, ge=1.0, le=86400.0)
+
+
+# Older spellings of task intervals, still accepted: (where it was, its `tasks` field).
+LEGACY_TASK_KEYS = (("price_refresh_s", "refresh_prices_s"), ("orphan_sweep_s", "sweep_orphans_s"),
+                    ("rebalance.interval_s", "rebalance_s"))
+
+
+def _legacy_task_keys(data: Any) -> Any:
+    """Move `broker.price_refresh_s`, `broker.orphan_sweep_s` and `broker.rebalance.interval_s`
+    (the spellings before `broker.tasks`) to their `tasks` fields. Raises ValueError naming
+    both when one is given both ways."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    tasks = data.get("tasks", {})
+    if not isinstance(tasks, dict):
+        return data  # the field's own validation says what is wrong
+    tasks = dict(tasks)
+    for old, new in LEGACY_TASK_KEYS:
+        outer, _, inner = old.rpartition(".")
+        holder = data
+        if outer:
+            if not isinstance(data.get(outer), dict) or inner not in data[outer]:
+                continue
+            holder = data[outer] = dict(data[outer])
+        if inner not in holder:
+            continue
+        if new in tasks:
+            raise ValueError(f"tasks.{new}: also given as {old} (its older name); keep only "
+                             f"tasks.{new}")
+        tasks[new] = holder.pop(inner)
+    if tasks:
+        data["tasks"] = tasks
+    return data
 
 
 class PolicySettings(_Strict):
@@ -353,9 +416,6 @@ class BrokerSettings(PolicySettings):
     # lease_s / 3; a standby takes over lease_s after the leader's last renewal (at once when
     # the dead leader ran on the same host). Kubernetes' leader election uses 15 s too.
     lease_s: float = Field(default=15.0, ge=1.0, le=3600)
-    # Rented pools: instances tagged with this broker that no live node claims (a launch
-    # whose node row ended, a leak) are terminated at start and this often.
-    orphan_sweep_s: float = Field(default=300.0, gt=0.0)
     # Agents (issue 9). The URL at which agents on rented instances reach `onepool server`
     # (required when a pool rents nodes); a node whose agent has not been heard from for
     # `node_lost_after_s` is lost (its attempts requeue; a rented instance is terminated);
@@ -366,12 +426,17 @@ class BrokerSettings(PolicySettings):
     agent_heartbeat_s: float = Field(default=5.0, ge=0.5, le=600.0)
     agent_package: str | None = Field(default=None, min_length=1, max_length=500)
     # Periodic tasks (issue 12; broker.control.scheduled, run by the leader on APScheduler
-    # with its job store in this database): refresh rented pools' prices from the clouds'
-    # APIs (spot price history, the AWS Price List; GCP from the catalog file) this often,
-    # and rebalance as `rebalance` says. A task that fails is logged and runs again at its
-    # next time.
-    price_refresh_s: float = Field(default=900.0, ge=1.0, le=86400.0)
+    # with its job store in this database): refresh prices, rebalance (as `rebalance` says),
+    # scale down idle rented nodes, sweep orphan instances (tagged with this broker, claimed
+    # by no live node), enforce budgets, decay fair-share usage, checkpoint retention, each
+    # every `tasks.<name>_s`. A task that fails is logged and runs again at its next time.
+    tasks: TaskIntervals = TaskIntervals()
     rebalance: RebalanceSettings = RebalanceSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_task_keys(cls, data: Any) -> Any:
+        return _legacy_task_keys(data)
 
     @model_validator(mode="after")
     def _agent_timing(self) -> BrokerSettings:

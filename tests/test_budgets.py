@@ -167,6 +167,26 @@ def test_job_over_budget_checkpoints_stops_and_resumes_when_raised(make_cluster,
     assert second.restored_step == first.reached_step and second.end_reason == "COMPLETED"
 
 
+def test_with_budgets_enforced_as_a_task_the_ledger_is_charged_every_cycle(make_cluster, clock):
+    """Duties scheduled (the leader's loop): every cycle charges the ledger, but only the
+    enforce_budgets task stops a job over its budget; it does, at its next run."""
+    expensive = {**ONPREM, "price_per_node_hour": 7200.0}  # $1 per GPU-second
+    c, eng = make_cluster(pools=[expensive])
+    eng.duties_scheduled = True
+    j = c.submit(name="pricey", team="research", command=train(4000, step_s=0.05),
+                 gpus_per_node=2, budget_usd=30.0).id
+    drive(eng, lambda: c.get(j).status == "RUNNING")
+    clock.advance(20)
+    eng.cycle()
+    assert c.costs("job")[0].usd == pytest.approx(40.0)  # charged by the cycle
+    assert c.get(j).attempt_list[0].state == "RUNNING"  # over budget, not yet enforced
+    eng.enforce_budgets(clock.now())  # the task's run
+    assert c.get(j).attempt_list[0].state == "STOPPING"
+    drive(eng, lambda: c.get(j).status == "BUDGET_EXHAUSTED")
+    assert c.get(j).attempt_list[0].end_reason == "BUDGET"
+    assert "budget_stop" in [e.kind for e in c.events(j)]
+
+
 
 @pytest.mark.e2e
 def test_cancel_of_a_budget_stopped_job_ends_it(make_cluster, clock):

@@ -154,6 +154,16 @@ def test_orphans_are_swept_every_orphan_sweep_s_not_only_at_start(cloud_cluster,
     eng.cycle()
     assert running_instances() == []
     assert "orphan_terminated" in kinds(c)
+    eng.duties_scheduled = True  # the leader's schedule: the sweep_orphans task asks for sweeps
+    again = ec2.run_instances(ImageId=AMI, InstanceType="g5.12xlarge", MinCount=1, MaxCount=1,
+                              TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                                  {"Key": k, "Value": v} for k, v in tags.items()]}])["Instances"][0]
+    clock.advance(120)
+    eng.cycle()
+    assert [i["InstanceId"] for i in running_instances()] == [again["InstanceId"]]  # not asked yet
+    eng.sweep_orphans(clock.now())  # the task: the worker sweeps at its next round
+    eng.cycle()
+    assert running_instances() == []
 
 
 def test_nodes_of_a_pool_removed_from_the_config_are_drained_and_terminated(cloud_cluster, aws_mock):

@@ -133,7 +133,37 @@ BAD_CONFIGS = [
                  ["duplicate name", "'a100'"], id="duplicate-pool-names"),
     pytest.param(cfg(teams=[{"name": "x"}, {"name": "x"}]), "teams",
                  ["duplicate name", "'x'"], id="duplicate-team-names"),
+    # the leader's periodic tasks (issue 12): broker.tasks.<name>_s
+    pytest.param(cfg(broker={"tasks": {"scale_down_s": 0}}), "broker.tasks.scale_down_s",
+                 ["greater than or equal to 1", "0"], id="task-interval-zero"),
+    pytest.param(cfg(broker={"tasks": {"enforce_budgets_s": 7200}}), "broker.tasks.enforce_budgets_s",
+                 ["less than or equal to 3600"], id="task-budgets-too-rare"),
+    pytest.param(cfg(broker={"tasks": {"retain_checkpoints_s": "hourly"}}),
+                 "broker.tasks.retain_checkpoints_s", ["valid number", "'hourly'"], id="task-not-a-number"),
+    pytest.param(cfg(broker={"tasks": {"sweep_s": 60}}), "broker.tasks.sweep_s", ["unknown field"],
+                 id="task-unknown"),
+    pytest.param(cfg(broker={"price_refresh_s": 60, "tasks": {"refresh_prices_s": 120}}), "broker",
+                 ["tasks.refresh_prices_s", "price_refresh_s (its older name)"], id="task-given-twice"),
+    pytest.param(cfg(broker={"rebalance": {"interval_s": 0}}), "broker.tasks.rebalance_s",
+                 ["greater than or equal to 1"], id="task-older-key-checked-as-new"),
 ]
+
+
+@pytest.mark.parametrize(("broker", "intervals"), [
+    ({}, {"refresh_prices_s": 900, "rebalance_s": 300, "scale_down_s": 30, "sweep_orphans_s": 300,
+          "enforce_budgets_s": 30, "decay_fair_share_s": 300, "retain_checkpoints_s": 3600}),
+    ({"tasks": {"scale_down_s": 10, "retain_checkpoints_s": 600}}, {"scale_down_s": 10,
+                                                                    "retain_checkpoints_s": 600}),
+    # the spellings before `broker.tasks` still work, as their tasks fields
+    ({"price_refresh_s": 120, "orphan_sweep_s": 60, "rebalance": {"interval_s": 90, "max_moves": 2}},
+     {"refresh_prices_s": 120, "sweep_orphans_s": 60, "rebalance_s": 90}),
+])
+def test_task_intervals_come_from_broker_tasks(broker: dict[str, Any], intervals: dict[str, float]) -> None:
+    got = parse_config(cfg(broker=broker)).broker
+    assert {k: getattr(got.tasks, k) for k in intervals} == intervals
+    assert got.rebalance.max_moves == broker.get("rebalance", {}).get("max_moves", 4)
+    again = parse_config({**cfg(), "broker": got.model_dump(mode="json")}).broker  # as applied, stored
+    assert again == got
 
 
 @pytest.mark.parametrize(("data", "field", "mentions"), BAD_CONFIGS)

@@ -27,7 +27,7 @@ def register(app: typer.Typer, embedded: Callable[[], Any], console: Callable[[]
         """Moves of running jobs to cheaper capacity, and for waiting gang jobs (dry run)."""
         if not dry_run:
             raise SpecError("rebalance", ["--dry-run: required; the leader rebalances on its schedule "
-                                          "(broker.rebalance.interval_s in onepool.yaml)"])
+                                          "(broker.tasks.rebalance_s in onepool.yaml)"])
         from rich.table import Table
 
         from broker.clock import SystemClock

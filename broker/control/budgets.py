@@ -1,4 +1,5 @@
-"""Dollar budgets that hold: estimated at submission, enforced every cycle, raised by hand.
+"""Dollar budgets that hold: estimated at submission, enforced on the leader's schedule (or
+every cycle, broker.control.duties), raised by hand.
 
 Contract:
 
@@ -296,16 +297,13 @@ def projected_end(b: TeamBudget, burn_usd_per_h: float, now: float) -> float | N
     return now + max(0.0, b.amount - b.spent) / burn_usd_per_h * 3600.0
 
 
-def on_cycle(s: Session, now: float, stop: StopFn, previous: dict[str, str]) -> list[TeamBudget]:
-    """The engine's money step: charge the ledger up to `now`, then enforce budgets.
-    Updates `previous` (team -> state) in place so state changes are recorded once."""
+def charge(s: Session, now: float) -> ClusterConfig:
+    """Charge the ledger up to `now` (committed); returns the applied config. Charging twice
+    at the same `now` charges nothing more."""
     from broker.control.config_apply import applied_config
     from broker.state.ledger import accrue
 
     cfg = applied_config(s)
     accrue(s, now, cfg)
     s.commit()
-    budgets = enforce(s, cfg, now, stop, previous)
-    previous.clear()
-    previous.update({b.team: b.state for b in budgets})
-    return budgets
+    return cfg

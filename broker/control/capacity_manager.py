@@ -27,7 +27,8 @@ node the cloud confirms gone is lost: it is terminated and confirmed gone, and o
 its attempts end LOST and requeue (its work is never placed twice). The nodes of a pool
 removed from the config are drained (their attempts checkpoint and requeue elsewhere) and
 terminated. Instances tagged by this broker that no live node claims are orphans: swept
-at start and every `broker.orphan_sweep_s`.
+at start and every `broker.tasks.sweep_orphans_s` (the leader's sweep_orphans task asks the
+workers for it: request_sweeps).
 
 A pool whose provider answered NoCapacity (or Fatal, or raised anything unexpected) is
 closed to launches for a back-off (see cloud_worker), and a node under an interruption notice
@@ -88,7 +89,7 @@ class CapacityManager:
         self.background = background
         self.workers: dict[str, CloudWorker] = {}
         self.poll_s = engine.settings.cycle_s
-        self.orphan_sweep_s = engine.settings.orphan_sweep_s
+        self.orphan_sweep_s = engine.settings.tasks.sweep_orphans_s
         self._lock = threading.Lock()
         self.retired: dict[str, PoolSpec] = {}
         self._zone_ids: dict[str, dict[str, str]] = {}  # pool -> its account's AZ name -> AZ id
@@ -177,6 +178,12 @@ class CapacityManager:
     def wake_workers(self) -> None:
         for w in self.workers.values():
             w.wake()
+
+    def request_sweeps(self) -> None:
+        """[issue 12] The sweep_orphans task: every pool's worker sweeps at its next round
+        (on its own thread; inline in the next sync() when not in the background)."""
+        for w in self.workers.values():
+            w.request_sweep()
 
     def close(self) -> None:
         """Stop the background workers."""

@@ -16,8 +16,10 @@ retries with backoff) stalls only its own pool:
 5. a node missing from a listing is looked up by id: lost only if the cloud confirms it
    (a listing that missed a live instance changes nothing); a lost node is terminated and
    confirmed gone like any other (step 4);
-6. every `orphan_sweep_s` (and at start), instances tagged with this broker that no live
-   node row claims are terminated; one whose launch answer was never written is adopted.
+6. at start, when asked (request_sweep: the leader's sweep_orphans task) and, while no
+   schedule drives the engine's duties, every `orphan_sweep_s`: instances tagged with this
+   broker that no live node row claims are terminated; one whose launch answer was never
+   written is adopted. A requested sweep waits for a round whose listing succeeded.
 
 State changes are conditional UPDATEs (they apply only if the row is still in the state
 the worker saw), so the worker and the cycle never overwrite each other. All writes go
@@ -81,6 +83,7 @@ class CloudWorker:
         self.cm, self.pool = cm, pool
         self.listing: Listing | None = None
         self.swept_at: float | None = None
+        self._sweep_requested = threading.Event()  # request_sweep(): sweep at the next round
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -92,6 +95,11 @@ class CloudWorker:
             self._thread.start()
 
     def wake(self) -> None:
+        self._wake.set()
+
+    def request_sweep(self) -> None:
+        """Sweep orphans at the next round whose listing succeeds (from any thread)."""
+        self._sweep_requested.set()
         self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -147,8 +155,10 @@ class CloudWorker:
             self._terminate(n.id, n.instance_id, n.end_reason or "terminated", eng.clock.now())
         if seen is not None and self.listing is not None:
             self._reconcile_listing(before, now)
-            due = self.swept_at is None or now - self.swept_at >= self.cm.orphan_sweep_s
-            if due:
+            timed = (not self.cm.engine.duties_scheduled
+                     and now - (self.swept_at or now) >= self.cm.orphan_sweep_s)
+            if self.swept_at is None or self._sweep_requested.is_set() or timed:
+                self._sweep_requested.clear()
                 self._sweep(now)
                 self.swept_at = now
 

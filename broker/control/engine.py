@@ -28,14 +28,14 @@ from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.resume import RestorePoint, fetch_restore_point
 from broker.checkpoint.telemetry import cause_of
 from broker.clock import Clock
-from broker.control import agents, budgets, retention
+from broker.control import agents, budgets
 from broker.control.capacity_manager import CapacityManager
 from broker.control.config_apply import applied_config
+from broker.control.duties import Duties
 from broker.control.executors import Executors
 from broker.control.guards import BROKER_CAUSES, BROKER_FAILURES, AttemptGuards
 from broker.control.lease import FencedStore, Lease, lease_row
 from broker.control.rebalancer import Rebalancer
-from broker.control.snapshots import build_snapshot
 from broker.crashpoints import crash_point
 from broker.errors import NotLeader
 from broker.policy import Placement, Plan, PolicyConfig, Preemption, plan
@@ -61,8 +61,11 @@ class CycleReport:
     plan: Plan | None = None
 
 
-class Engine(AttemptGuards):
+class Engine(AttemptGuards, Duties):
     """Runs cycles over one broker home. Not thread-safe: one engine per home at a time.
+
+    Its periodic duties (broker.control.duties) run in every cycle, unless the leader's
+    schedule drives them (`duties_scheduled`, set by broker.control.scheduled).
 
     The engine acts only as the leader: it holds `lease` (taken here when none is given;
     NotLeader if another broker holds it), and every session it opens is fenced
@@ -140,22 +143,19 @@ class Engine(AttemptGuards):
         if self.slurm is not None:  # [issue 14 hook] Slurm nodes, free GPUs and job states
             self.slurm.sync(now)
         self._poll(now, rep)
-        with self.store.session() as s:  # money (issue 6): charge the ledger, enforce budgets
-            team_budgets = budgets.on_cycle(s, now, self._request_stop, self._team_budget_state)
-        self.team_budgets = team_budgets
+        if self.duties_scheduled:  # [issue 12] the duties run as the leader's scheduled tasks
+            self.charge(now)  # money (issue 6): the ledger and team budgets, every cycle
+        else:
+            self.enforce_budgets(now)  # money (issue 6): charge the ledger, enforce budgets
         with self.store.session() as s:
             self._refresh_checkpoints(s, now)
-        with self.store.session() as s:
-            retention.run(s, now, keep=self.settings.keep_checkpoints,
-                          delay_s=self.settings.checkpoint_delete_delay_s)
+        if not self.duties_scheduled:
+            self.retain_checkpoints(now)
+            self.decay_fair_share(now)
         self.capacity.sync(now)  # [issue 4 hook] launches finished, notices acted on, idleness
         self.rebalancer.advance(now, rep)  # [issue 12 hook] in-flight moves: checkpoint, stop, place
         with self.store.session() as s:
-            snap = build_snapshot(s, now, self.policy, self.settings.fair_share_half_life_s)
-            snap = self.capacity.extend(snap, now)  # [issue 4 hook] rented pools' growth and prices
-            snap = budgets.restrict(snap, team_budgets)  # money (issue 6): low teams spot-only
-            snap = self.rebalancer.hold(snap, s)  # [issue 12 hook] moves' target GPUs held
-            p = plan(snap)
+            p = plan(self.snapshot(s, now))
             rep.plan = p
             waiting = dict(p.waiting)
             for j in s.exec(select(Job).where(Job.state == JobState.PENDING)).all():
@@ -166,7 +166,7 @@ class Engine(AttemptGuards):
             self._preempt(pre, now, rep)
         for pl in p.placements:
             self._launch(pl, now, rep)
-        self.capacity.apply(p, now)  # [issue 4 hook] plan.launches / plan.terminations
+        self.capacity.apply(self.cycle_plan(p), now)  # [issue 4 hook] launches / idle terminations
         return rep
 
     def _watch_agents(self, now: float) -> None:

@@ -37,8 +37,6 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import Session, col, select
 
 from broker.checkpoint import index as ckpt_index
-from broker.control import budgets
-from broker.control.snapshots import build_snapshot
 from broker.policy import Placement, RunningView, Snapshot, plan
 from broker.policy.defrag import defrag
 from broker.policy.rebalance import AttemptFacts, Move, RebalanceConfig, rebalance
@@ -122,10 +120,7 @@ class Rebalancer:
         e = self.engine
         with e.store.session() as s:
             busy = frozenset(m["job_id"] for m in load(s))
-            snap = build_snapshot(s, now, e.policy, e.settings.fair_share_half_life_s)
-            snap = e.capacity.extend(snap, now)
-            snap = budgets.restrict(snap, getattr(e, "team_budgets", []))
-            snap = self.hold(snap, s)
+            snap = e.snapshot(s, now)
             p = plan(snap)
             facts = attempt_facts(s, snap, e.config, e.store.home)
         rc = config_of(self.settings)

@@ -1,5 +1,5 @@
 """The leader's periodic tasks on APScheduler, with their schedule persisted in the broker's
-own database (SQLAlchemyJobStore, table `apscheduler_jobs`, created by migration 0010).
+own database (SQLAlchemyJobStore, table `apscheduler_jobs`, created by migration 0011).
 
 Contract:
 
@@ -13,14 +13,19 @@ Contract:
   a task acts only while the lease is held.
 - A task that raises is logged with its traceback; it stays scheduled and runs again at its
   next time. A lost lease (LeaseLost, NotLeader) is not a task failure: it propagates.
-- Intervals come from onepool.yaml (broker.price_refresh_s, broker.rebalance.interval_s); a
-  changed interval replaces the stored schedule, an unchanged one keeps it.
+- Intervals come from onepool.yaml (`broker.tasks.<task>_s`, broker.spec.TaskIntervals); a
+  changed interval replaces the stored schedule, an unchanged one keeps it. A fresh schedule
+  first runs each task one interval after it starts.
 
 Tasks (`TASKS`): refresh_prices (broker.control.prices), rebalance (moves and
-defragmentation: broker.control.rebalancer; skipped while broker.rebalance.enabled is false).
-The other periodic duties (charging the ledger and enforcing budgets, checkpoint retention,
-releasing idle rented nodes, fair-share decay) run inside every cycle, and orphan sweeps in
-each pool's cloud worker (broker.orphan_sweep_s).
+defragmentation: broker.control.rebalancer; skipped while broker.rebalance.enabled is
+false), and the engine's duties (broker.control.duties): scale_down, sweep_orphans,
+enforce_budgets, decay_fair_share, retain_checkpoints. Each duty is ONE engine method: the
+leader's loop `attach()`es the schedule to its engine, and from then on its cycles leave the
+duties to their tasks (Engine.duties_scheduled); an engine no schedule drives (the tests,
+`onepool broker --once`) runs them in every cycle. The ledger is charged in every cycle
+either way; only budget enforcement is scheduled. Orphan sweeps stay on each pool's cloud
+worker thread: the task asks for one (no cloud call on the loop's thread).
 """
 
 from __future__ import annotations
@@ -56,9 +61,19 @@ def _rebalance(engine: Engine, now: float) -> None:
         engine.rebalancer.decide(now)
 
 
-TASKS: dict[str, tuple[Callable[[BrokerSettings], float], Callable[[Engine, float], None]]] = {
-    "refresh_prices": (lambda b: b.price_refresh_s, _refresh_prices),
-    "rebalance": (lambda b: b.rebalance.interval_s, _rebalance),
+Task = tuple[Callable[[BrokerSettings], float], Callable[["Engine", float], None]]
+
+# name -> (its interval from the settings, what it runs). Each duty is the engine method the
+# cycle itself runs when no schedule drives the duties (Engine.duties_scheduled false).
+TASKS: dict[str, Task] = {
+    "refresh_prices": (lambda b: b.tasks.refresh_prices_s, _refresh_prices),
+    "rebalance": (lambda b: b.tasks.rebalance_s, _rebalance),
+    "scale_down": (lambda b: b.tasks.scale_down_s, lambda e, now: e.scale_down(now)),
+    "sweep_orphans": (lambda b: b.tasks.sweep_orphans_s, lambda e, now: e.sweep_orphans(now)),
+    "enforce_budgets": (lambda b: b.tasks.enforce_budgets_s, lambda e, now: e.enforce_budgets(now)),
+    "decay_fair_share": (lambda b: b.tasks.decay_fair_share_s, lambda e, now: e.decay_fair_share(now)),
+    "retain_checkpoints": (lambda b: b.tasks.retain_checkpoints_s,
+                           lambda e, now: e.retain_checkpoints(now)),
 }
 
 
@@ -91,6 +106,7 @@ class TaskScheduler:
         self.settings = settings
         self.executor = _Queue(wake)
         self.ran = threading.Event()  # set after every run_due() that ran a task (tests await it)
+        self._engine: Engine | None = None  # the engine whose duties this drives (attach)
         self.scheduler = BackgroundScheduler(
             jobstores={"default": SQLAlchemyJobStore(engine=store.engine, tablename=TABLE)},
             executors={"default": self.executor}, timezone="UTC",
@@ -131,6 +147,16 @@ class TaskScheduler:
             self.ran.set()
         return ran
 
+    def attach(self, engine: Engine) -> None:
+        """From now on this schedule drives the engine's duties: its cycle no longer runs them
+        (Engine.duties_scheduled)."""
+        engine.duties_scheduled = True
+        self._engine = engine
+
     def shutdown(self) -> None:
+        """Stop scheduling; an attached engine runs its duties in its cycle again."""
+        if self._engine is not None:
+            self._engine.duties_scheduled = False
+            self._engine = None
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)

@@ -2,8 +2,12 @@
 until told to stop. Any long-running broker loop (`onepool broker`, `onepool server`) runs
 this same `run()`.
 
-Periodic tasks (price refresh, rebalancing) run on the leader's APScheduler schedule, kept
-in the database (broker.control.scheduled), on this loop's thread between cycles.
+Periodic tasks (refresh prices, rebalance, scale down idle rented nodes, sweep orphans,
+enforce budgets, decay fair-share usage, checkpoint retention) run on the leader's
+APScheduler schedule, kept in the database (broker.control.scheduled), on this loop's thread
+between cycles; while it leads, its engine's cycles leave those duties to the schedule.
+`--once` (max_cycles) keeps the schedule but runs the duties in its cycles, as an engine
+cycled directly does: it may never wait for one to come due.
 
 Cycles run every `cycle_s`, and at once when a job process exits (no waiting out the
 interval to notice a finished job). The lease is renewed after every cycle and while
@@ -101,6 +105,8 @@ def _lead(store: Store, clock: Clock, executor: Executor, lease: Lease, cycle_s:
         log.info("leader: fencing number %s, home %s, cycle %.3gs", lease.fencing, store.home, interval)
         tasks = TaskScheduler(store, engine.settings, wake.set)  # [issue 12] the leader's schedule
         tasks.start()
+        if max_cycles is None:
+            tasks.attach(engine)  # the duties run as tasks, no longer in every cycle
         reconciled = False
         while not stop.is_set():
             try:

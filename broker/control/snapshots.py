@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 from sqlmodel import Session, col, or_, select
 
@@ -17,6 +18,7 @@ from broker.policy import (
     decayed_gpu_seconds,
 )
 from broker.policy.estimates import RuntimeHistory
+from broker.policy.fairshare import decay
 from broker.spec import Market, Priority, SpotPolicy
 from broker.state.model import Attempt, AttemptState, Job, JobState, Node, NodeState, Pool, Team
 
@@ -24,8 +26,21 @@ USAGE_HORIZON_HALF_LIVES = 6  # older usage weighs < 2% and is not read
 HISTORY_JOBS = 2000  # the most recent finished jobs that runtime estimates learn from
 
 
-def build_snapshot(s: Session, now: float, config: PolicyConfig, half_life_s: float) -> Snapshot:
-    """Everything plan() needs, read in one transaction."""
+@dataclass(frozen=True)
+class FairShareUsage:
+    """Every team's decayed usage (GPU-seconds, broker.policy.fairshare) as computed at `at`
+    from its attempts (`team_usage`)."""
+
+    at: float
+    by_team: dict[str, float]
+
+
+def build_snapshot(s: Session, now: float, config: PolicyConfig, half_life_s: float,
+                   usage: FairShareUsage | None = None) -> Snapshot:
+    """Everything plan() needs, read in one transaction. Teams' usage: computed now from
+    their attempts when `usage` is None; else carried forward from `usage` to `now`
+    assuming each team held the GPUs it holds now all along (exact when nothing started or
+    ended since `usage.at`; otherwise off by at most the GPU-seconds started or ended since)."""
     active = s.exec(select(Attempt, Job).join(Job, Job.id == Attempt.job_id)
                     .where(Attempt.state != AttemptState.ENDED)).all()
     ours: dict[str, int] = defaultdict(int)  # GPUs onepool's attempts hold per node
@@ -72,8 +87,17 @@ def build_snapshot(s: Session, now: float, config: PolicyConfig, half_life_s: fl
         for j in s.exec(select(Job).where(Job.state == JobState.PENDING,
                                            col(Job.cancel_requested).is_(False))).all()
     )
+    if usage is None:
+        teams = team_views(s, now, half_life_s)
+    else:
+        holding: dict[str, int] = defaultdict(int)
+        for a, j in active:
+            holding[j.team] += a.gpus
+        teams = team_views(s, now, half_life_s, {
+            t: decay(usage.by_team.get(t, 0.0), holding[t], now - usage.at, half_life_s)
+            for t in {*usage.by_team, *holding}})
     return Snapshot(now=now, pools=pools, running=tuple(running), pending=pending,
-                    teams=team_views(s, now, half_life_s), config=config)
+                    teams=teams, config=config)
 
 
 def runtime_history(s: Session) -> RuntimeHistory:
@@ -95,7 +119,10 @@ def runtime_history(s: Session) -> RuntimeHistory:
     return history
 
 
-def team_views(s: Session, now: float, half_life_s: float) -> tuple[TeamView, ...]:
+def team_usage(s: Session, now: float, half_life_s: float) -> FairShareUsage:
+    """Every team's decayed usage at `now`, from its attempts of the last
+    USAGE_HORIZON_HALF_LIVES half lives (the fair-share decay task, and every cycle of an
+    engine no schedule drives)."""
     horizon = now - USAGE_HORIZON_HALF_LIVES * half_life_s
     rows = s.exec(select(Job.team, Attempt.started_at, Attempt.ended_at, Attempt.gpus)
                   .join(Job, Job.id == Attempt.job_id)
@@ -103,8 +130,14 @@ def team_views(s: Session, now: float, half_life_s: float) -> tuple[TeamView, ..
     spans: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
     for team, start, end, gpus in rows:
         spans[team].append((start, now if end is None else end, gpus))
-    return tuple(
-        TeamView(t.name, t.weight, t.priority_allowance_gpus,
-                 decayed_gpu_seconds(spans[t.name], now, half_life_s))
-        for t in s.exec(select(Team).order_by(Team.name)).all()
-    )
+    return FairShareUsage(now, {t: decayed_gpu_seconds(sp, now, half_life_s) for t, sp in spans.items()})
+
+
+def team_views(s: Session, now: float, half_life_s: float,
+               usage: dict[str, float] | None = None) -> tuple[TeamView, ...]:
+    """The configured teams with their usage: `usage` (team -> decayed GPU-seconds at
+    `now`), else computed now (team_usage)."""
+    if usage is None:
+        usage = team_usage(s, now, half_life_s).by_team
+    return tuple(TeamView(t.name, t.weight, t.priority_allowance_gpus, usage.get(t.name, 0.0))
+                 for t in s.exec(select(Team).order_by(Team.name)).all())

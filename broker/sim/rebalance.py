@@ -2,7 +2,7 @@
 .defrag) replayed on simulated time. Private to broker.sim; the Simulator calls two hooks.
 
 - `after_plan(snap, plan)`: at most every `interval_s` of simulated time (the live broker's
-  broker.rebalance.interval_s), after a plan was applied: the moves that pay now are started.
+  broker.tasks.rebalance_s), after a plan was applied: the moves that pay now are started.
   A move holds its target GPUs at once, signals the attempt (checkpoint on the signal, like a
   preemption with checkpoint-on-signal: it exits `checkpoint_save_s` later having kept its
   progress) and is placed on the held GPUs when it exits (`resume`), paying the restart

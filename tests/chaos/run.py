@@ -102,7 +102,8 @@ def chaos_config(proxy_url: str, queue_url: str, server_url: str) -> dict[str, A
         "teams": [{"name": "research", "priority_allowance_gpus": 4},
                   {"name": "prod", "priority_allowance_gpus": 8}],
         "broker": {"cycle_s": 0.3, "grace_s": 3, "min_run_s": 5, "lease_s": LEASE_S,
-                   "cloud_after_wait_s": 1, "orphan_sweep_s": 10, "keep_checkpoints": 2,
+                   "cloud_after_wait_s": 1, "keep_checkpoints": 2,
+                   "tasks": {"sweep_orphans_s": 10, "scale_down_s": 1, "retain_checkpoints_s": 5},
                    "checkpoint_delete_delay_s": 5, "server_url": server_url,
                    "node_lost_after_s": NODE_LOST_S, "agent_heartbeat_s": HEARTBEAT_S},
     }
