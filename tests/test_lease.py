@@ -204,13 +204,14 @@ def test_two_brokers_one_acts_the_standby_takes_over_when_the_leader_is_killed(t
     home, done = tmp_path / "home", tmp_path / "done.jsonl"
     c = Client(home)
     c.apply(parse_config(config(lease_s=3)))
-    ids = [c.submit(name=f"j{i}", team="research", command=train(15, 0.1, 3, done),
-                    gpus_per_node=1).id for i in range(5)]
     a = start_broker(home, tmp_path / "a.log")
     wait_for(lambda: c.health().broker_up)
     b = start_broker(home, tmp_path / "b.log")
     try:
         wait_for(lambda: "standby" in (tmp_path / "b.log").read_text())
+        # Submitted once both are up (a broker may take seconds to start on a busy machine).
+        ids = [c.submit(name=f"j{i}", team="research", command=train(15, 0.1, 3, done),
+                        gpus_per_node=1).id for i in range(5)]
         wait_for(lambda: sum(c.get(i).status == "RUNNING" for i in ids) == 2)
         assert c.health().fencing == 1
         a.send_signal(signal.SIGKILL)
