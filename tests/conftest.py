@@ -74,8 +74,13 @@ def _no_home_in_the_checkout() -> Iterator[None]:
 
 # -- the database: SQLite, and PostgreSQL for modules marked `both_dbs` ------------------------
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Tests in modules marked `pytestmark = pytest.mark.both_dbs` run twice: on SQLite (the
-    broker home's file) and on a fresh database of a real PostgreSQL server."""
+    """Tests marked `both_dbs` (a module's `pytestmark` or one test's decorator) run twice: on
+    SQLite (the broker home's file) and on a fresh database of a real PostgreSQL server.
+    Whole modules where the database is the subject (store, lease, ledger, budgets, crash and
+    containment, retention, telemetry, scheduled tasks, price refresh, engine e2e); in the
+    process-, CLI- and cloud-level modules only the tests whose outcome rests on transactions
+    (exactly once across a crash or a notice, a cancel racing the broker, health), so the
+    suite stays within its time on two cores."""
     if metafunc.definition.get_closest_marker("both_dbs") is not None:
         metafunc.parametrize("db", ["sqlite", "postgresql"], indirect=True)
 

@@ -26,7 +26,7 @@ from broker.client.sdk import Client
 from broker.errors import NotFound, OnepoolError, SpecError
 from broker.state.model import Job
 
-pytestmark = pytest.mark.both_dbs
+# SQLite only, but for the tests marked both_dbs (transactions they depend on): see tests/conftest.py
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -128,6 +128,7 @@ def test_apply_json_prints_the_validated_config(tmp_path: Path, config_path: Pat
     assert out["broker"]["cycle_s"] == 0.2
 
 
+@pytest.mark.both_dbs
 def test_apply_submit_then_status_json(home: Path) -> None:
     info = cli_json(home, "submit", "--name", "bert", "--team", "research",
                     "--experiment", "exp-1", "--priority", "high", "--gpus", "2", "--nodes", "2",
@@ -208,6 +209,7 @@ def test_events_json_lists_submitted(home: Path) -> None:
     assert [e["kind"] for e in cli_json(home, "events")] == ["submitted"]
 
 
+@pytest.mark.both_dbs
 def test_cancel_pending_is_immediate_and_the_broker_never_starts_it(home: Path) -> None:
     job = cli_json(home, "submit", "--name", "doomed", "--team", "research", "--", *NOOP)
     jid = str(job["id"])
@@ -347,6 +349,7 @@ def test_apply_bad_config_exits_2(tmp_path: Path) -> None:
 
 
 # -- health (issue 10) ------------------------------------------------------------------------
+@pytest.mark.both_dbs
 def test_health_and_the_warnings_of_submit_and_status(home: Path) -> None:
     from broker.clock import SystemClock
     from broker.control.lease import Lease

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from broker.client.cli import app
 from tests.dashboard.seed import seed
 
-pytestmark = pytest.mark.both_dbs
+# SQLite only, but for the tests marked both_dbs (transactions they depend on): see tests/conftest.py
 
 runner = CliRunner()
 
@@ -30,6 +30,7 @@ def test_cost_json_rows_equal_the_query_and_every_view_has_one_total(tmp_path, b
     assert round(sum(x["usd"] for x in rows), 2) == round(by_pool, 2) and by_pool > 0
 
 
+@pytest.mark.both_dbs
 def test_cost_table_and_budget_commands(tmp_path):
     c = seed(tmp_path / "home")
     home = ["--home", str(c.store.home)]

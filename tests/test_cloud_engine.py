@@ -21,7 +21,7 @@ from providers.base import TAG_BROKER, TAG_NODE, TAG_POOL
 from tests.conftest import drive, train
 from tests.providers.harness import failing
 
-pytestmark = pytest.mark.both_dbs
+# SQLite only, but for the tests marked both_dbs (transactions they depend on): see tests/conftest.py
 
 AMI = "ami-12345678"
 
@@ -100,6 +100,7 @@ def test_no_capacity_on_the_cheapest_pool_falls_through_to_the_next(cloud_cluste
     finish(c, eng, hog)
 
 
+@pytest.mark.both_dbs
 def test_spot_interruption_checkpoints_requeues_and_resumes(cloud_cluster, aws_mock):
     sqs = boto3.client("sqs", region_name="us-east-1")
     queue = sqs.create_queue(QueueName="spot-events")["QueueUrl"]
@@ -126,6 +127,7 @@ def test_spot_interruption_checkpoints_requeues_and_resumes(cloud_cluster, aws_m
     finish(c, eng, hog)
 
 
+@pytest.mark.both_dbs
 def test_a_crash_between_launch_and_the_db_write_leaves_exactly_one_instance(cloud_cluster, clock,
                                                                              aws_mock):
     c, eng = cloud_cluster(pools=[ONPREM, spot_pool()], cloud_after_wait_s=0)

@@ -31,7 +31,7 @@ from tests.test_cloud_engine import (
     spot_pool,
 )
 
-pytestmark = pytest.mark.both_dbs
+# SQLite only, but for the tests marked both_dbs (transactions they depend on): see tests/conftest.py
 
 
 class FaultyProvider:
@@ -90,6 +90,7 @@ def kinds(c: Any, job: int | None = None) -> list[str]:
     return [e.kind for e in c.events(job)]
 
 
+@pytest.mark.both_dbs
 def test_a_listing_that_misses_a_live_instance_changes_nothing(cloud_cluster, aws_mock):
     c, eng = cloud_cluster(pools=[ONPREM, spot_pool()], cloud_after_wait_s=0)
     prov = faulty(eng, "spot")
@@ -192,6 +193,7 @@ def notice(instance_id: str) -> str:
                        "detail": {"instance-id": instance_id, "instance-action": "terminate"}})
 
 
+@pytest.mark.both_dbs
 def test_a_notice_is_recorded_before_it_is_deleted_and_acted_on_once(cloud_cluster, clock, aws_mock):
     sqs = boto3.client("sqs", region_name="us-east-1")
     queue = sqs.create_queue(QueueName="spot-events", Attributes={"VisibilityTimeout": "0"})["QueueUrl"]

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from broker.control.config_apply import applied_config
 from broker.spec import parse_config
 from tests.conftest import drive, train
 from tests.test_cloud_engine import ONPREM, fill_onprem, finish, spot_pool
 
-pytestmark = pytest.mark.both_dbs
+# SQLite only: the database is not what these tests are about (see tests/conftest.py)
 
 
 def on_demand_pool() -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import drive, train
 
-pytestmark = pytest.mark.both_dbs
+# SQLite only, but for the tests marked both_dbs (transactions they depend on): see tests/conftest.py
 
 # A local pool billed like on-demand capacity ($32 per node-hour: $16/GPU-h) and an on-prem
 # pool of the same shape: plan() fills on-prem first, so a job lands on "od" only while
@@ -35,6 +35,7 @@ def on_demand_job_with_prem_freed(make_cluster, clock, expected_s: float):  # ty
     return c, eng, job
 
 
+@pytest.mark.both_dbs
 def test_an_on_demand_job_moves_to_freed_onprem_at_its_next_checkpoint(make_cluster, clock):
     c, eng, job = on_demand_job_with_prem_freed(make_cluster, clock, expected_s=10 * 3600)
     (m,) = eng.rebalancer.decide(clock.now())
