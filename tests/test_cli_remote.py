@@ -83,8 +83,11 @@ def test_server_agent_and_tokens_through_the_cli(lab, tmp_path: Path) -> None:
              join["join_token"], "--gpus", "2", "--gpu-type", "A100", "--state-dir",
              str(tmp_path / "agent")], env=env, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True))
-    nodes = lambda: json.loads(cli(home, "node", "list", "--json", token=member["token"], url=url).stdout)  # noqa: E731
-    wait_for("agent joined", lambda: nodes()[0]["state"] == "up")
+    auth = {"Authorization": f"Bearer {member['token']}"}
+    wait_for("agent joined",
+             lambda: httpx.get(f"{url}/v1/nodes", headers=auth, timeout=5).json()[0]["state"] == "up")
+    [node] = json.loads(cli(home, "node", "list", "--json", token=member["token"], url=url).stdout)
+    assert (node["id"], node["state"]) == ("onprem-0", "up")
     out = cli(home, "submit", "--name", "probe", "--gpus", "2", "--json", "--", *train(8),
               token=member["token"], url=url)
     job = json.loads(out.stdout)
