@@ -22,6 +22,7 @@ import json
 import math
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -142,18 +143,32 @@ class Client(AdminMixin):
         return js
 
     def submit_in(self, s: Session, js: JobSpec, idempotency_key: str | None = None) -> JobInfo:
-        """submit() inside the caller's transaction (the API batches concurrent submits into
-        one commit). Raises as submit() does; the caller rolls back what this wrote."""
+        """submit() inside the caller's transaction. Raises as submit() does; the caller rolls
+        back what this wrote."""
+        return write_submits(s, [self.stage_submit(s, applied_config(s), js, idempotency_key, {})])[0]
+
+    def stage_submit(self, s: Session, cfg: ClusterConfig, js: JobSpec, idempotency_key: str | None,
+                     batch: dict[tuple[str, str], StagedSubmit]) -> StagedSubmit:
+        """Check a submit against `cfg` and the database without writing anything; write it
+        (with the others of its batch) with write_submits(). `batch` holds the batch's staged
+        submits by (actor, key), so a key used twice in one batch makes one job. Raises as
+        submit() does, leaving the session as it found it."""
         p = self.principal
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
             raise SpecError("Idempotency-Key", ["must be 1 to 200 characters"])
-        cfg = applied_config(s)
         check_job_fits(js, cfg)
         digest = hashlib.sha256(json.dumps(js.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
-        if idempotency_key is not None:
+        slot = (p.actor[:64], idempotency_key) if idempotency_key is not None else None
+        if slot is not None and idempotency_key is not None:
+            first = batch.get(slot)
+            if first is not None:
+                if first.digest != digest:
+                    raise SpecError("Idempotency-Key", [f"{idempotency_key!r} was already used for a "
+                                                        "different job; use a new key"])
+                return StagedSubmit(self, digest, same_as=first)
             prior = self._idempotent(s, idempotency_key, digest)
             if prior is not None:
-                return self._info(s, prior)
+                return StagedSubmit(self, digest, prior=prior)
         now = self.clock.now()
         js, budget_note = budget_rules.check_submission(s, cfg, js, now)  # money (issue 6)
         workdir = existing_workdir(js.workdir) if p.kind == "local" else remote_workdir(js.workdir)
@@ -164,20 +179,11 @@ class Client(AdminMixin):
                   checkpoint_interval_s=js.checkpoint_interval_s,
                   expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now,
                   submitted_by=p.actor)
-        s.add(job)
-        s.flush()
-        assert job.id is not None
-        job.checkpoint_uri = job_prefix(default_store_root(cfg, self.store.home), js.team,
-                                        js.experiment, job.id)
-        record(s, now, "submitted", f"{js.priority.value} job, {js.nodes}x{js.gpus_per_node} "
-               f"GPUs, team {js.team}", job_id=job.id)
-        if budget_note:
-            record(s, now, "budget_spot_only", budget_note, job_id=job.id)
-        s.add(job)
-        if idempotency_key is not None:
-            s.add(IdempotentSubmit(principal=p.actor[:64], key=idempotency_key,
-                                   request_sha256=digest, job_id=job.id, created_at=now))
-        return JobInfo.of(job, [], now, stores=[], caused_lost_gpu_s=0.0)
+        staged = StagedSubmit(self, digest, js=js, job=job, key=idempotency_key,
+                              budget_note=budget_note, store_root=default_store_root(cfg, self.store.home))
+        if slot is not None:
+            batch[slot] = staged
+        return staged
 
     def _idempotent(self, s: Session, key: str, digest: str) -> int | None:
         row = s.exec(select(IdempotentSubmit).where(
@@ -411,3 +417,53 @@ class Client(AdminMixin):
         """Block until every job has ended (or stopped as BUDGET_EXHAUSTED). Raises
         TimeoutError naming the ones still open."""
         return wait_stopped(self.get, job_ids, timeout, poll_s)
+
+
+@dataclass
+class StagedSubmit:
+    """A submit checked by Client.stage_submit and not written yet: a new `job` (with its
+    spec), or a replay of the job an earlier submit with the same Idempotency-Key made
+    (`prior`: committed before; `same_as`: earlier in the same batch)."""
+
+    client: Client
+    digest: str
+    js: JobSpec | None = None
+    job: Job | None = None
+    key: str | None = None
+    budget_note: str | None = None
+    store_root: str = ""
+    prior: int | None = None
+    same_as: StagedSubmit | None = None
+
+
+def write_submits(s: Session, staged: list[StagedSubmit]) -> list[JobInfo]:
+    """Write a batch of staged submits into the caller's transaction (their jobs in one
+    insert, then their events and idempotency keys) and return each submit's job, in order.
+    Nothing is durable until the caller commits; raises what the database raises."""
+    new = [st for st in staged if st.job is not None]
+    s.add_all([st.job for st in new if st.job is not None])
+    s.flush()  # the jobs' ids (one INSERT ... RETURNING for the batch)
+    infos: dict[int, JobInfo] = {}
+    for st in new:
+        job, js = st.job, st.js
+        assert job is not None and job.id is not None and js is not None
+        p = st.client.principal
+        job.checkpoint_uri = job_prefix(st.store_root, js.team, js.experiment, job.id)
+        with acting_as(p.actor):
+            record(s, job.submit_time, "submitted", f"{js.priority.value} job, {js.nodes}x"
+                   f"{js.gpus_per_node} GPUs, team {js.team}", job_id=job.id)
+            if st.budget_note:
+                record(s, job.submit_time, "budget_spot_only", st.budget_note, job_id=job.id)
+        if st.key is not None:
+            s.add(IdempotentSubmit(principal=p.actor[:64], key=st.key, request_sha256=st.digest,
+                                   job_id=job.id, created_at=job.submit_time))
+        infos[id(st)] = JobInfo.of(job, [], job.submit_time, stores=[], caused_lost_gpu_s=0.0)
+    out: list[JobInfo] = []
+    for st in staged:
+        if st.same_as is not None:
+            out.append(infos[id(st.same_as)])
+        elif st.prior is not None:
+            out.append(st.client._info(s, st.prior))
+        else:
+            out.append(infos[id(st)])
+    return out
