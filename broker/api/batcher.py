@@ -27,9 +27,9 @@ from typing import Any
 
 from sqlmodel import Session
 
-from broker.client.sdk import Client, StagedSubmit, write_submits
-from broker.control.config_apply import applied_config
-from broker.errors import OnepoolError, SpecError
+from broker.client.sdk import Client, StagedSubmit, SubmitBatch, write_submits
+from broker.errors import NotConfigured, OnepoolError, SpecError
+from broker.spec import JobSpec
 from broker.state.store import Store
 from broker.state.tokens import NotVerifiedHere, Principal, Verifier
 from broker.state.views import JobInfo
@@ -101,17 +101,27 @@ class SubmitBatcher:
         try:
             with self.store.session() as s:
                 principals: dict[str | None, Principal | Exception] = {}
-                keys: dict[tuple[str, str], StagedSubmit] = {}
-                cfg = None
+                ready: list[tuple[_Submit, Client, JobSpec]] = []
                 for item in batch:
                     try:
                         client = self.client(self._principal(s, item.token, principals))
                         if not isinstance(item.body, dict):
                             raise SpecError("job", ["(root): must be a JSON object of job fields"])
-                        js = client.prepare(item.body)
-                        cfg = cfg or applied_config(s)
-                        staged.append((item, client.stage_submit(s, cfg, js, item.key, keys)))
+                        ready.append((item, client, client.prepare(item.body)))
                     except (OnepoolError, ValueError, NotVerifiedHere) as e:  # this submit's answer
+                        item.answer(e)
+                if not ready:
+                    return
+                try:
+                    shared = SubmitBatch.read(s, [(c.principal, item.key) for item, c, _ in ready])
+                except NotConfigured as e:
+                    for item, _, _ in ready:
+                        item.answer(e)
+                    return
+                for item, client, js in ready:
+                    try:
+                        staged.append((item, client.stage_submit(s, shared, js, item.key)))
+                    except (OnepoolError, ValueError) as e:  # this submit's answer
                         item.answer(e)
                 infos = write_submits(s, [st for _, st in staged]) if staged else []
         except Exception as e:  # noqa: BLE001  (the commit failed: every waiting submit hears why)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -49,14 +49,16 @@ class Message(BaseModel):
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/json": {"schema": _job_schema()}}}})
 async def submit(request: Request, body: Annotated[Any, Body()] = None,
-                 idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JobInfo:
+                 idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> Response:
     """Queue a job. With an `Idempotency-Key` header, a retry returns the first job."""
     c, token = ctx(request), bearer(request)
     try:
-        return await c.batcher.submit(token, body, idempotency_key)
+        info = await c.batcher.submit(token, body, idempotency_key)
     except NotVerifiedHere:  # the token's first use in this process: check its hash off the loop
         await run_in_threadpool(verify, c, token)
-        return await c.batcher.submit(token, body, idempotency_key)
+        info = await c.batcher.submit(token, body, idempotency_key)
+    # The JobInfo the response model documents, serialized once (not validated again).
+    return Response(info.model_dump_json(), status_code=201, media_type="application/json")
 
 
 @router.get("/jobs", response_model=JobPage, tags=["jobs"])

@@ -22,11 +22,11 @@ import json
 import math
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import insert, update
 from sqlmodel import Session, col, or_, select
 
 from broker.checkpoint import telemetry
@@ -43,7 +43,7 @@ from broker.control.health import health as broker_health
 from broker.errors import InvalidState, NotFound, SpecError
 from broker.spec import ClusterConfig, JobSpec, check_job_fits, load_config, parse_job
 from broker.state import costs as cost_queries
-from broker.state.events import acting_as, record
+from broker.state.events import acting_as, event_row, record
 from broker.state.model import Attempt, Event, Job, JobState
 from broker.state.model_access import IdempotentSubmit
 from broker.state.store import Store
@@ -145,32 +145,36 @@ class Client(AdminMixin):
     def submit_in(self, s: Session, js: JobSpec, idempotency_key: str | None = None) -> JobInfo:
         """submit() inside the caller's transaction. Raises as submit() does; the caller rolls
         back what this wrote."""
-        return write_submits(s, [self.stage_submit(s, applied_config(s), js, idempotency_key, {})])[0]
+        batch = SubmitBatch.read(s, [(self.principal, idempotency_key)])
+        return write_submits(s, [self.stage_submit(s, batch, js, idempotency_key)])[0]
 
-    def stage_submit(self, s: Session, cfg: ClusterConfig, js: JobSpec, idempotency_key: str | None,
-                     batch: dict[tuple[str, str], StagedSubmit]) -> StagedSubmit:
-        """Check a submit against `cfg` and the database without writing anything; write it
-        (with the others of its batch) with write_submits(). `batch` holds the batch's staged
-        submits by (actor, key), so a key used twice in one batch makes one job. Raises as
-        submit() does, leaving the session as it found it."""
+    def stage_submit(self, s: Session, batch: SubmitBatch, js: JobSpec,
+                     idempotency_key: str | None) -> StagedSubmit:
+        """Check a submit against the database without writing anything; write it (with the
+        others of its `batch`) with write_submits(). A key used twice in one batch makes one
+        job. Raises as submit() does, leaving the session as it found it."""
         p = self.principal
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
             raise SpecError("Idempotency-Key", ["must be 1 to 200 characters"])
+        cfg = batch.cfg
         check_job_fits(js, cfg)
         digest = hashlib.sha256(json.dumps(js.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
         slot = (p.actor[:64], idempotency_key) if idempotency_key is not None else None
-        if slot is not None and idempotency_key is not None:
-            first = batch.get(slot)
+        if slot is not None:
+            first = batch.staged.get(slot)
             if first is not None:
                 if first.digest != digest:
-                    raise SpecError("Idempotency-Key", [f"{idempotency_key!r} was already used for a "
+                    raise SpecError("Idempotency-Key", [f"{slot[1]!r} was already used for a "
                                                         "different job; use a new key"])
                 return StagedSubmit(self, digest, same_as=first)
-            prior = self._idempotent(s, idempotency_key, digest)
+            prior = batch.committed.get(slot)
             if prior is not None:
-                return StagedSubmit(self, digest, prior=prior)
+                if prior[0] != digest:
+                    raise SpecError("Idempotency-Key", [f"{slot[1]!r} was already used for a "
+                                                        f"different job (job {prior[1]}); use a new key"])
+                return StagedSubmit(self, digest, prior=prior[1])
         now = self.clock.now()
-        js, budget_note = budget_rules.check_submission(s, cfg, js, now)  # money (issue 6)
+        js, budget_note = budget_rules.check_submission(s, cfg, js, now, batch.overridden)  # money (issue 6)
         workdir = existing_workdir(js.workdir) if p.kind == "local" else remote_workdir(js.workdir)
         job = Job(name=js.name, experiment=js.experiment, team=js.team, command=js.command,
                   env=js.env, workdir=workdir,
@@ -182,19 +186,8 @@ class Client(AdminMixin):
         staged = StagedSubmit(self, digest, js=js, job=job, key=idempotency_key,
                               budget_note=budget_note, store_root=default_store_root(cfg, self.store.home))
         if slot is not None:
-            batch[slot] = staged
+            batch.staged[slot] = staged
         return staged
-
-    def _idempotent(self, s: Session, key: str, digest: str) -> int | None:
-        row = s.exec(select(IdempotentSubmit).where(
-            IdempotentSubmit.principal == self.principal.actor[:64],
-            IdempotentSubmit.key == key)).first()
-        if row is None:
-            return None
-        if row.request_sha256 != digest:
-            raise SpecError("Idempotency-Key", [f"{key!r} was already used for a different job "
-                                                f"(job {row.job_id}); use a new key"])
-        return row.job_id
 
     def _job(self, s: Session, job_id: int, what: str) -> Job:
         j = s.get(Job, job_id) if 0 < job_id <= MAX_ID else None
@@ -420,6 +413,33 @@ class Client(AdminMixin):
 
 
 @dataclass
+class SubmitBatch:
+    """What the submits of one transaction share, read once: the applied config, the teams
+    with a budget override, the Idempotency-Keys of the batch committed before (by (actor,
+    key): (request digest, job id)), and the submits staged so far (by (actor, key))."""
+
+    cfg: ClusterConfig
+    overridden: set[str]
+    committed: dict[tuple[str, str], tuple[str, int]]
+    staged: dict[tuple[str, str], StagedSubmit] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, s: Session, keys: list[tuple[Principal, str | None]]) -> SubmitBatch:
+        """Read what a batch with these (principal, Idempotency-Key) pairs needs. Raises
+        NotConfigured."""
+        cfg = applied_config(s)
+        wanted = {(p.actor[:64], k) for p, k in keys if k is not None}
+        committed: dict[tuple[str, str], tuple[str, int]] = {}
+        if wanted:
+            rows = s.exec(select(IdempotentSubmit.principal, IdempotentSubmit.key,
+                                 IdempotentSubmit.request_sha256, IdempotentSubmit.job_id).where(
+                col(IdempotentSubmit.principal).in_({a for a, _ in wanted}),
+                col(IdempotentSubmit.key).in_({k for _, k in wanted}))).all()
+            committed = {(a, k): (sha, job) for a, k, sha, job in rows if (a, k) in wanted}
+        return cls(cfg, budget_rules.overridden_teams(s), committed)
+
+
+@dataclass
 class StagedSubmit:
     """A submit checked by Client.stage_submit and not written yet: a new `job` (with its
     spec), or a replay of the job an earlier submit with the same Idempotency-Key made
@@ -444,20 +464,24 @@ def write_submits(s: Session, staged: list[StagedSubmit]) -> list[JobInfo]:
     s.add_all([st.job for st in new if st.job is not None])
     s.flush()  # the jobs' ids (one INSERT ... RETURNING for the batch)
     infos: dict[int, JobInfo] = {}
+    events: list[dict[str, Any]] = []
+    keys: list[dict[str, Any]] = []
     for st in new:
         job, js = st.job, st.js
         assert job is not None and job.id is not None and js is not None
-        p = st.client.principal
+        actor, now = st.client.principal.actor, job.submit_time
         job.checkpoint_uri = job_prefix(st.store_root, js.team, js.experiment, job.id)
-        with acting_as(p.actor):
-            record(s, job.submit_time, "submitted", f"{js.priority.value} job, {js.nodes}x"
-                   f"{js.gpus_per_node} GPUs, team {js.team}", job_id=job.id)
-            if st.budget_note:
-                record(s, job.submit_time, "budget_spot_only", st.budget_note, job_id=job.id)
+        events.append(event_row(now, "submitted", f"{js.priority.value} job, {js.nodes}x"
+                                f"{js.gpus_per_node} GPUs, team {js.team}", actor, job_id=job.id))
+        if st.budget_note:
+            events.append(event_row(now, "budget_spot_only", st.budget_note, actor, job_id=job.id))
         if st.key is not None:
-            s.add(IdempotentSubmit(principal=p.actor[:64], key=st.key, request_sha256=st.digest,
-                                   job_id=job.id, created_at=job.submit_time))
-        infos[id(st)] = JobInfo.of(job, [], job.submit_time, stores=[], caused_lost_gpu_s=0.0)
+            keys.append({"principal": actor[:64], "key": st.key, "request_sha256": st.digest,
+                         "job_id": job.id, "created_at": now})
+        infos[id(st)] = JobInfo.of(job, [], now, stores=[], caused_lost_gpu_s=0.0)
+    for model, rows in ((Event, events), (IdempotentSubmit, keys)):
+        if rows:
+            s.execute(insert(model), rows)  # one executemany each, no objects to track
     out: list[JobInfo] = []
     for st in staged:
         if st.same_as is not None:
