@@ -45,17 +45,33 @@ class _Submit:
     loop: asyncio.AbstractEventLoop
     fut: asyncio.Future[JobInfo]
 
-    def answer(self, result: JobInfo | BaseException) -> None:
-        self.loop.call_soon_threadsafe(_settle, self.fut, result)
 
 
-def _settle(fut: asyncio.Future[JobInfo], result: JobInfo | BaseException) -> None:
-    if fut.done():  # the request went away (client disconnected)
-        return
-    if isinstance(result, BaseException):
-        fut.set_exception(result)
-    else:
-        fut.set_result(result)
+Answer = tuple[asyncio.Future[JobInfo], "JobInfo | BaseException"]
+
+
+def _settle(answers: list[Answer]) -> None:
+    for fut, result in answers:
+        if fut.done():  # the request went away (client disconnected)
+            continue
+        if isinstance(result, BaseException):
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)
+
+
+class _Answers:
+    """A batch's answers, handed to each event loop in one wake-up (not one per submit)."""
+
+    def __init__(self) -> None:
+        self.by_loop: dict[asyncio.AbstractEventLoop, list[Answer]] = {}
+
+    def add(self, item: _Submit, result: JobInfo | BaseException) -> None:
+        self.by_loop.setdefault(item.loop, []).append((item.fut, result))
+
+    def send(self) -> None:
+        for loop, answers in self.by_loop.items():
+            loop.call_soon_threadsafe(_settle, answers)
 
 
 class SubmitBatcher:
@@ -82,7 +98,9 @@ class SubmitBatcher:
                     batch.append(self._q.get_nowait())
                 except queue.Empty:
                     break
-            self._commit(batch)
+            answers = _Answers()
+            self._commit(batch, answers.add)
+            answers.send()
 
     def _principal(self, s: Session, token: str | None,
                    seen: dict[str | None, Principal | Exception]) -> Principal:
@@ -96,7 +114,11 @@ class SubmitBatcher:
             raise got
         return got
 
-    def _commit(self, batch: list[_Submit]) -> None:
+    def _commit(self, batch: list[_Submit],
+                answer: Callable[[_Submit, JobInfo | BaseException], None]) -> None:
+        """Verify, check, write and commit a batch, calling answer(item, JobInfo or error):
+        a refused submit hears its own error; if the commit fails, every other hears why
+        (an item's first answer is the one its request gets)."""
         staged: list[tuple[_Submit, StagedSubmit]] = []
         try:
             with self.store.session() as s:
@@ -109,25 +131,25 @@ class SubmitBatcher:
                             raise SpecError("job", ["(root): must be a JSON object of job fields"])
                         ready.append((item, client, client.prepare(item.body)))
                     except (OnepoolError, ValueError, NotVerifiedHere) as e:  # this submit's answer
-                        item.answer(e)
+                        answer(item, e)
                 if not ready:
                     return
                 try:
                     shared = SubmitBatch.read(s, [(c.principal, item.key) for item, c, _ in ready])
                 except NotConfigured as e:
                     for item, _, _ in ready:
-                        item.answer(e)
+                        answer(item, e)
                     return
                 for item, client, js in ready:
                     try:
                         staged.append((item, client.stage_submit(s, shared, js, item.key)))
                     except (OnepoolError, ValueError) as e:  # this submit's answer
-                        item.answer(e)
+                        answer(item, e)
                 infos = write_submits(s, [st for _, st in staged]) if staged else []
         except Exception as e:  # noqa: BLE001  (the commit failed: every waiting submit hears why)
             log.warning("a batch of %d submits failed to commit: %s", len(staged), e)
             for item in batch:
-                item.answer(e)
+                answer(item, e)
             return
         for (item, _), info in zip(staged, infos, strict=True):
-            item.answer(info)
+            answer(item, info)

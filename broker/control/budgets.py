@@ -238,7 +238,9 @@ def check_submission(s: Session, cfg: ClusterConfig, js: JobSpec, now: float,
 
 def overridden_teams(s: Session) -> set[str]:
     """The teams whose budget an admin overrode (`onepool budget set --team`)."""
-    keys = s.exec(select(Setting.key).where(col(Setting.key).startswith(OVERRIDE, autoescape=True))).all()
+    # A range over the primary key (not LIKE, which scans): every key that starts with OVERRIDE.
+    upper = OVERRIDE[:-1] + chr(ord(OVERRIDE[-1]) + 1)
+    keys = s.exec(select(Setting.key).where(col(Setting.key) >= OVERRIDE, col(Setting.key) < upper)).all()
     return {k.removeprefix(OVERRIDE) for k in keys}
 
 
