@@ -27,7 +27,8 @@ from typing import Any
 
 from sqlmodel import Session
 
-from broker.client.sdk import Client, StagedSubmit, SubmitBatch, write_submits
+from broker.client.sdk import Client
+from broker.client.submits import StagedSubmit, SubmitBatch, write_submits
 from broker.errors import NotConfigured, OnepoolError, SpecError
 from broker.spec import JobSpec
 from broker.state.store import Store
