@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from broker.api.app import create_app  # noqa: E402
 from broker.api.mailbox import Mailbox  # noqa: E402
+from broker.api.server import SWITCH_INTERVAL_S  # noqa: E402
 from broker.client.sdk import Client  # noqa: E402
 from broker.clock import SystemClock  # noqa: E402
 from broker.control.engine import Engine  # noqa: E402
@@ -100,6 +101,8 @@ def main() -> None:
 
     from tests.agents.harness import serve  # uvicorn in a thread, port 0
 
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # as `onepool server` sets it
+
     home = Path(tempfile.mkdtemp(prefix="onepool-bench-"))
     clock = SystemClock()
     local = Client(home, clock=clock)
@@ -144,6 +147,7 @@ def main() -> None:
         "slowdown": round(w["median_ms"] / wo["median_ms"] - 1, 3),
         "goal": "slowdown < 0.10",
         "setup": {"database": "sqlite (WAL)", "process": "API thread + engine in one process",
+                  "switch_interval_s": SWITCH_INTERVAL_S,
                   "agents": "simulated in a second process (asyncio, long-poll wait_s=5)",
                   "cpus": os.cpu_count()},
         "assumptions_favouring_onepool": ["loopback network",

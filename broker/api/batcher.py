@@ -3,40 +3,93 @@
 the whole batch instead of each. Durability is unchanged: a submit is answered only after the
 commit that holds it.
 
-Each submit's checks (spec, team, fit, budget, idempotency key) run before it writes anything,
-so a refused submit leaves the batch's transaction as it found it; a failed commit fails every
-submit of the batch (their Idempotency-Keys make the client's retry safe).
+One thread does every submit's database work, batch after batch, and answers the event loop
+that waits for it (the route is async: no worker thread per request). Per batch, in one
+session: the applied config is read once and each distinct token once (its row, so a
+revocation is seen at once; its hash only if this process verified it before: a token never
+seen goes back to the route, which verifies it in the thread pool, so the slow hash never
+stalls the batch). Each submit's checks (token, spec, team, fit, budget, idempotency key) run
+before anything is written, so a refused submit leaves the batch as it found it; then the
+accepted ones are written together (one INSERT of their jobs, one of their events, one of
+their keys) and committed. A failed commit fails every submit of the batch (their
+Idempotency-Keys make the client's retry safe).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
-from concurrent.futures import Future
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlmodel import Session
 
 from broker.client.sdk import Client
-from broker.errors import OnepoolError
+from broker.client.submits import StagedSubmit, SubmitBatch, write_submits
+from broker.errors import NotConfigured, OnepoolError, SpecError
 from broker.spec import JobSpec
-from broker.state.events import acting_as
 from broker.state.store import Store
+from broker.state.tokens import NotVerifiedHere, Principal, Verifier
 from broker.state.views import JobInfo
 
 log = logging.getLogger("onepool.api")
-Item = tuple[Client, JobSpec, "str | None", "Future[JobInfo]"]
+
+
+@dataclass
+class _Submit:
+    token: str | None
+    body: Any
+    key: str | None
+    loop: asyncio.AbstractEventLoop
+    fut: asyncio.Future[JobInfo]
+
+
+
+Answer = tuple[asyncio.Future[JobInfo], "JobInfo | BaseException"]
+
+
+def _settle(answers: list[Answer]) -> None:
+    for fut, result in answers:
+        if fut.done():  # the request went away (client disconnected)
+            continue
+        if isinstance(result, BaseException):
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)
+
+
+class _Answers:
+    """A batch's answers, handed to each event loop in one wake-up (not one per submit)."""
+
+    def __init__(self) -> None:
+        self.by_loop: dict[asyncio.AbstractEventLoop, list[Answer]] = {}
+
+    def add(self, item: _Submit, result: JobInfo | BaseException) -> None:
+        self.by_loop.setdefault(item.loop, []).append((item.fut, result))
+
+    def send(self) -> None:
+        for loop, answers in self.by_loop.items():
+            loop.call_soon_threadsafe(_settle, answers)
 
 
 class SubmitBatcher:
-    def __init__(self, store: Store, max_batch: int = 128) -> None:
-        self.store, self.max_batch = store, max_batch
-        self._q: queue.Queue[Item] = queue.Queue()
+    def __init__(self, store: Store, verifier: Verifier, client: Callable[[Principal], Client],
+                 max_batch: int = 128) -> None:
+        self.store, self.verifier, self.client, self.max_batch = store, verifier, client, max_batch
+        self._q: queue.Queue[_Submit] = queue.Queue()
         threading.Thread(target=self._run, name="submit-batcher", daemon=True).start()
 
-    def submit(self, client: Client, js: JobSpec, key: str | None) -> JobInfo:
-        """Queue the submit and wait for the commit that holds it. Raises what submit() raises."""
-        fut: Future[JobInfo] = Future()
-        self._q.put((client, js, key, fut))
-        return fut.result()
+    async def submit(self, token: str | None, body: Any, key: str | None) -> JobInfo:
+        """Submit `body` (a job spec) as the holder of `token`, answered once the commit that
+        holds it is done. Raises what Client.submit raises, Unauthorized, and NotVerifiedHere
+        for a token this process has not verified yet (verify it, then submit again)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[JobInfo] = loop.create_future()
+        self._q.put(_Submit(token, body, key, loop, fut))
+        return await fut
 
     def _run(self) -> None:
         while True:
@@ -46,22 +99,58 @@ class SubmitBatcher:
                     batch.append(self._q.get_nowait())
                 except queue.Empty:
                     break
-            self._commit(batch)
+            answers = _Answers()
+            self._commit(batch, answers.add)
+            answers.send()
 
-    def _commit(self, batch: list[Item]) -> None:
-        done: list[tuple[Future[JobInfo], JobInfo]] = []
+    def _principal(self, s: Session, token: str | None,
+                   seen: dict[str | None, Principal | Exception]) -> Principal:
+        if token not in seen:
+            try:
+                seen[token] = self.verifier.api_principal(s, token, cached_only=True)
+            except (OnepoolError, NotVerifiedHere) as e:  # the answer to each submit with this token
+                seen[token] = e
+        got = seen[token]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def _commit(self, batch: list[_Submit],
+                answer: Callable[[_Submit, JobInfo | BaseException], None]) -> None:
+        """Verify, check, write and commit a batch, calling answer(item, JobInfo or error):
+        a refused submit hears its own error; if the commit fails, every other hears why
+        (an item's first answer is the one its request gets)."""
+        staged: list[tuple[_Submit, StagedSubmit]] = []
         try:
             with self.store.session() as s:
-                for client, js, key, fut in batch:
+                principals: dict[str | None, Principal | Exception] = {}
+                ready: list[tuple[_Submit, Client, JobSpec]] = []
+                for item in batch:
                     try:
-                        with acting_as(client.principal.actor):
-                            done.append((fut, client.submit_in(s, js, key)))
-                    except (OnepoolError, ValueError) as e:
-                        fut.set_exception(e)
+                        client = self.client(self._principal(s, item.token, principals))
+                        if not isinstance(item.body, dict):
+                            raise SpecError("job", ["(root): must be a JSON object of job fields"])
+                        ready.append((item, client, client.prepare(item.body)))
+                    except (OnepoolError, ValueError, NotVerifiedHere) as e:  # this submit's answer
+                        answer(item, e)
+                if not ready:
+                    return
+                try:
+                    shared = SubmitBatch.read(s, [(c.principal, item.key) for item, c, _ in ready])
+                except NotConfigured as e:
+                    for item, _, _ in ready:
+                        answer(item, e)
+                    return
+                for item, client, js in ready:
+                    try:
+                        staged.append((item, client.stage_submit(s, shared, js, item.key)))
+                    except (OnepoolError, ValueError) as e:  # this submit's answer
+                        answer(item, e)
+                infos = write_submits(s, [st for _, st in staged]) if staged else []
         except Exception as e:  # noqa: BLE001  (the commit failed: every waiting submit hears why)
-            log.warning("a batch of %d submits failed to commit: %s", len(done), e)
-            for fut, _ in done:
-                fut.set_exception(e)
+            log.warning("a batch of %d submits failed to commit: %s", len(staged), e)
+            for item in batch:
+                answer(item, e)
             return
-        for fut, info in done:
-            fut.set_result(info)
+        for (item, _), info in zip(staged, infos, strict=True):
+            answer(item, info)

@@ -37,7 +37,7 @@ class ApiContext:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.batcher = SubmitBatcher(self.store)
+        self.batcher = SubmitBatcher(self.store, self.verifier, self.client)
 
     def client(self, principal: Principal) -> Client:
         return Client(store=self.store, clock=self.clock, principal=principal)
@@ -73,9 +73,14 @@ def bearer(request: Request) -> str | None:
 
 def principal(request: Request) -> Principal:
     """The member or admin behind the request's token. Raises Unauthorized."""
-    c = ctx(request)
+    return verify(ctx(request), bearer(request))
+
+
+def verify(c: ApiContext, token: str | None) -> Principal:
+    """The member or admin behind `token`, checked against its stored hash (the slow hash
+    runs once per token and process). Raises Unauthorized."""
     with c.store.session() as s:
-        return c.verifier.api_principal(s, bearer(request))
+        return c.verifier.api_principal(s, token)
 
 
 def client(request: Request) -> Client:

@@ -29,10 +29,10 @@ from sqlalchemy import update
 from sqlmodel import Session, col, or_, select
 
 from broker.checkpoint import telemetry
-from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.index import default_store_root, stores_of
 from broker.client.filters import check_filters
 from broker.client.sdk_admin import AdminMixin
+from broker.client.submits import StagedSubmit, SubmitBatch, write_submits
 from broker.client.waits import FINAL, wait_stopped
 from broker.clock import Clock, SystemClock
 from broker.control import budgets as budget_rules
@@ -44,7 +44,6 @@ from broker.spec import ClusterConfig, JobSpec, check_job_fits, load_config, par
 from broker.state import costs as cost_queries
 from broker.state.events import acting_as, record
 from broker.state.model import Attempt, Event, Job, JobState
-from broker.state.model_access import IdempotentSubmit
 from broker.state.store import Store
 from broker.state.tokens import Principal, local_principal
 from broker.state.views import EventInfo, JobInfo, LogChunk, LostWorkRow, PoolInfo
@@ -142,20 +141,38 @@ class Client(AdminMixin):
         return js
 
     def submit_in(self, s: Session, js: JobSpec, idempotency_key: str | None = None) -> JobInfo:
-        """submit() inside the caller's transaction (the API batches concurrent submits into
-        one commit). Raises as submit() does; the caller rolls back what this wrote."""
+        """submit() inside the caller's transaction. Raises as submit() does; the caller rolls
+        back what this wrote."""
+        batch = SubmitBatch.read(s, [(self.principal, idempotency_key)])
+        return write_submits(s, [self.stage_submit(s, batch, js, idempotency_key)])[0]
+
+    def stage_submit(self, s: Session, batch: SubmitBatch, js: JobSpec,
+                     idempotency_key: str | None) -> StagedSubmit:
+        """Check a submit against the database without writing anything; write it (with the
+        others of its `batch`) with write_submits(). A key used twice in one batch makes one
+        job. Raises as submit() does, leaving the session as it found it."""
         p = self.principal
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
             raise SpecError("Idempotency-Key", ["must be 1 to 200 characters"])
-        cfg = applied_config(s)
+        cfg = batch.cfg
         check_job_fits(js, cfg)
         digest = hashlib.sha256(json.dumps(js.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
-        if idempotency_key is not None:
-            prior = self._idempotent(s, idempotency_key, digest)
+        slot = (p.actor[:64], idempotency_key) if idempotency_key is not None else None
+        if slot is not None:
+            first = batch.staged.get(slot)
+            if first is not None:
+                if first.digest != digest:
+                    raise SpecError("Idempotency-Key", [f"{slot[1]!r} was already used for a "
+                                                        "different job; use a new key"])
+                return StagedSubmit(self, digest, same_as=first)
+            prior = batch.committed.get(slot)
             if prior is not None:
-                return self._info(s, prior)
+                if prior[0] != digest:
+                    raise SpecError("Idempotency-Key", [f"{slot[1]!r} was already used for a "
+                                                        f"different job (job {prior[1]}); use a new key"])
+                return StagedSubmit(self, digest, prior=prior[1])
         now = self.clock.now()
-        js, budget_note = budget_rules.check_submission(s, cfg, js, now)  # money (issue 6)
+        js, budget_note = budget_rules.check_submission(s, cfg, js, now, batch.overridden)  # money (issue 6)
         workdir = existing_workdir(js.workdir) if p.kind == "local" else remote_workdir(js.workdir)
         job = Job(name=js.name, experiment=js.experiment, team=js.team, command=js.command,
                   env=js.env, workdir=workdir,
@@ -164,31 +181,11 @@ class Client(AdminMixin):
                   checkpoint_interval_s=js.checkpoint_interval_s,
                   expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now,
                   submitted_by=p.actor)
-        s.add(job)
-        s.flush()
-        assert job.id is not None
-        job.checkpoint_uri = job_prefix(default_store_root(cfg, self.store.home), js.team,
-                                        js.experiment, job.id)
-        record(s, now, "submitted", f"{js.priority.value} job, {js.nodes}x{js.gpus_per_node} "
-               f"GPUs, team {js.team}", job_id=job.id)
-        if budget_note:
-            record(s, now, "budget_spot_only", budget_note, job_id=job.id)
-        s.add(job)
-        if idempotency_key is not None:
-            s.add(IdempotentSubmit(principal=p.actor[:64], key=idempotency_key,
-                                   request_sha256=digest, job_id=job.id, created_at=now))
-        return JobInfo.of(job, [], now, stores=[], caused_lost_gpu_s=0.0)
-
-    def _idempotent(self, s: Session, key: str, digest: str) -> int | None:
-        row = s.exec(select(IdempotentSubmit).where(
-            IdempotentSubmit.principal == self.principal.actor[:64],
-            IdempotentSubmit.key == key)).first()
-        if row is None:
-            return None
-        if row.request_sha256 != digest:
-            raise SpecError("Idempotency-Key", [f"{key!r} was already used for a different job "
-                                                f"(job {row.job_id}); use a new key"])
-        return row.job_id
+        staged = StagedSubmit(self, digest, js=js, job=job, key=idempotency_key,
+                              budget_note=budget_note, store_root=default_store_root(cfg, self.store.home))
+        if slot is not None:
+            batch.staged[slot] = staged
+        return staged
 
     def _job(self, s: Session, job_id: int, what: str) -> Job:
         j = s.get(Job, job_id) if 0 < job_id <= MAX_ID else None
@@ -411,3 +408,4 @@ class Client(AdminMixin):
         """Block until every job has ended (or stopped as BUDGET_EXHAUSTED). Raises
         TimeoutError naming the ones still open."""
         return wait_stopped(self.get, job_ids, timeout, poll_s)
+

@@ -199,12 +199,15 @@ def _history_duration(s: Session, team: str, experiment: str) -> float | None:
     return sum(per_job.values()) / len(per_job) if per_job else None
 
 
-def check_submission(s: Session, cfg: ClusterConfig, js: JobSpec, now: float) -> tuple[JobSpec, str | None]:
-    """The spec to queue and a note saying why it changed (None: unchanged).
+def check_submission(s: Session, cfg: ClusterConfig, js: JobSpec, now: float,
+                     overridden: set[str] | None = None) -> tuple[JobSpec, str | None]:
+    """The spec to queue and a note saying why it changed (None: unchanged). `overridden`:
+    the teams with a budget override, as overridden_teams() read them (None: read here).
     Raises BudgetError naming the estimate and the budget when it cannot fit."""
     team = next((t for t in cfg.teams if t.name == js.team), None)
-    budgeted = team is not None and (team.budget_usd is not None
-                                     or s.get(Setting, OVERRIDE + js.team) is not None)
+    has_override = (js.team in overridden if overridden is not None
+                    else s.get(Setting, OVERRIDE + js.team) is not None)
+    budgeted = team is not None and (team.budget_usd is not None or has_override)
     tb = next((b for b in team_budgets(s, cfg, now) if b.team == js.team), None) if budgeted else None
     if tb is not None and tb.state == "exhausted":
         raise BudgetError(f"team {js.team} has spent {fmt_usd(tb.spent)} of its "
@@ -232,6 +235,14 @@ def check_submission(s: Session, cfg: ClusterConfig, js: JobSpec, now: float) ->
         f"{fmt_usd(est.usd_per_gpu_hour)}/GPU-h on {est.pool}, the cheapest pool that fits; duration "
         f"from {est.duration_from}); raise --budget-usd to at least {_ceil_cents(est.usd)}, shorten "
         "expected_duration_s, or allow spot")
+
+
+def overridden_teams(s: Session) -> set[str]:
+    """The teams whose budget an admin overrode (`onepool budget set --team`)."""
+    # A range over the primary key (not LIKE, which scans): every key that starts with OVERRIDE.
+    upper = OVERRIDE[:-1] + chr(ord(OVERRIDE[-1]) + 1)
+    keys = s.exec(select(Setting.key).where(col(Setting.key) >= OVERRIDE, col(Setting.key) < upper)).all()
+    return {k.removeprefix(OVERRIDE) for k in keys}
 
 
 def _ceil_cents(usd: float) -> str:

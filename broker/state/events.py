@@ -33,6 +33,13 @@ def current_actor() -> str:
     return _ACTOR.get()
 
 
+def event_row(now: float, kind: str, message: str, actor: str, *, job_id: int | None = None,
+              attempt_id: int | None = None, **data: Any) -> dict[str, Any]:
+    """An event as a row for a bulk insert (what record() adds, made by `actor`)."""
+    return {"time": now, "job_id": job_id, "attempt_id": attempt_id, "kind": kind,
+            "message": message, "data": data, "actor": actor}
+
+
 def record(s: Session, now: float, kind: str, message: str, *, job_id: int | None = None,
            attempt_id: int | None = None, **data: Any) -> Event:
     """Add an event to the session (committed with the caller's transaction)."""

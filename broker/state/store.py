@@ -38,7 +38,7 @@ def database_url(home: Path) -> str:
 
 def make_engine(url: str) -> Engine:
     """An engine for `url`. SQLite gets WAL, a busy timeout and foreign keys, so the CLI and
-    the broker can share the file."""
+    the broker can share the file, and synchronous=FULL, so a commit survives a power loss."""
     if url.startswith("sqlite"):
         path = url.removeprefix("sqlite:///")
         if path and path != ":memory:" and not os.path.exists(path):
@@ -51,6 +51,7 @@ def make_engine(url: str) -> Engine:
         def _pragmas(dbapi_conn, _rec) -> None:  # type: ignore[no-untyped-def]
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=FULL")  # whatever the build's default
             cur.execute("PRAGMA busy_timeout=30000")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()

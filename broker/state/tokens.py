@@ -38,6 +38,11 @@ _SHAPE = re.compile(r"^(op|opj|opn)_([0-9a-f]{12})_([A-Za-z0-9_-]{20,100})$")
 _HASHER = PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1)
 
 
+class NotVerifiedHere(Exception):
+    """The token's hash has not been verified by this Verifier yet (asked with cached_only):
+    verify it where a slow hash may run (api_principal without cached_only), then ask again."""
+
+
 @dataclass(frozen=True)
 class Principal:
     """Who makes a request. kind: local (the embedded, single-user mode: full rights), member,
@@ -111,8 +116,9 @@ class Verifier:
         self._lock = threading.Lock()
         self._capacity = capacity
 
-    def check(self, tid: str, token: str, stored_hash: str | None) -> bool:
-        """True if `token` matches `stored_hash` (the hash of the token with id `tid`)."""
+    def check(self, tid: str, token: str, stored_hash: str | None, *, cached_only: bool = False) -> bool:
+        """True if `token` matches `stored_hash` (the hash of the token with id `tid`).
+        With cached_only, raises NotVerifiedHere instead of running the slow hash."""
         if not stored_hash:
             return False
         digest = hashlib.sha256(f"{stored_hash}\0{token}".encode()).digest()
@@ -120,6 +126,8 @@ class Verifier:
             known = self._ok.get(tid)
         if known is not None and hmac.compare_digest(known, digest):
             return True
+        if cached_only:
+            raise NotVerifiedHere(tid)
         try:
             _HASHER.verify(stored_hash, token)
         except (VerificationError, InvalidHashError):
@@ -131,15 +139,16 @@ class Verifier:
                 self._ok.popitem(last=False)
         return True
 
-    def api_principal(self, s: Session, token: str | None) -> Principal:
+    def api_principal(self, s: Session, token: str | None, *, cached_only: bool = False) -> Principal:
         """The member or admin behind an API token. Raises Unauthorized (missing, malformed,
-        unknown, revoked)."""
+        unknown, revoked); with cached_only, NotVerifiedHere for a token whose hash this
+        Verifier has not checked yet (so a caller that must not stall runs no slow hash)."""
         if not token:
             raise Unauthorized("this API needs a token: send `Authorization: Bearer TOKEN` "
                                "(set ONEPOOL_TOKEN; an admin creates one with `onepool token create`)")
         tid = parse(token, API)
         row = s.get(ApiToken, tid)
-        if row is None or not self.check(tid, token, row.hash):
+        if row is None or not self.check(tid, token, row.hash, cached_only=cached_only):
             raise Unauthorized(f"token {tid} is not known to this server")
         if row.revoked_at is not None:
             raise Unauthorized(f"token {tid} was revoked; ask an admin for a new one")

@@ -1,0 +1,100 @@
+"""Group commit of submits (broker/api/batcher.py): one batch, one transaction; each submit
+gets its own answer, a refused one leaves the others alone, and a key used twice in one
+batch makes one job. The batch is handed to the batcher directly, so its make-up is exact."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from sqlmodel import select
+
+from broker.api.batcher import _Submit
+from broker.api.context import ApiContext, verify
+from broker.checkpoint.checkpoints import job_prefix
+from broker.checkpoint.index import default_store_root
+from broker.errors import Forbidden, SpecError, Unauthorized
+from broker.state.model import Event, Job
+from broker.state.tokens import NotVerifiedHere
+from broker.state.views import JobInfo
+from tests.api.conftest import Api
+
+JOB = {"name": "j", "command": ["true"], "gpus_per_node": 1}
+
+
+def run_batch(api: Api, items: list[tuple[str | None, Any, str | None]]) -> list[JobInfo | BaseException]:
+    """Commit `items` ((token, body, Idempotency-Key)) as one batch; each one's answer."""
+    ctx: ApiContext = api.app.state.ctx
+    loop = asyncio.new_event_loop()
+    try:
+        subs = [_Submit(token, body, key, loop, loop.create_future()) for token, body, key in items]
+        answers: dict[int, JobInfo | BaseException] = {}
+        ctx.batcher._commit(subs, lambda item, result: answers.setdefault(id(item), result))
+        return [answers[id(s)] for s in subs]
+    finally:
+        loop.close()
+
+
+def test_one_batch_answers_each_submit_and_commits_the_accepted_ones(api: Api):
+    ctx: ApiContext = api.app.state.ctx
+    verify(ctx, api.research)
+    verify(ctx, api.prod)
+    out = run_batch(api, [
+        (api.research, JOB, "a"),
+        (api.research, {**JOB, "gpu_types": ["H100"]}, None),  # no pool has it: refused
+        (api.research, JOB, "a"),  # the same key and spec in the same batch: the same job
+        (api.research, {**JOB, "name": "other"}, "a"),  # the same key, another spec: refused
+        (api.prod, JOB, "a"),  # another token's key: another job
+        (api.research, {**JOB, "team": "prod"}, None),  # a member submits for its team only
+        (api.research, [1], None),  # not a job object
+        ("op_000000000000_" + "x" * 43, JOB, None),  # unknown token
+        (None, JOB, None),
+    ])
+    first, gpu, again, other, prod, team, bad, unknown, missing = out
+    assert isinstance(first, JobInfo) and isinstance(again, JobInfo) and isinstance(prod, JobInfo)
+    assert again.id == first.id and prod.id != first.id and prod.team == "prod"
+    assert isinstance(gpu, SpecError) and "gpu_types" in str(gpu)
+    assert isinstance(other, SpecError) and "already used for a different job" in str(other)
+    assert isinstance(team, Forbidden)
+    assert isinstance(bad, SpecError) and "must be a JSON object" in str(bad)
+    assert isinstance(unknown, Unauthorized) and isinstance(missing, Unauthorized)
+    with api.local.store.session() as s:
+        jobs = s.exec(select(Job)).all()
+        assert sorted(j.id for j in jobs) == sorted([first.id, prod.id])
+        root = default_store_root(api.local.config(), api.local.store.home)
+        assert [j.checkpoint_uri for j in jobs] == [job_prefix(root, j.team, j.experiment, j.id or 0)
+                                                    for j in jobs]
+        submitted = s.exec(select(Event).where(Event.kind == "submitted")).all()
+        assert {(e.job_id, e.actor) for e in submitted} == {
+            (first.id, f"token:{api.research.split('_')[1]} (research member)"),
+            (prod.id, f"token:{api.prod.split('_')[1]} (prod member)")}
+    # A key committed by an earlier batch replays its job, in a later batch.
+    (replay,) = run_batch(api, [(api.research, JOB, "a")])
+    assert isinstance(replay, JobInfo) and replay.id == first.id
+
+
+def test_a_token_not_verified_in_this_process_goes_back_to_the_route(api: Api):
+    """The batch never runs the slow hash: the route verifies the token off the loop and
+    submits again (over HTTP the client sees one 201)."""
+    (out,) = run_batch(api, [(api.research, JOB, None)])
+    assert isinstance(out, NotVerifiedHere)
+    r = api.http.post("/v1/jobs", json=JOB, headers=api.as_(api.research))
+    assert r.status_code == 201, r.text
+
+
+def test_a_revoked_token_is_refused_by_the_next_batch(api: Api):
+    verify(api.app.state.ctx, api.research)
+    assert isinstance(run_batch(api, [(api.research, JOB, None)])[0], JobInfo)
+    tid = api.research.split("_")[1]
+    api.local.revoke_token(tid)
+    (out,) = run_batch(api, [(api.research, JOB, None)])
+    assert isinstance(out, Unauthorized) and "revoked" in str(out)
+
+
+@pytest.mark.parametrize("key", ["", "k" * 201])
+def test_a_bad_idempotency_key_is_refused_alone(api: Api, key: str):
+    verify(api.app.state.ctx, api.research)
+    bad, good = run_batch(api, [(api.research, JOB, key), (api.research, JOB, None)])
+    assert isinstance(bad, SpecError) and "Idempotency-Key" in str(bad)
+    assert isinstance(good, JobInfo)
