@@ -66,9 +66,14 @@ class _Answers:
 
     def __init__(self) -> None:
         self.by_loop: dict[asyncio.AbstractEventLoop, list[Answer]] = {}
+        self.answered: set[int] = set()
 
     def add(self, item: _Submit, result: JobInfo | BaseException) -> None:
+        self.answered.add(id(item))
         self.by_loop.setdefault(item.loop, []).append((item.fut, result))
+
+    def has(self, item: _Submit) -> bool:
+        return id(item) in self.answered
 
     def send(self) -> None:
         for loop, answers in self.by_loop.items():
@@ -99,9 +104,21 @@ class SubmitBatcher:
                     batch.append(self._q.get_nowait())
                 except queue.Empty:
                     break
-            answers = _Answers()
-            self._commit(batch, answers.add)
-            answers.send()
+            self._handle(batch)
+
+    def _handle(self, batch: list[_Submit]) -> None:
+        """Commit a batch and answer every submit in it. If the commit fails (a key another
+        API process committed a moment ago, a lock timeout), one submit must not sink the
+        others: each one not yet answered is tried again alone, and only a submit that fails
+        alone hears its own error."""
+        answers = _Answers()
+        failed = self._commit(batch, answers.add)
+        if failed is not None:
+            for item in [b for b in batch if not answers.has(b)]:
+                alone = failed if len(batch) == 1 else self._commit([item], answers.add)
+                if alone is not None:
+                    answers.add(item, alone)
+        answers.send()
 
     def _principal(self, s: Session, token: str | None,
                    seen: dict[str | None, Principal | Exception]) -> Principal:
@@ -116,10 +133,11 @@ class SubmitBatcher:
         return got
 
     def _commit(self, batch: list[_Submit],
-                answer: Callable[[_Submit, JobInfo | BaseException], None]) -> None:
-        """Verify, check, write and commit a batch, calling answer(item, JobInfo or error):
-        a refused submit hears its own error; if the commit fails, every other hears why
-        (an item's first answer is the one its request gets)."""
+                answer: Callable[[_Submit, JobInfo | BaseException], None]) -> Exception | None:
+        """Verify, check, write and commit a batch, calling answer(item, JobInfo or error) for
+        each refused submit (its own error) and, once committed, for each written one. If the
+        commit fails, nothing is written, the written ones are not answered, and the error is
+        returned (the caller retries them alone)."""
         staged: list[tuple[_Submit, StagedSubmit]] = []
         try:
             with self.store.session() as s:
@@ -134,23 +152,22 @@ class SubmitBatcher:
                     except (OnepoolError, ValueError, NotVerifiedHere) as e:  # this submit's answer
                         answer(item, e)
                 if not ready:
-                    return
+                    return None
                 try:
                     shared = SubmitBatch.read(s, [(c.principal, item.key) for item, c, _ in ready])
                 except NotConfigured as e:
                     for item, _, _ in ready:
                         answer(item, e)
-                    return
+                    return None
                 for item, client, js in ready:
                     try:
                         staged.append((item, client.stage_submit(s, shared, js, item.key)))
                     except (OnepoolError, ValueError) as e:  # this submit's answer
                         answer(item, e)
                 infos = write_submits(s, [st for _, st in staged]) if staged else []
-        except Exception as e:  # noqa: BLE001  (the commit failed: every waiting submit hears why)
+        except Exception as e:  # noqa: BLE001  (the commit failed: returned, the caller decides)
             log.warning("a batch of %d submits failed to commit: %s", len(staged), e)
-            for item in batch:
-                answer(item, e)
-            return
+            return e
         for (item, _), info in zip(staged, infos, strict=True):
             answer(item, info)
+        return None

@@ -98,3 +98,36 @@ def test_a_bad_idempotency_key_is_refused_alone(api: Api, key: str):
     bad, good = run_batch(api, [(api.research, JOB, key), (api.research, JOB, None)])
     assert isinstance(bad, SpecError) and "Idempotency-Key" in str(bad)
     assert isinstance(good, JobInfo)
+
+
+def test_a_batch_whose_commit_fails_is_retried_one_submit_at_a_time(api: Api, monkeypatch):
+    """Another API process commits the same Idempotency-Key between this batch's read and its
+    write: the batch's commit fails, and each submit is tried again alone. The keyed one
+    replays the other process's job, the rest are written: nobody hears the other's error."""
+    from broker.client import submits
+
+    ctx: ApiContext = api.app.state.ctx
+    verify(ctx, api.research)
+    read, raced = submits.SubmitBatch.read.__func__, []  # type: ignore[attr-defined]
+
+    def read_then_race(cls, s, keys):  # type: ignore[no-untyped-def]
+        out = read(cls, s, keys)
+        if not raced:  # the other process, in its own transaction, between read and write
+            raced.append(None)
+            raced[0] = run_batch(api, [(api.research, JOB, "race")])[0]
+        return out
+
+    monkeypatch.setattr(submits.SubmitBatch, "read", classmethod(read_then_race))
+    loop = asyncio.new_event_loop()
+    try:
+        subs = [_Submit(api.research, body, key, loop, loop.create_future())
+                for body, key in [(JOB, "race"), ({**JOB, "name": "other"}, None)]]
+        ctx.batcher._handle(subs)
+        keyed, other = loop.run_until_complete(asyncio.gather(*(x.fut for x in subs), return_exceptions=True))
+    finally:
+        loop.close()
+    (theirs,) = raced
+    assert isinstance(theirs, JobInfo) and isinstance(keyed, JobInfo) and isinstance(other, JobInfo)
+    assert keyed.id == theirs.id and other.id != theirs.id and other.name == "other"
+    with api.local.store.session() as s:
+        assert sorted(j.name for j in s.exec(select(Job)).all()) == ["j", "other"]
