@@ -24,6 +24,8 @@ import math
 from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
+from functools import partial
+from operator import attrgetter, is_not, itemgetter
 
 from broker.policy.config import PolicyConfig
 from broker.policy.snapshot import PendingView, TeamView
@@ -39,6 +41,9 @@ UNKILLABLE = -1
 
 
 _RANK = {p: p.rank for p in Priority}
+_VIEW = itemgetter(2)
+_ESTIMATE = attrgetter("expected_duration_s")
+_KNOWN = partial(is_not, None)
 
 
 def list_key(j: PendingView) -> ListKey:
@@ -50,17 +55,14 @@ class PendingQueue:
     (submit time, job id). add/remove cost O(log n) plus a list insert."""
 
     def __init__(self, jobs: Iterable[PendingView] = ()) -> None:
-        self.lists: dict[ListKey, list[Entry]] = {}
-        lists, rank = self.lists, _RANK
+        by: defaultdict[tuple[Priority, str, int, int], list[Entry]] = defaultdict(list)
         for j in jobs:
-            k = (rank[j.priority], j.team, j.gpus_per_node, j.nodes)
-            lst = lists.get(k)
-            if lst is None:
-                lst = lists[k] = []
-            lst.append((j.submit_time, j.job_id, j))
+            by[(j.priority, j.team, j.gpus_per_node, j.nodes)].append((j.submit_time, j.job_id, j))
+        rank = _RANK
+        self.lists: dict[ListKey, list[Entry]] = {(rank[p], t, g, n): lst for (p, t, g, n), lst in by.items()}
         self._jobs: dict[int, PendingView] | None = None
         self._shortest: dict[ListKey, float] = {}
-        for lst in lists.values():
+        for lst in by.values():
             lst.sort()  # (submit, id) decide: ids are unique, so views are never compared
 
     @property
@@ -78,8 +80,8 @@ class PendingQueue:
         list changes."""
         got = self._shortest.get(key)
         if got is None:
-            ests = [e[2].expected_duration_s for e in self.lists.get(key, ())]
-            got = self._shortest[key] = min((x for x in ests if x is not None), default=math.inf)
+            ests = map(_ESTIMATE, map(_VIEW, self.lists.get(key, ())))
+            got = self._shortest[key] = min(filter(_KNOWN, ests), default=math.inf)
         return got
 
     def add(self, j: PendingView) -> None:

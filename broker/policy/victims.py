@@ -140,9 +140,9 @@ class VictimIndex:
         waiting: nothing else can be a victim in this plan). An attempt's effective class is
         its priority's, or normal when its id is in `demoted` (anti-capture).
 
-        Built in two steps, the second only when a search needs it: per node, the (class,
-        attempt, GPUs) of its eligible victims (enough for `could_fit`); then per node the
-        victims in victim order (`by_node`, for the search)."""
+        Built in two steps, the second only when a search needs it: per node, the GPUs of its
+        eligible victims below each class (enough for `could_fit`); then, per node and per
+        pool, the victims in victim order (`by_node`, `per_pool`, for the search)."""
         self.cap = cap
         self.now, self.mode = now, mode
         self.rank: dict[int, int] = {}
@@ -150,10 +150,10 @@ class VictimIndex:
         self.version: dict[str, int] = defaultdict(int)
         self._pos: dict[str, int] | None = None
         self._by_node: dict[str, list[OnNode]] | None = None
-        raw: dict[str, list[tuple[int, RunningView, int]]] = {}
-        lowest: int | None = None
         pool_of, ranks, rank_table = cap.pool_of, self.rank, _RANK
         spanning: set[str] = set()
+        eligible: list[RunningView] = []
+        sums: dict[str, list[int]] = {}  # per node, GPUs of its eligible victims per class
         for r in running:
             if r.stopping or (r.times_preempted and now - r.started_at < min_run_s):
                 continue  # not preemptable (see preemptable())
@@ -162,22 +162,30 @@ class VictimIndex:
             if rank >= below:
                 continue
             ranks[aid] = rank
+            eligible.append(r)
             alloc = r.alloc
+            for node, g in alloc:
+                by = sums.get(node)
+                if by is None:
+                    if node not in pool_of:  # a node no longer in any pool: nothing to free there
+                        continue
+                    by = sums[node] = [0] * RANKS
+                by[rank] += g
             if len(alloc) > 1:
-                for node, g in alloc:
-                    if node in pool_of:
-                        raw.setdefault(node, []).append((rank, r, g))
-                        spanning.add(pool_of[node])
-            elif alloc:
-                node, g = alloc[0]
-                if node in pool_of:  # else a node no longer in any pool: nothing to free there
-                    raw.setdefault(node, []).append((rank, r, g))
-            if lowest is None or rank < lowest:
-                lowest = rank
-        self._raw = raw
+                spanning.update(pool_of[node] for node, _ in alloc if node in pool_of)
+        self._eligible = eligible
         self.spanning = spanning  # pools with a victim on several nodes (gangs search greedily)
         self._per_pool: dict[str, list[tuple[VictimKey, int, str, int, RunningView]]] = {}
-        self._recl: dict[str, list[int]] = {}
+        # per node with eligible victims, their GPUs below each class (index: the class), less
+        # those of victims chosen since
+        recl: dict[str, list[int]] = {}
+        for node, by in sums.items():
+            b0 = by[0]
+            b1 = b0 + by[1]
+            b2 = b1 + by[2]
+            recl[node] = [0, b0, b1, b2, b2 + by[3]]
+        self._recl = recl
+        lowest = min(ranks.values(), default=None)
         self.lowest = lowest
         self.cursor: dict[tuple[str, int], int] = {}
         self.buckets: dict[tuple[str, int], list[dict[str, None]]] = {}
@@ -190,20 +198,30 @@ class VictimIndex:
     def by_node(self) -> dict[str, list[OnNode]]:
         """Per node, its eligible victims as (key, attempt, GPUs there), in victim order."""
         if self._by_node is None:
-            now, youngest = self.now, self.mode == "youngest"
-            keys: dict[int, VictimKey] = {}
-            by_node: dict[str, list[OnNode]] = {}
-            for node, lst in self._raw.items():
-                out = by_node[node] = []
-                for rank, r, g in lst:
-                    k = keys.get(r.attempt_id)
-                    if k is None:
-                        k = keys[r.attempt_id] = _key(r, rank, now, youngest)
-                    out.append((k, r, g))
-                if len(out) > 1:
-                    out.sort(key=_first)
-            self._by_node = by_node
+            self._order()
+            assert self._by_node is not None
         return self._by_node
+
+    def _order(self) -> None:
+        """Sort the eligible victims once (keys are unique: they end with the job id), then
+        fill `by_node` and every pool's `per_pool` list from that one order."""
+        now, youngest, ranks = self.now, self.mode == "youngest", self.rank
+        keyed = [(_key(r, ranks[r.attempt_id], now, youngest), r) for r in self._eligible]
+        keyed.sort(key=_key_of)
+        pool_of, pos = self.cap.pool_of, self.pos
+        by_node: dict[str, list[OnNode]] = {nd: [] for nd in self._recl}
+        per_pool: dict[str, list[tuple[VictimKey, int, str, int, RunningView]]] = {
+            p: [] for p in self.cap.nodes}
+        for k, r in keyed:
+            alloc = r.alloc
+            if len(alloc) > 1:
+                alloc = tuple(sorted((a for a in alloc if a[0] in pool_of), key=lambda a: pos[a[0]]))
+            for nd, g in alloc:
+                if nd in pool_of:
+                    by_node[nd].append((k, r, g))
+                    per_pool[pool_of[nd]].append((k, pos[nd], nd, g, r))
+        self._by_node = by_node
+        self._per_pool = per_pool
 
     @property
     def pos(self) -> dict[str, int]:
@@ -214,42 +232,27 @@ class VictimIndex:
 
     def per_pool(self, pool: str) -> list[tuple[VictimKey, int, str, int, RunningView]]:
         """Every (key, node place, node, GPUs there, attempt) of the pool, in victim order."""
-        got = self._per_pool.get(pool)
-        if got is None:
-            pos, by_node = self.pos, self.by_node
-            got = [(k, pos[nd], nd, g, r) for nd in self.cap.nodes[pool] if nd in by_node
-                   for k, r, g in by_node[nd]]
-            got.sort()  # (key, node place) decide: an attempt is on a node once
-            self._per_pool[pool] = got
-        return got
+        if self._by_node is None:
+            self._order()
+        return self._per_pool[pool]
 
     # -- reclaimable GPUs per node and class ----------------------------------------------------
-    def recl(self, node: str) -> list[int]:
-        """GPUs of the node's eligible victims below each class (index: the class)."""
-        rc = self._recl.get(node)
-        if rc is None:
-            rc = self._recl[node] = [0] * (RANKS + 1)
-            chosen = self.chosen
-            for rank, r, g in self._raw.get(node, ()):
-                if r.attempt_id not in chosen:
-                    for above in range(rank + 1, RANKS + 1):
-                        rc[above] += g
-        return rc
-
-    def _reach(self, node: str, rank: int) -> int:
-        return self.cap.avail(node) + (self.recl(node)[rank] if node in self._raw else 0)
-
     def _bucket(self, pool: str, rank: int) -> list[dict[str, None]]:
         """Nodes of the pool by what they could offer a job of this class: available GPUs plus
         those of eligible victims (capped at the node size)."""
         key = (pool, rank)
         b = self.buckets.get(key)
         if b is None:
-            gpn = self.cap.size[pool]
+            cap = self.cap
+            gpn = cap.size[pool]
             b = self.buckets[key] = [{} for _ in range(gpn + 1)]
             vals = self.value[key] = {}
-            for nd in self.cap.nodes[pool]:
-                v = min(gpn, self._reach(nd, rank))
+            free, held, recl = cap.free, cap.held, self._recl
+            for nd in cap.nodes[pool]:
+                rc = recl.get(nd)
+                v = free[nd] - held.get(nd, 0) + (rc[rank] if rc is not None else 0)
+                if v > gpn:
+                    v = gpn
                 if v:
                     b[v][nd] = None
                     vals[nd] = v
@@ -258,14 +261,20 @@ class VictimIndex:
     def touch(self, node: str) -> None:
         """The node's available GPUs or its victims changed: re-bucket it, outdate its costs."""
         self.version[node] += 1
-        pool = self.cap.pool_of[node]
+        cap = self.cap
+        pool = cap.pool_of[node]
+        avail = cap.free[node] - cap.held.get(node, 0)
+        rc = self._recl.get(node)
+        gpn = cap.size[pool]
         for rank in range(1, RANKS):
             key = (pool, rank)
             vals = self.value.get(key)
             if vals is None:
                 continue
             old = vals.get(node, 0)
-            new = min(self.cap.size[pool], self._reach(node, rank))
+            new = avail + rc[rank] if rc is not None else avail
+            if new > gpn:
+                new = gpn
             if new != old:
                 b = self.buckets[key]
                 if old:
@@ -322,12 +331,13 @@ class VictimIndex:
         if not lst:
             return None
         i = self.cursor.get((pool, g), 0)
-        chosen, avail = self.chosen, self.cap.avail
+        chosen, free, held = self.chosen, self.cap.free, self.cap.held
         n = len(lst)
         while i < n:
             e = lst[i]
             # skipped entries never become usable again in this plan: avail only shrinks
-            if e[4].attempt_id in chosen or e[3] + avail(e[2]) < g:
+            nd = e[2]
+            if e[4].attempt_id in chosen or e[3] + free[nd] - held.get(nd, 0) < g:
                 i += 1
                 continue
             break
@@ -492,7 +502,7 @@ class VictimIndex:
         return (len(mine), keys), pool, picked, {aid: r for aid, (_, r) in mine.items()}
 
 
-def _first(e: OnNode) -> VictimKey:
+def _key_of(e: tuple[VictimKey, RunningView]) -> VictimKey:
     return e[0]
 
 
