@@ -79,7 +79,13 @@ def plan(snapshot: Snapshot, now: float | None = None, explain: bool = True) -> 
     snapshot gives the same plan. With explain=False, `Plan.waiting` is left empty (the
     reasons cost time nobody reads in a simulation).
     """
-    return _Planner(snapshot, snapshot.now if now is None else now, explain).run()
+    planner = _Planner(snapshot, snapshot.now if now is None else now, explain)
+    try:
+        return planner.run()
+    finally:
+        # the victim index listens to the capacity (a reference cycle): break it, so the
+        # plan's working state is freed at once instead of waiting for the cyclic collector
+        planner.cap.listener = None
 
 
 class _Planner:

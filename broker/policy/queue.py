@@ -25,7 +25,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
-from operator import attrgetter, is_not, itemgetter
+from operator import attrgetter, is_not
 
 from broker.policy.config import PolicyConfig
 from broker.policy.snapshot import PendingView, TeamView
@@ -34,14 +34,14 @@ from broker.spec import Priority
 HIGH_RANK = 2
 NORMAL_RANK = 1
 PRIORITY_RANKS = (2, 3)
-Entry = tuple[float, int, PendingView]
+Entry = PendingView  # lists hold the views, sorted by _TIME
 ListKey = tuple[int, str, int, int]  # (class rank, team, GPUs per node, nodes)
 ShareKey = tuple[int, float]
 UNKILLABLE = -1
 
 
 _RANK = {p: p.rank for p in Priority}
-_VIEW = itemgetter(2)
+_TIME = attrgetter("submit_time", "job_id")
 _ESTIMATE = attrgetter("expected_duration_s")
 _KNOWN = partial(is_not, None)
 
@@ -57,19 +57,19 @@ class PendingQueue:
     def __init__(self, jobs: Iterable[PendingView] = ()) -> None:
         by: defaultdict[tuple[Priority, str, int, int], list[Entry]] = defaultdict(list)
         for j in jobs:
-            by[(j.priority, j.team, j.gpus_per_node, j.nodes)].append((j.submit_time, j.job_id, j))
+            by[(j.priority, j.team, j.gpus_per_node, j.nodes)].append(j)
         rank = _RANK
         self.lists: dict[ListKey, list[Entry]] = {(rank[p], t, g, n): lst for (p, t, g, n), lst in by.items()}
         self._jobs: dict[int, PendingView] | None = None
         self._shortest: dict[ListKey, float] = {}
         for lst in by.values():
-            lst.sort()  # (submit, id) decide: ids are unique, so views are never compared
+            lst.sort(key=_TIME)  # ids are unique: (submit, id) decide
 
     @property
     def jobs(self) -> dict[int, PendingView]:
         """Pending jobs by id (built on first use, then kept current by add/remove)."""
         if self._jobs is None:
-            self._jobs = {e[1]: e[2] for lst in self.lists.values() for e in lst}
+            self._jobs = {j.job_id: j for lst in self.lists.values() for j in lst}
         return self._jobs
 
     def __len__(self) -> int:
@@ -80,21 +80,21 @@ class PendingQueue:
         list changes."""
         got = self._shortest.get(key)
         if got is None:
-            ests = map(_ESTIMATE, map(_VIEW, self.lists.get(key, ())))
+            ests = map(_ESTIMATE, self.lists.get(key, ()))
             got = self._shortest[key] = min(filter(_KNOWN, ests), default=math.inf)
         return got
 
     def add(self, j: PendingView) -> None:
         k = list_key(j)
-        insort(self.lists.setdefault(k, []), (j.submit_time, j.job_id, j))
+        insort(self.lists.setdefault(k, []), j, key=_TIME)
         self.jobs[j.job_id] = j
         self._shortest.pop(k, None)
 
     def remove(self, j: PendingView) -> None:
         """Remove the job (matched by submit time and id). Raises KeyError if absent."""
         lst = self.lists.get(list_key(j))
-        i = -1 if lst is None else bisect_left(lst, (j.submit_time, j.job_id))
-        if lst is None or i >= len(lst) or lst[i][1] != j.job_id:
+        i = -1 if lst is None else bisect_left(lst, (j.submit_time, j.job_id), key=_TIME)
+        if lst is None or i >= len(lst) or lst[i].job_id != j.job_id:
             raise KeyError(j.job_id)
         del lst[i]
         k = list_key(j)
@@ -102,10 +102,6 @@ class PendingQueue:
             del self.lists[k]
         del self.jobs[j.job_id]
         self._shortest.pop(k, None)
-
-
-def _by_time(e: Entry) -> tuple[float, int]:
-    return (e[0], e[1])
 
 
 def share_key(t: TeamView | None, fair_share: bool) -> ShareKey:
@@ -155,9 +151,9 @@ class QueueWalk:
             r, team, _g, n = k
             split = 0
             if age is not None and r < HIGH_RANK and (not cfg.promote_gangs_only or n > 1):
-                split = bisect_right(lst, (cut, math.inf))
+                split = bisect_right(lst, (cut, math.inf), key=_TIME)
                 if split < len(lst):
-                    t = lst[split][0] + age
+                    t = lst[split].submit_time + age
                     if self.next_promotion is None or t < self.next_promotion:
                         self.next_promotion = t
             if split:
@@ -186,7 +182,7 @@ class QueueWalk:
                 for sid in groups[s]:
                     self.segs[sid].key = None  # walked here, never dropped as a list
                 for e, _sid in self._merged(groups[s]):
-                    j = e[2]
+                    j = e
                     t = teams.get(j.team)
                     allowance = t.priority_allowance_gpus if t is not None else 1 << 30
                     if used[j.team] + j.gpus <= allowance:
@@ -196,7 +192,7 @@ class QueueWalk:
                         self.demoted.append(j.job_id)
                         demoted[j.team].append(e)
         for team, entries in demoted.items():
-            entries.sort(key=_by_time)
+            entries.sort(key=_TIME)
             by_class[NORMAL_RANK][share[team]].append(self._seg(entries, 0, len(entries),
                                                                 NORMAL_RANK, None))
 
@@ -212,8 +208,8 @@ class QueueWalk:
                 sg.pos += 1
                 yield e, sid
             return
-        heap = [(sg.entries[sg.pos][0], sg.entries[sg.pos][1], sid)
-                for sid in sids for sg in (segs[sid],) if sg.pos < sg.end]
+        heap = [(e.submit_time, e.job_id, sid)
+                for sid in sids for sg in (segs[sid],) if sg.pos < sg.end for e in (sg.entries[sg.pos],)]
         heapq.heapify(heap)
         while heap:
             sid = heap[0][2]
@@ -225,7 +221,7 @@ class QueueWalk:
             sg.pos += 1
             if sg.pos < sg.end:
                 nxt = sg.entries[sg.pos]
-                heapq.heapreplace(heap, (nxt[0], nxt[1], sid))
+                heapq.heapreplace(heap, (nxt.submit_time, nxt.job_id, sid))
             else:
                 heapq.heappop(heap)
             yield e, sid
@@ -239,8 +235,7 @@ class QueueWalk:
         segs = self.segs
         for c, groups in self.order:
             for sids in groups:
-                for e, sid in self._merged(sids):
-                    j = e[2]
+                for j, sid in self._merged(sids):
                     yield (j.priority.rank if c < 0 else c), j, (UNKILLABLE if segs[sid].key is None
                                                                  else sid)
 
@@ -259,10 +254,10 @@ class QueueWalk:
         not reached, in no particular order."""
         for sid, pos in self.dropped:
             sg = self.segs[sid]
-            for e in sg.entries[pos:sg.end]:
-                yield e[2], self.reasons[sid]
+            for j in sg.entries[pos:sg.end]:
+                yield j, self.reasons[sid]
         for _r, j in self.top[self.top_pos:]:
             yield j, None
         for sg in self.segs:
-            for e in sg.entries[sg.pos:sg.end]:
-                yield e[2], None
+            for j in sg.entries[sg.pos:sg.end]:
+                yield j, None

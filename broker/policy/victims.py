@@ -41,7 +41,7 @@ from broker.policy.snapshot import RunningView
 from broker.spec import Priority
 
 VictimKey = tuple[float, ...]
-OnNode = tuple[VictimKey, RunningView, int]  # (key, attempt, GPUs it holds on this node)
+OnNode = tuple[VictimKey, RunningView, int, str]  # (key, attempt, GPUs it holds on the node, node)
 Victims = list[tuple[VictimKey, RunningView]]
 Cost = tuple[int, list[VictimKey]]
 Choice = tuple[Cost, str, list[str], dict[int, RunningView]]  # (cost, pool, nodes, victims)
@@ -102,13 +102,13 @@ def node_victims(
     """The fewest victims that bring one node from base_free to `need` GPUs; among sets of
     that size, the earliest in victim order.
 
-    `on_node` lists (key, attempt, GPUs it holds on this node), sorted by key. Returns [] when
+    `on_node` lists (key, attempt, GPUs it holds on this node, node), sorted by key. Returns [] when
     the node already fits, None when even every eligible victim would not be enough.
     """
     short = need - base_free
     if short <= 0:
         return []
-    cands = [(k, r, g) for k, r, g in on_node if eligible(r, k)]
+    cands = [(k, r, g) for k, r, g, _ in on_node if eligible(r, k)]
     sizes = sorted((g for _, _, g in cands), reverse=True)
     k, acc = 0, 0
     while acc < short and k < len(sizes):
@@ -175,7 +175,7 @@ class VictimIndex:
                 spanning.update(pool_of[node] for node, _ in alloc if node in pool_of)
         self._eligible = eligible
         self.spanning = spanning  # pools with a victim on several nodes (gangs search greedily)
-        self._per_pool: dict[str, list[tuple[VictimKey, int, str, int, RunningView]]] = {}
+        self._per_pool: dict[str, list[OnNode]] = {}
         # per node with eligible victims, their GPUs below each class (index: the class), less
         # those of victims chosen since
         recl: dict[str, list[int]] = {}
@@ -196,7 +196,7 @@ class VictimIndex:
 
     @property
     def by_node(self) -> dict[str, list[OnNode]]:
-        """Per node, its eligible victims as (key, attempt, GPUs there), in victim order."""
+        """Per node, its eligible victims as (key, attempt, GPUs there, node), in victim order."""
         if self._by_node is None:
             self._order()
             assert self._by_node is not None
@@ -206,20 +206,22 @@ class VictimIndex:
         """Sort the eligible victims once (keys are unique: they end with the job id), then
         fill `by_node` and every pool's `per_pool` list from that one order."""
         now, youngest, ranks = self.now, self.mode == "youngest", self.rank
-        keyed = [(_key(r, ranks[r.attempt_id], now, youngest), r) for r in self._eligible]
-        keyed.sort(key=_key_of)
+        eligible = self._eligible
+        keys = [_key(r, ranks[r.attempt_id], now, youngest) for r in eligible]
         pool_of, pos = self.cap.pool_of, self.pos
         by_node: dict[str, list[OnNode]] = {nd: [] for nd in self._recl}
-        per_pool: dict[str, list[tuple[VictimKey, int, str, int, RunningView]]] = {
-            p: [] for p in self.cap.nodes}
-        for k, r in keyed:
+        per_pool: dict[str, list[OnNode]] = {p: [] for p in self.cap.nodes}
+        for i in sorted(range(len(keys)), key=keys.__getitem__):
+            r = eligible[i]
+            k = keys[i]
             alloc = r.alloc
             if len(alloc) > 1:
                 alloc = tuple(sorted((a for a in alloc if a[0] in pool_of), key=lambda a: pos[a[0]]))
             for nd, g in alloc:
                 if nd in pool_of:
-                    by_node[nd].append((k, r, g))
-                    per_pool[pool_of[nd]].append((k, pos[nd], nd, g, r))
+                    e = (k, r, g, nd)
+                    by_node[nd].append(e)
+                    per_pool[pool_of[nd]].append(e)
         self._by_node = by_node
         self._per_pool = per_pool
 
@@ -230,8 +232,9 @@ class VictimIndex:
             self._pos = {nd: i for nodes in self.cap.nodes.values() for i, nd in enumerate(nodes)}
         return self._pos
 
-    def per_pool(self, pool: str) -> list[tuple[VictimKey, int, str, int, RunningView]]:
-        """Every (key, node place, node, GPUs there, attempt) of the pool, in victim order."""
+    def per_pool(self, pool: str) -> list[OnNode]:
+        """Every (key, attempt, GPUs there, node) of the pool, in victim order (an attempt on
+        several nodes: by their place in the pool)."""
         if self._by_node is None:
             self._order()
         return self._per_pool[pool]
@@ -336,15 +339,15 @@ class VictimIndex:
         while i < n:
             e = lst[i]
             # skipped entries never become usable again in this plan: avail only shrinks
-            nd = e[2]
-            if e[4].attempt_id in chosen or e[3] + free[nd] - held.get(nd, 0) < g:
+            nd = e[3]
+            if e[1].attempt_id in chosen or e[2] + free[nd] - held.get(nd, 0) < g:
                 i += 1
                 continue
             break
         self.cursor[(pool, g)] = i
         if i < n and lst[i][0][0] < rank:
             e = lst[i]
-            return e[0], e[2], e[4]
+            return e[0], e[3], e[1]
         return None
 
     def _cheapest(self, pool: str, rank: int, g: int, n: int) -> list[tuple[Victims, str]] | None:
@@ -500,10 +503,6 @@ class VictimIndex:
             left = n - len(picked)
         keys = sorted(k for k, _ in mine.values())
         return (len(mine), keys), pool, picked, {aid: r for aid, (_, r) in mine.items()}
-
-
-def _key_of(e: tuple[VictimKey, RunningView]) -> VictimKey:
-    return e[0]
 
 
 def _key(r: RunningView, rank: int, now: float, youngest: bool) -> VictimKey:
