@@ -181,8 +181,7 @@ class QueueWalk:
             for s in sorted(groups):
                 for sid in groups[s]:
                     self.segs[sid].key = None  # walked here, never dropped as a list
-                for e, _sid in self._merged(groups[s]):
-                    j = e
+                for _c, j, _sid in self._merged(groups[s], c):
                     t = teams.get(j.team)
                     allowance = t.priority_allowance_gpus if t is not None else 1 << 30
                     if used[j.team] + j.gpus <= allowance:
@@ -190,41 +189,48 @@ class QueueWalk:
                         self.top.append((c, j))
                     else:
                         self.demoted.append(j.job_id)
-                        demoted[j.team].append(e)
+                        demoted[j.team].append(j)
         for team, entries in demoted.items():
             entries.sort(key=_TIME)
             by_class[NORMAL_RANK][share[team]].append(self._seg(entries, 0, len(entries),
                                                                 NORMAL_RANK, None))
 
-    def _merged(self, sids: list[int]) -> Iterator[tuple[Entry, int]]:
-        """(entry, source) of these sources in (submit, id) order, advancing their positions;
-        a source dropped meanwhile stops yielding."""
+    def _merged(self, sids: list[int], c: int) -> Iterator[tuple[int, PendingView, int]]:
+        """(class, job, source) of these sources in (submit, id) order, advancing their
+        positions; a source dropped meanwhile stops yielding. The class is `c`, or the job's
+        own when c < 0 (no classes); the source is UNKILLABLE for a source not kept as a list."""
         segs = self.segs
         if len(sids) == 1:
             sid = sids[0]
             sg = segs[sid]
+            src = UNKILLABLE if sg.key is None else sid
+            entries = sg.entries
             while sg.pos < sg.end:
-                e = sg.entries[sg.pos]
+                j = entries[sg.pos]
                 sg.pos += 1
-                yield e, sid
+                yield (_RANK[j.priority] if c < 0 else c), j, src
             return
         heap = [(e.submit_time, e.job_id, sid)
                 for sid in sids for sg in (segs[sid],) if sg.pos < sg.end for e in (sg.entries[sg.pos],)]
         heapq.heapify(heap)
+        heappop, heapreplace = heapq.heappop, heapq.heapreplace
         while heap:
             sid = heap[0][2]
             sg = segs[sid]
-            if sg.pos >= sg.end:  # dropped meanwhile
-                heapq.heappop(heap)
+            pos = sg.pos
+            if pos >= sg.end:  # dropped meanwhile
+                heappop(heap)
                 continue
-            e = sg.entries[sg.pos]
-            sg.pos += 1
-            if sg.pos < sg.end:
-                nxt = sg.entries[sg.pos]
-                heapq.heapreplace(heap, (nxt.submit_time, nxt.job_id, sid))
+            entries = sg.entries
+            j = entries[pos]
+            pos += 1
+            sg.pos = pos
+            if pos < sg.end:
+                nxt = entries[pos]
+                heapreplace(heap, (nxt.submit_time, nxt.job_id, sid))
             else:
-                heapq.heappop(heap)
-            yield e, sid
+                heappop(heap)
+            yield (_RANK[j.priority] if c < 0 else c), j, (UNKILLABLE if sg.key is None else sid)
 
     def __iter__(self) -> Iterator[tuple[int, PendingView, int]]:
         top = self.top
@@ -232,12 +238,9 @@ class QueueWalk:
             r, j = top[self.top_pos]
             self.top_pos += 1
             yield r, j, UNKILLABLE
-        segs = self.segs
         for c, groups in self.order:
             for sids in groups:
-                for j, sid in self._merged(sids):
-                    yield (j.priority.rank if c < 0 else c), j, (UNKILLABLE if segs[sid].key is None
-                                                                 else sid)
+                yield from self._merged(sids, c)
 
     def kill(self, sid: int, reason: str) -> None:
         """Drop the rest of source `sid`: its jobs wait with `reason`."""

@@ -188,8 +188,9 @@ class VictimIndex:
         lowest = min(ranks.values(), default=None)
         self.lowest = lowest
         self.cursor: dict[tuple[str, int], int] = {}
-        self.buckets: dict[tuple[str, int], list[dict[str, None]]] = {}
-        self.value: dict[tuple[str, int], dict[str, int]] = {}
+        # per pool and class (list index), the nodes by what they could offer (see _bucket)
+        self.buckets: dict[str, list[list[dict[str, None]] | None]] = {}
+        self.value: dict[str, list[dict[str, int] | None]] = {}
         self.heaps: dict[tuple[str, int, int], list[HeapEntry]] = {}
         self.cache: dict[tuple[str, int, int], tuple[int, Victims | None]] = {}
         cap.listener = self.touch
@@ -243,13 +244,16 @@ class VictimIndex:
     def _bucket(self, pool: str, rank: int) -> list[dict[str, None]]:
         """Nodes of the pool by what they could offer a job of this class: available GPUs plus
         those of eligible victims (capped at the node size)."""
-        key = (pool, rank)
-        b = self.buckets.get(key)
+        per = self.buckets.get(pool)
+        if per is None:
+            per = self.buckets[pool] = [None] * RANKS
+            self.value[pool] = [None] * RANKS
+        b = per[rank]
         if b is None:
             cap = self.cap
             gpn = cap.size[pool]
-            b = self.buckets[key] = [{} for _ in range(gpn + 1)]
-            vals = self.value[key] = {}
+            b = per[rank] = [{} for _ in range(gpn + 1)]
+            vals = self.value[pool][rank] = {}
             free, held, recl = cap.free, cap.held, self._recl
             for nd in cap.nodes[pool]:
                 rc = recl.get(nd)
@@ -266,12 +270,15 @@ class VictimIndex:
         self.version[node] += 1
         cap = self.cap
         pool = cap.pool_of[node]
+        per = self.value.get(pool)
+        if per is None:
+            return
         avail = cap.free[node] - cap.held.get(node, 0)
         rc = self._recl.get(node)
         gpn = cap.size[pool]
+        buckets = self.buckets[pool]
         for rank in range(1, RANKS):
-            key = (pool, rank)
-            vals = self.value.get(key)
+            vals = per[rank]
             if vals is None:
                 continue
             old = vals.get(node, 0)
@@ -279,7 +286,8 @@ class VictimIndex:
             if new > gpn:
                 new = gpn
             if new != old:
-                b = self.buckets[key]
+                b = buckets[rank]
+                assert b is not None
                 if old:
                     del b[old][node]
                 if new:
@@ -309,9 +317,14 @@ class VictimIndex:
             rank = self.rank[aid]
             for node, g in r.alloc:
                 rc = self._recl.get(node)
-                if rc is not None:
-                    for above in range(rank + 1, RANKS + 1):
-                        rc[above] -= g
+                if rc is not None:  # cumulative: every class above the victim's loses g
+                    if rank < 1:
+                        rc[1] -= g
+                    if rank < 2:
+                        rc[2] -= g
+                    if rank < 3:
+                        rc[3] -= g
+                    rc[4] -= g
                 if node in self.cap.pool_of:
                     self.touch(node)
 
@@ -330,10 +343,13 @@ class VictimIndex:
 
     def _one_victim(self, pool: str, rank: int, g: int) -> tuple[VictimKey, str, RunningView] | None:
         """The earliest victim in order that alone makes its node fit g GPUs."""
-        lst = self.per_pool(pool)
+        if self._by_node is None:
+            self._order()
+        lst = self._per_pool[pool]
         if not lst:
             return None
-        i = self.cursor.get((pool, g), 0)
+        ck = (pool, g)
+        i = self.cursor.get(ck, 0)
         chosen, free, held = self.chosen, self.cap.free, self.cap.held
         n = len(lst)
         while i < n:
@@ -343,11 +359,9 @@ class VictimIndex:
             if e[1].attempt_id in chosen or e[2] + free[nd] - held.get(nd, 0) < g:
                 i += 1
                 continue
-            break
-        self.cursor[(pool, g)] = i
-        if i < n and lst[i][0][0] < rank:
-            e = lst[i]
-            return e[0], e[3], e[1]
+            self.cursor[ck] = i
+            return (e[0], nd, e[1]) if e[0][0] < rank else None
+        self.cursor[ck] = i
         return None
 
     def _cheapest(self, pool: str, rank: int, g: int, n: int) -> list[tuple[Victims, str]] | None:
