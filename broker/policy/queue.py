@@ -91,7 +91,9 @@ class PendingQueue:
         self._shortest.pop(k, None)
 
     def remove(self, j: PendingView) -> None:
-        """Remove the job (matched by submit time and id). Raises KeyError if absent."""
+        """Remove the job (matched by submit time and id). Raises KeyError if absent (and
+        then changes nothing)."""
+        jobs = self.jobs  # built before the lists change: it is derived from them
         lst = self.lists.get(list_key(j))
         i = -1 if lst is None else bisect_left(lst, (j.submit_time, j.job_id), key=_TIME)
         if lst is None or i >= len(lst) or lst[i].job_id != j.job_id:
@@ -100,7 +102,7 @@ class PendingQueue:
         k = list_key(j)
         if not lst:
             del self.lists[k]
-        del self.jobs[j.job_id]
+        del jobs[j.job_id]
         self._shortest.pop(k, None)
 
 
