@@ -42,6 +42,15 @@ UNKILLABLE = -1
 
 _RANK = {p: p.rank for p in Priority}
 _TIME = attrgetter("submit_time", "job_id")
+_SUBMIT = attrgetter("submit_time")
+_ID = attrgetter("job_id")
+
+
+def _sort(jobs: list[PendingView]) -> None:
+    """Sort by (submit time, job id): two stable sorts on one number each, which compare
+    faster than tuples."""
+    jobs.sort(key=_ID)
+    jobs.sort(key=_SUBMIT)
 _ESTIMATE = attrgetter("expected_duration_s")
 _KNOWN = partial(is_not, None)
 
@@ -63,7 +72,7 @@ class PendingQueue:
         self._jobs: dict[int, PendingView] | None = None
         self._shortest: dict[ListKey, float] = {}
         for lst in by.values():
-            lst.sort(key=_TIME)  # ids are unique: (submit, id) decide
+            _sort(lst)
 
     @property
     def jobs(self) -> dict[int, PendingView]:
@@ -193,7 +202,7 @@ class QueueWalk:
                         self.demoted.append(j.job_id)
                         demoted[j.team].append(j)
         for team, entries in demoted.items():
-            entries.sort(key=_TIME)
+            _sort(entries)
             by_class[NORMAL_RANK][share[team]].append(self._seg(entries, 0, len(entries),
                                                                 NORMAL_RANK, None))
 
