@@ -354,7 +354,7 @@ class _Planner:
                 continue
             for nd in use:
                 cap.take_easy(nd, g)
-            alloc = tuple((nd, g) for nd in use)
+            alloc = tuple([(nd, g) for nd in use]) if use else ()
             if need:
                 alloc += cap.take(p.name, g, need, exclude=use)
             self.placements.append(Placement(j.job_id, p.name, alloc, _PRIO[rank]))

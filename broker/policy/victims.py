@@ -212,7 +212,12 @@ class VictimIndex:
         pool_of, pos = self.cap.pool_of, self.pos
         by_node: dict[str, list[OnNode]] = {nd: [] for nd in self._recl}
         per_pool: dict[str, list[OnNode]] = {p: [] for p in self.cap.nodes}
-        for i in sorted(range(len(keys)), key=keys.__getitem__):
+        order = list(range(len(keys)))
+        for c in range(len(keys[0]) - 1, -1, -1) if keys else ():
+            # stable sorts by one key field each, last field first: the keys' order, faster
+            # than comparing tuples
+            order.sort(key=[k[c] for k in keys].__getitem__)
+        for i in order:
             r = eligible[i]
             k = keys[i]
             alloc = r.alloc
