@@ -34,7 +34,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
 from broker.policy.capacity import Capacity
-from broker.policy.snapshot import Alloc, PendingView, PoolView, RunningView
+from broker.policy.snapshot import Alloc, NodeView, PendingView, PoolView, RunningView
 
 INF = math.inf
 
@@ -49,6 +49,7 @@ class Backfill:
         self._running = running
         self._grace = grace_s
         self._ends: Mapping[str, Sequence[tuple[float, int]]] | None = None
+        self._all_own: bool | None = None  # every node carries its own `releases`
         self._placed: dict[str, list[tuple[float, int]]] = defaultdict(list)
         self.start: dict[str, float] = {}  # node -> start of the EASY reservation holding it
         self.rank: dict[str, int] = {}  # node -> class of the job that reservation is for
@@ -56,28 +57,21 @@ class Backfill:
         self.wake: float | None = None
 
     def _release_times(self) -> Mapping[str, Sequence[tuple[float, int]]]:
-        """Per node, (expected end, GPUs) of the attempts on it, soonest first: the nodes'
-        own `releases` when every node has them, else derived from the running attempts."""
+        """Per node, (expected end, GPUs) of the attempts on it, soonest first, derived from
+        the running attempts (for nodes that do not carry their own `releases`)."""
         if self._ends is None:
-            try:
-                own = {nd.id: nd.releases for p in self._pools for nd in p.nodes}
-                if None in own.values():
-                    raise LookupError
-                self._ends = own  # type: ignore[assignment]
-            except LookupError:
-                ends: dict[str, list[tuple[float, int]]] = defaultdict(list)
-                now = self.now
-                for r in self._running:
-                    if r.stopping:
-                        end = now + self._grace if r.stopping_for is None else INF
-                    else:
-                        end = r.expected_end if r.expected_end is not None else INF
-                    for node, g in r.alloc:
-                        ends[node].append((end, g))
-                for lst in ends.values():
-                    lst.sort()
-                self._ends = ends
-        assert self._ends is not None
+            ends: dict[str, list[tuple[float, int]]] = defaultdict(list)
+            now = self.now
+            for r in self._running:
+                if r.stopping:
+                    end = now + self._grace if r.stopping_for is None else INF
+                else:
+                    end = r.expected_end if r.expected_end is not None else INF
+                for node, g in r.alloc:
+                    ends[node].append((end, g))
+            for lst in ends.values():
+                lst.sort()
+            self._ends = ends
         return self._ends
 
     def placed(self, alloc: Alloc, duration: float | None) -> None:
@@ -86,8 +80,14 @@ class Backfill:
         for node, g in alloc:
             self._placed[node].append((end, g))
 
-    def _releases(self, node: str) -> Sequence[tuple[float, int]]:
-        own = self._release_times().get(node, ())
+    def _releases(self, nv: NodeView) -> Sequence[tuple[float, int]]:
+        """The node's release times: its own `releases` when every node has them, else
+        derived from the running attempts; plus those of jobs placed in this plan."""
+        if self._all_own is None:
+            self._all_own = all(nd.releases is not None for p in self._pools for nd in p.nodes)
+        node = nv.id
+        own = nv.releases if self._all_own and nv.releases is not None else (
+            self._release_times().get(node, ()))
         extra = self._placed.get(node)
         return sorted([*own, *extra]) if extra else own
 
@@ -147,8 +147,9 @@ class Backfill:
             return pools[0], (), None, 0
         start, pool, chosen = choice
         hold_nodes: list[tuple[str, int]] = []
-        for _t, _i, nd in chosen:
-            rel = [(end, k) for end, k in self._releases(nd) if now < end <= start]
+        views = by_name[pool].nodes
+        for _t, i, nd in chosen:
+            rel = [(end, k) for end, k in self._releases(views[i]) if now < end <= start]
             need = max(0, g - sum(k for _, k in rel))
             if need:
                 hold_nodes.append((nd, need))

@@ -62,12 +62,12 @@ class Capacity:
                 frees = [(nd.gpus if nd.gpus < gpn else gpn)
                          - (nd.used if nd.used is not None else summed.get(nd.id, 0)) for nd in nodes]
             pool_of.update(dict.fromkeys(ids, name))
+            free.update(zip(ids, frees, strict=True))
             for nid, f in zip(ids, frees, strict=True):
                 if f > 0:
-                    free[nid] = f
                     b[f][nid] = None
-                else:
-                    free[nid] = 0
+                elif f:
+                    free[nid] = 0  # over-committed: nothing free
 
     def avail(self, node: str) -> int:
         return self.free[node] - self.held.get(node, 0)

@@ -79,7 +79,13 @@ def plan(snapshot: Snapshot, now: float | None = None, explain: bool = True) -> 
     snapshot gives the same plan. With explain=False, `Plan.waiting` is left empty (the
     reasons cost time nobody reads in a simulation).
     """
-    return _Planner(snapshot, snapshot.now if now is None else now, explain).run()
+    planner = _Planner(snapshot, snapshot.now if now is None else now, explain)
+    try:
+        return planner.run()
+    finally:
+        # the victim index listens to the capacity (a reference cycle): break it, so the
+        # plan's working state is freed at once instead of waiting for the cyclic collector
+        planner.cap.listener = None
 
 
 class _Planner:
@@ -348,7 +354,7 @@ class _Planner:
                 continue
             for nd in use:
                 cap.take_easy(nd, g)
-            alloc = tuple((nd, g) for nd in use)
+            alloc = tuple([(nd, g) for nd in use]) if use else ()
             if need:
                 alloc += cap.take(p.name, g, need, exclude=use)
             self.placements.append(Placement(j.job_id, p.name, alloc, _PRIO[rank]))

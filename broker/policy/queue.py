@@ -24,6 +24,8 @@ import math
 from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
+from functools import partial
+from operator import attrgetter, is_not
 
 from broker.policy.config import PolicyConfig
 from broker.policy.snapshot import PendingView, TeamView
@@ -32,13 +34,25 @@ from broker.spec import Priority
 HIGH_RANK = 2
 NORMAL_RANK = 1
 PRIORITY_RANKS = (2, 3)
-Entry = tuple[float, int, PendingView]
+Entry = PendingView  # lists hold the views, sorted by _TIME
 ListKey = tuple[int, str, int, int]  # (class rank, team, GPUs per node, nodes)
 ShareKey = tuple[int, float]
 UNKILLABLE = -1
 
 
 _RANK = {p: p.rank for p in Priority}
+_TIME = attrgetter("submit_time", "job_id")
+_SUBMIT = attrgetter("submit_time")
+_ID = attrgetter("job_id")
+
+
+def _sort(jobs: list[PendingView]) -> None:
+    """Sort by (submit time, job id): two stable sorts on one number each, which compare
+    faster than tuples."""
+    jobs.sort(key=_ID)
+    jobs.sort(key=_SUBMIT)
+_ESTIMATE = attrgetter("expected_duration_s")
+_KNOWN = partial(is_not, None)
 
 
 def list_key(j: PendingView) -> ListKey:
@@ -50,24 +64,21 @@ class PendingQueue:
     (submit time, job id). add/remove cost O(log n) plus a list insert."""
 
     def __init__(self, jobs: Iterable[PendingView] = ()) -> None:
-        self.lists: dict[ListKey, list[Entry]] = {}
-        lists, rank = self.lists, _RANK
+        by: defaultdict[tuple[Priority, str, int, int], list[Entry]] = defaultdict(list)
         for j in jobs:
-            k = (rank[j.priority], j.team, j.gpus_per_node, j.nodes)
-            lst = lists.get(k)
-            if lst is None:
-                lst = lists[k] = []
-            lst.append((j.submit_time, j.job_id, j))
+            by[(j.priority, j.team, j.gpus_per_node, j.nodes)].append(j)
+        rank = _RANK
+        self.lists: dict[ListKey, list[Entry]] = {(rank[p], t, g, n): lst for (p, t, g, n), lst in by.items()}
         self._jobs: dict[int, PendingView] | None = None
         self._shortest: dict[ListKey, float] = {}
-        for lst in lists.values():
-            lst.sort()  # (submit, id) decide: ids are unique, so views are never compared
+        for lst in by.values():
+            _sort(lst)
 
     @property
     def jobs(self) -> dict[int, PendingView]:
         """Pending jobs by id (built on first use, then kept current by add/remove)."""
         if self._jobs is None:
-            self._jobs = {e[1]: e[2] for lst in self.lists.values() for e in lst}
+            self._jobs = {j.job_id: j for lst in self.lists.values() for j in lst}
         return self._jobs
 
     def __len__(self) -> int:
@@ -78,32 +89,30 @@ class PendingQueue:
         list changes."""
         got = self._shortest.get(key)
         if got is None:
-            ests = [e[2].expected_duration_s for e in self.lists.get(key, ())]
-            got = self._shortest[key] = min((x for x in ests if x is not None), default=math.inf)
+            ests = map(_ESTIMATE, self.lists.get(key, ()))
+            got = self._shortest[key] = min(filter(_KNOWN, ests), default=math.inf)
         return got
 
     def add(self, j: PendingView) -> None:
         k = list_key(j)
-        insort(self.lists.setdefault(k, []), (j.submit_time, j.job_id, j))
+        insort(self.lists.setdefault(k, []), j, key=_TIME)
         self.jobs[j.job_id] = j
         self._shortest.pop(k, None)
 
     def remove(self, j: PendingView) -> None:
-        """Remove the job (matched by submit time and id). Raises KeyError if absent."""
+        """Remove the job (matched by submit time and id). Raises KeyError if absent (and
+        then changes nothing)."""
+        jobs = self.jobs  # built before the lists change: it is derived from them
         lst = self.lists.get(list_key(j))
-        i = -1 if lst is None else bisect_left(lst, (j.submit_time, j.job_id))
-        if lst is None or i >= len(lst) or lst[i][1] != j.job_id:
+        i = -1 if lst is None else bisect_left(lst, (j.submit_time, j.job_id), key=_TIME)
+        if lst is None or i >= len(lst) or lst[i].job_id != j.job_id:
             raise KeyError(j.job_id)
         del lst[i]
         k = list_key(j)
         if not lst:
             del self.lists[k]
-        del self.jobs[j.job_id]
+        del jobs[j.job_id]
         self._shortest.pop(k, None)
-
-
-def _by_time(e: Entry) -> tuple[float, int]:
-    return (e[0], e[1])
 
 
 def share_key(t: TeamView | None, fair_share: bool) -> ShareKey:
@@ -153,9 +162,9 @@ class QueueWalk:
             r, team, _g, n = k
             split = 0
             if age is not None and r < HIGH_RANK and (not cfg.promote_gangs_only or n > 1):
-                split = bisect_right(lst, (cut, math.inf))
+                split = bisect_right(lst, (cut, math.inf), key=_TIME)
                 if split < len(lst):
-                    t = lst[split][0] + age
+                    t = lst[split].submit_time + age
                     if self.next_promotion is None or t < self.next_promotion:
                         self.next_promotion = t
             if split:
@@ -183,8 +192,7 @@ class QueueWalk:
             for s in sorted(groups):
                 for sid in groups[s]:
                     self.segs[sid].key = None  # walked here, never dropped as a list
-                for e, _sid in self._merged(groups[s]):
-                    j = e[2]
+                for _c, j, _sid in self._merged(groups[s], c):
                     t = teams.get(j.team)
                     allowance = t.priority_allowance_gpus if t is not None else 1 << 30
                     if used[j.team] + j.gpus <= allowance:
@@ -192,41 +200,48 @@ class QueueWalk:
                         self.top.append((c, j))
                     else:
                         self.demoted.append(j.job_id)
-                        demoted[j.team].append(e)
+                        demoted[j.team].append(j)
         for team, entries in demoted.items():
-            entries.sort(key=_by_time)
+            _sort(entries)
             by_class[NORMAL_RANK][share[team]].append(self._seg(entries, 0, len(entries),
                                                                 NORMAL_RANK, None))
 
-    def _merged(self, sids: list[int]) -> Iterator[tuple[Entry, int]]:
-        """(entry, source) of these sources in (submit, id) order, advancing their positions;
-        a source dropped meanwhile stops yielding."""
+    def _merged(self, sids: list[int], c: int) -> Iterator[tuple[int, PendingView, int]]:
+        """(class, job, source) of these sources in (submit, id) order, advancing their
+        positions; a source dropped meanwhile stops yielding. The class is `c`, or the job's
+        own when c < 0 (no classes); the source is UNKILLABLE for a source not kept as a list."""
         segs = self.segs
         if len(sids) == 1:
             sid = sids[0]
             sg = segs[sid]
+            src = UNKILLABLE if sg.key is None else sid
+            entries = sg.entries
             while sg.pos < sg.end:
-                e = sg.entries[sg.pos]
+                j = entries[sg.pos]
                 sg.pos += 1
-                yield e, sid
+                yield (_RANK[j.priority] if c < 0 else c), j, src
             return
-        heap = [(sg.entries[sg.pos][0], sg.entries[sg.pos][1], sid)
-                for sid in sids for sg in (segs[sid],) if sg.pos < sg.end]
+        heap = [(e.submit_time, e.job_id, sid)
+                for sid in sids for sg in (segs[sid],) if sg.pos < sg.end for e in (sg.entries[sg.pos],)]
         heapq.heapify(heap)
+        heappop, heapreplace = heapq.heappop, heapq.heapreplace
         while heap:
             sid = heap[0][2]
             sg = segs[sid]
-            if sg.pos >= sg.end:  # dropped meanwhile
-                heapq.heappop(heap)
+            pos = sg.pos
+            if pos >= sg.end:  # dropped meanwhile
+                heappop(heap)
                 continue
-            e = sg.entries[sg.pos]
-            sg.pos += 1
-            if sg.pos < sg.end:
-                nxt = sg.entries[sg.pos]
-                heapq.heapreplace(heap, (nxt[0], nxt[1], sid))
+            entries = sg.entries
+            j = entries[pos]
+            pos += 1
+            sg.pos = pos
+            if pos < sg.end:
+                nxt = entries[pos]
+                heapreplace(heap, (nxt.submit_time, nxt.job_id, sid))
             else:
-                heapq.heappop(heap)
-            yield e, sid
+                heappop(heap)
+            yield (_RANK[j.priority] if c < 0 else c), j, (UNKILLABLE if sg.key is None else sid)
 
     def __iter__(self) -> Iterator[tuple[int, PendingView, int]]:
         top = self.top
@@ -234,13 +249,9 @@ class QueueWalk:
             r, j = top[self.top_pos]
             self.top_pos += 1
             yield r, j, UNKILLABLE
-        segs = self.segs
         for c, groups in self.order:
             for sids in groups:
-                for e, sid in self._merged(sids):
-                    j = e[2]
-                    yield (j.priority.rank if c < 0 else c), j, (UNKILLABLE if segs[sid].key is None
-                                                                 else sid)
+                yield from self._merged(sids, c)
 
     def kill(self, sid: int, reason: str) -> None:
         """Drop the rest of source `sid`: its jobs wait with `reason`."""
@@ -257,10 +268,10 @@ class QueueWalk:
         not reached, in no particular order."""
         for sid, pos in self.dropped:
             sg = self.segs[sid]
-            for e in sg.entries[pos:sg.end]:
-                yield e[2], self.reasons[sid]
+            for j in sg.entries[pos:sg.end]:
+                yield j, self.reasons[sid]
         for _r, j in self.top[self.top_pos:]:
             yield j, None
         for sg in self.segs:
-            for e in sg.entries[sg.pos:sg.end]:
-                yield e[2], None
+            for j in sg.entries[sg.pos:sg.end]:
+                yield j, None

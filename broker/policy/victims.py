@@ -41,7 +41,7 @@ from broker.policy.snapshot import RunningView
 from broker.spec import Priority
 
 VictimKey = tuple[float, ...]
-OnNode = tuple[VictimKey, RunningView, int]  # (key, attempt, GPUs it holds on this node)
+OnNode = tuple[VictimKey, RunningView, int, str]  # (key, attempt, GPUs it holds on the node, node)
 Victims = list[tuple[VictimKey, RunningView]]
 Cost = tuple[int, list[VictimKey]]
 Choice = tuple[Cost, str, list[str], dict[int, RunningView]]  # (cost, pool, nodes, victims)
@@ -102,13 +102,13 @@ def node_victims(
     """The fewest victims that bring one node from base_free to `need` GPUs; among sets of
     that size, the earliest in victim order.
 
-    `on_node` lists (key, attempt, GPUs it holds on this node), sorted by key. Returns [] when
+    `on_node` lists (key, attempt, GPUs it holds on this node, node), sorted by key. Returns [] when
     the node already fits, None when even every eligible victim would not be enough.
     """
     short = need - base_free
     if short <= 0:
         return []
-    cands = [(k, r, g) for k, r, g in on_node if eligible(r, k)]
+    cands = [(k, r, g) for k, r, g, _ in on_node if eligible(r, k)]
     sizes = sorted((g for _, _, g in cands), reverse=True)
     k, acc = 0, 0
     while acc < short and k < len(sizes):
@@ -140,9 +140,9 @@ class VictimIndex:
         waiting: nothing else can be a victim in this plan). An attempt's effective class is
         its priority's, or normal when its id is in `demoted` (anti-capture).
 
-        Built in two steps, the second only when a search needs it: per node, the (class,
-        attempt, GPUs) of its eligible victims (enough for `could_fit`); then per node the
-        victims in victim order (`by_node`, for the search)."""
+        Built in two steps, the second only when a search needs it: per node, the GPUs of its
+        eligible victims below each class (enough for `could_fit`); then, per node and per
+        pool, the victims in victim order (`by_node`, `per_pool`, for the search)."""
         self.cap = cap
         self.now, self.mode = now, mode
         self.rank: dict[int, int] = {}
@@ -150,10 +150,10 @@ class VictimIndex:
         self.version: dict[str, int] = defaultdict(int)
         self._pos: dict[str, int] | None = None
         self._by_node: dict[str, list[OnNode]] | None = None
-        raw: dict[str, list[tuple[int, RunningView, int]]] = {}
-        lowest: int | None = None
         pool_of, ranks, rank_table = cap.pool_of, self.rank, _RANK
         spanning: set[str] = set()
+        eligible: list[RunningView] = []
+        sums: dict[str, list[int]] = {}  # per node, GPUs of its eligible victims per class
         for r in running:
             if r.stopping or (r.times_preempted and now - r.started_at < min_run_s):
                 continue  # not preemptable (see preemptable())
@@ -162,48 +162,74 @@ class VictimIndex:
             if rank >= below:
                 continue
             ranks[aid] = rank
+            eligible.append(r)
             alloc = r.alloc
+            for node, g in alloc:
+                by = sums.get(node)
+                if by is None:
+                    if node not in pool_of:  # a node no longer in any pool: nothing to free there
+                        continue
+                    by = sums[node] = [0] * RANKS
+                by[rank] += g
             if len(alloc) > 1:
-                for node, g in alloc:
-                    if node in pool_of:
-                        raw.setdefault(node, []).append((rank, r, g))
-                        spanning.add(pool_of[node])
-            elif alloc:
-                node, g = alloc[0]
-                if node in pool_of:  # else a node no longer in any pool: nothing to free there
-                    raw.setdefault(node, []).append((rank, r, g))
-            if lowest is None or rank < lowest:
-                lowest = rank
-        self._raw = raw
+                spanning.update(pool_of[node] for node, _ in alloc if node in pool_of)
+        self._eligible = eligible
         self.spanning = spanning  # pools with a victim on several nodes (gangs search greedily)
-        self._per_pool: dict[str, list[tuple[VictimKey, int, str, int, RunningView]]] = {}
-        self._recl: dict[str, list[int]] = {}
+        self._per_pool: dict[str, list[OnNode]] = {}
+        # per node with eligible victims, their GPUs below each class (index: the class), less
+        # those of victims chosen since
+        recl: dict[str, list[int]] = {}
+        for node, by in sums.items():
+            b0 = by[0]
+            b1 = b0 + by[1]
+            b2 = b1 + by[2]
+            recl[node] = [0, b0, b1, b2, b2 + by[3]]
+        self._recl = recl
+        lowest = min(ranks.values(), default=None)
         self.lowest = lowest
         self.cursor: dict[tuple[str, int], int] = {}
-        self.buckets: dict[tuple[str, int], list[dict[str, None]]] = {}
-        self.value: dict[tuple[str, int], dict[str, int]] = {}
+        # per pool and class (list index), the nodes by what they could offer (see _bucket)
+        self.buckets: dict[str, list[list[dict[str, None]] | None]] = {}
+        self.value: dict[str, list[dict[str, int] | None]] = {}
         self.heaps: dict[tuple[str, int, int], list[HeapEntry]] = {}
         self.cache: dict[tuple[str, int, int], tuple[int, Victims | None]] = {}
         cap.listener = self.touch
 
     @property
     def by_node(self) -> dict[str, list[OnNode]]:
-        """Per node, its eligible victims as (key, attempt, GPUs there), in victim order."""
+        """Per node, its eligible victims as (key, attempt, GPUs there, node), in victim order."""
         if self._by_node is None:
-            now, youngest = self.now, self.mode == "youngest"
-            keys: dict[int, VictimKey] = {}
-            by_node: dict[str, list[OnNode]] = {}
-            for node, lst in self._raw.items():
-                out = by_node[node] = []
-                for rank, r, g in lst:
-                    k = keys.get(r.attempt_id)
-                    if k is None:
-                        k = keys[r.attempt_id] = _key(r, rank, now, youngest)
-                    out.append((k, r, g))
-                if len(out) > 1:
-                    out.sort(key=_first)
-            self._by_node = by_node
+            self._order()
+            assert self._by_node is not None
         return self._by_node
+
+    def _order(self) -> None:
+        """Sort the eligible victims once (keys are unique: they end with the job id), then
+        fill `by_node` and every pool's `per_pool` list from that one order."""
+        now, youngest, ranks = self.now, self.mode == "youngest", self.rank
+        eligible = self._eligible
+        keys = [_key(r, ranks[r.attempt_id], now, youngest) for r in eligible]
+        pool_of, pos = self.cap.pool_of, self.pos
+        by_node: dict[str, list[OnNode]] = {nd: [] for nd in self._recl}
+        per_pool: dict[str, list[OnNode]] = {p: [] for p in self.cap.nodes}
+        order = list(range(len(keys)))
+        for c in range(len(keys[0]) - 1, -1, -1) if keys else ():
+            # stable sorts by one key field each, last field first: the keys' order, faster
+            # than comparing tuples
+            order.sort(key=[k[c] for k in keys].__getitem__)
+        for i in order:
+            r = eligible[i]
+            k = keys[i]
+            alloc = r.alloc
+            if len(alloc) > 1:
+                alloc = tuple(sorted((a for a in alloc if a[0] in pool_of), key=lambda a: pos[a[0]]))
+            for nd, g in alloc:
+                if nd in pool_of:
+                    e = (k, r, g, nd)
+                    by_node[nd].append(e)
+                    per_pool[pool_of[nd]].append(e)
+        self._by_node = by_node
+        self._per_pool = per_pool
 
     @property
     def pos(self) -> dict[str, int]:
@@ -212,44 +238,33 @@ class VictimIndex:
             self._pos = {nd: i for nodes in self.cap.nodes.values() for i, nd in enumerate(nodes)}
         return self._pos
 
-    def per_pool(self, pool: str) -> list[tuple[VictimKey, int, str, int, RunningView]]:
-        """Every (key, node place, node, GPUs there, attempt) of the pool, in victim order."""
-        got = self._per_pool.get(pool)
-        if got is None:
-            pos, by_node = self.pos, self.by_node
-            got = [(k, pos[nd], nd, g, r) for nd in self.cap.nodes[pool] if nd in by_node
-                   for k, r, g in by_node[nd]]
-            got.sort()  # (key, node place) decide: an attempt is on a node once
-            self._per_pool[pool] = got
-        return got
+    def per_pool(self, pool: str) -> list[OnNode]:
+        """Every (key, attempt, GPUs there, node) of the pool, in victim order (an attempt on
+        several nodes: by their place in the pool)."""
+        if self._by_node is None:
+            self._order()
+        return self._per_pool[pool]
 
     # -- reclaimable GPUs per node and class ----------------------------------------------------
-    def recl(self, node: str) -> list[int]:
-        """GPUs of the node's eligible victims below each class (index: the class)."""
-        rc = self._recl.get(node)
-        if rc is None:
-            rc = self._recl[node] = [0] * (RANKS + 1)
-            chosen = self.chosen
-            for rank, r, g in self._raw.get(node, ()):
-                if r.attempt_id not in chosen:
-                    for above in range(rank + 1, RANKS + 1):
-                        rc[above] += g
-        return rc
-
-    def _reach(self, node: str, rank: int) -> int:
-        return self.cap.avail(node) + (self.recl(node)[rank] if node in self._raw else 0)
-
     def _bucket(self, pool: str, rank: int) -> list[dict[str, None]]:
         """Nodes of the pool by what they could offer a job of this class: available GPUs plus
         those of eligible victims (capped at the node size)."""
-        key = (pool, rank)
-        b = self.buckets.get(key)
+        per = self.buckets.get(pool)
+        if per is None:
+            per = self.buckets[pool] = [None] * RANKS
+            self.value[pool] = [None] * RANKS
+        b = per[rank]
         if b is None:
-            gpn = self.cap.size[pool]
-            b = self.buckets[key] = [{} for _ in range(gpn + 1)]
-            vals = self.value[key] = {}
-            for nd in self.cap.nodes[pool]:
-                v = min(gpn, self._reach(nd, rank))
+            cap = self.cap
+            gpn = cap.size[pool]
+            b = per[rank] = [{} for _ in range(gpn + 1)]
+            vals = self.value[pool][rank] = {}
+            free, held, recl = cap.free, cap.held, self._recl
+            for nd in cap.nodes[pool]:
+                rc = recl.get(nd)
+                v = free[nd] - held.get(nd, 0) + (rc[rank] if rc is not None else 0)
+                if v > gpn:
+                    v = gpn
                 if v:
                     b[v][nd] = None
                     vals[nd] = v
@@ -258,16 +273,26 @@ class VictimIndex:
     def touch(self, node: str) -> None:
         """The node's available GPUs or its victims changed: re-bucket it, outdate its costs."""
         self.version[node] += 1
-        pool = self.cap.pool_of[node]
+        cap = self.cap
+        pool = cap.pool_of[node]
+        per = self.value.get(pool)
+        if per is None:
+            return
+        avail = cap.free[node] - cap.held.get(node, 0)
+        rc = self._recl.get(node)
+        gpn = cap.size[pool]
+        buckets = self.buckets[pool]
         for rank in range(1, RANKS):
-            key = (pool, rank)
-            vals = self.value.get(key)
+            vals = per[rank]
             if vals is None:
                 continue
             old = vals.get(node, 0)
-            new = min(self.cap.size[pool], self._reach(node, rank))
+            new = avail + rc[rank] if rc is not None else avail
+            if new > gpn:
+                new = gpn
             if new != old:
-                b = self.buckets[key]
+                b = buckets[rank]
+                assert b is not None
                 if old:
                     del b[old][node]
                 if new:
@@ -297,9 +322,14 @@ class VictimIndex:
             rank = self.rank[aid]
             for node, g in r.alloc:
                 rc = self._recl.get(node)
-                if rc is not None:
-                    for above in range(rank + 1, RANKS + 1):
-                        rc[above] -= g
+                if rc is not None:  # cumulative: every class above the victim's loses g
+                    if rank < 1:
+                        rc[1] -= g
+                    if rank < 2:
+                        rc[2] -= g
+                    if rank < 3:
+                        rc[3] -= g
+                    rc[4] -= g
                 if node in self.cap.pool_of:
                     self.touch(node)
 
@@ -318,23 +348,25 @@ class VictimIndex:
 
     def _one_victim(self, pool: str, rank: int, g: int) -> tuple[VictimKey, str, RunningView] | None:
         """The earliest victim in order that alone makes its node fit g GPUs."""
-        lst = self.per_pool(pool)
+        if self._by_node is None:
+            self._order()
+        lst = self._per_pool[pool]
         if not lst:
             return None
-        i = self.cursor.get((pool, g), 0)
-        chosen, avail = self.chosen, self.cap.avail
+        ck = (pool, g)
+        i = self.cursor.get(ck, 0)
+        chosen, free, held = self.chosen, self.cap.free, self.cap.held
         n = len(lst)
         while i < n:
             e = lst[i]
             # skipped entries never become usable again in this plan: avail only shrinks
-            if e[4].attempt_id in chosen or e[3] + avail(e[2]) < g:
+            nd = e[3]
+            if e[1].attempt_id in chosen or e[2] + free[nd] - held.get(nd, 0) < g:
                 i += 1
                 continue
-            break
-        self.cursor[(pool, g)] = i
-        if i < n and lst[i][0][0] < rank:
-            e = lst[i]
-            return e[0], e[2], e[4]
+            self.cursor[ck] = i
+            return (e[0], nd, e[1]) if e[0][0] < rank else None
+        self.cursor[ck] = i
         return None
 
     def _cheapest(self, pool: str, rank: int, g: int, n: int) -> list[tuple[Victims, str]] | None:
@@ -490,10 +522,6 @@ class VictimIndex:
             left = n - len(picked)
         keys = sorted(k for k, _ in mine.values())
         return (len(mine), keys), pool, picked, {aid: r for aid, (_, r) in mine.items()}
-
-
-def _first(e: OnNode) -> VictimKey:
-    return e[0]
 
 
 def _key(r: RunningView, rank: int, now: float, youngest: bool) -> VictimKey:
