@@ -46,15 +46,24 @@ def train(steps: int = 20, step_s: float = 0.05, ckpt_every: int = 2,
     return cmd + (["--done-file", str(done_file)] if done_file else [])
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test`: two workers, --dist loadgroup) a module's tests run on
-    one worker (its module-scoped fixtures are made once); so do all the tests that use the
-    session's demo run (`demo_run`: run once per worker, so once), and all the tests of the one
-    shared Slurm test cluster (tests/slurm), one at a time."""
+    """Under pytest-xdist (`make test`: two workers, --dist loadgroup) every test of the one
+    shared Slurm test cluster (tests/slurm) runs on one worker, one at a time; so do all the
+    tests that use the session's demo run (`demo_run`: made once per worker, so once), and the
+    tests of a module with a module-scoped fixture (made once). Every other test goes to
+    whichever worker is free."""
     for item in items:
         module = item.nodeid.split("::", 1)[0]
-        group = ("slurm" if module.startswith("tests/slurm/")
-                 else "demo" if "demo_run" in getattr(item, "fixturenames", ()) else module)
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if module.startswith("tests/slurm/"):
+            group = "slurm"
+        elif "demo_run" in getattr(item, "fixturenames", ()):
+            group = "demo"
+        elif any(d.scope == "module" for ds in defs.values() for d in ds):
+            group = module
+        else:
+            continue
         item.add_marker(pytest.mark.xdist_group(group))
 
 

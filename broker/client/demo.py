@@ -122,10 +122,12 @@ def _run(h: Path, say: Any, timeout: float) -> dict[str, Any]:
                     raise TimeoutError("the demo did not finish in time; see `onepool status`")
                 time.sleep(0.5)  # the broker's cycle: polling faster only adds load
 
-        # The first two (placed on the L4 pool, the cheapest) run longest, so the L4 pool is
-        # still busy when the urgent job's victims requeue: one resumes on the spot node.
+        # The first two (placed on the L4 pool, the cheapest) run long, so the L4 pool is still
+        # busy when the urgent job's victims requeue: one resumes on the spot node. The next two
+        # (the A100 hosts: the victims) run as long, so they are still running when the urgent
+        # job comes, even on a busy machine where the spot node takes a while to boot.
         lows = [research.submit(name=f"sweep-{i}", experiment="lr-sweep",
-                                command=_train(100 if i < 2 else 40), gpus_per_node=2,
+                                command=_train(100 if i < 4 else 40), gpus_per_node=2,
                                 priority="low", checkpoint_interval_s=1).id
                 for i in range(5)]
         say("team research submitted 5 low-priority jobs (2 GPUs each) over the API: 4 fill the "
