@@ -310,22 +310,35 @@ class Rebalancer:
     def hold(self, snap: Snapshot, s: Session | None = None) -> Snapshot:
         """The snapshot with in-flight moves' target GPUs taken (as by a stopping attempt)
         and their jobs out of the queue, so the plan neither fills those GPUs nor places the
-        jobs elsewhere."""
+        jobs elsewhere. A node launched for a move counts as taken from the moment it is up
+        (the move claims it at its next step): it is never given back as idle, nor filled by
+        other work, in between."""
         if s is None:
             with self.engine.store.session() as s2:
-                moves = load(s2)
-        else:
-            moves = load(s)
-        moves = [m for m in moves if m["phase"] in ("checkpointing", "stopping") and m["alloc"]]
-        if not moves:
+                return self._hold(snap, s2)
+        return self._hold(snap, s)
+
+    def _hold(self, snap: Snapshot, s: Session) -> Snapshot:
+        moves = load(s)
+        held: list[tuple[dict[str, Any], list[tuple[str, int]]]] = []
+        for m in moves:
+            if m["phase"] in ("checkpointing", "stopping") and m["alloc"]:
+                held.append((m, [(nd, g) for nd, g in m["alloc"]]))
+            elif m["phase"] == "launching":
+                a = s.get(Attempt, m["attempt_id"])
+                gpn = len(a.alloc[0][1]) if a is not None and a.alloc else 0
+                up = s.exec(select(Node.id).where(Node.pool == m["to_pool"], Node.for_job_id == m["job_id"],
+                                                  Node.state == NodeState.UP)).all()
+                held.append((m, [(nd, gpn) for nd in up if gpn]))
+        if not held:
             return snap
-        jobs = {m["job_id"] for m in moves}
         nodes = {nd.id for p in snap.pools for nd in p.nodes}
         phantoms = tuple(
             RunningView(attempt_id=-m["attempt_id"], job_id=m["job_id"], team="", priority=Priority.LOW,
-                        alloc=tuple((nd, g) for nd, g in m["alloc"] if nd in nodes),
+                        alloc=tuple((nd, g) for nd, g in alloc if nd in nodes),
                         started_at=snap.now, submit_time=snap.now, stopping=True)
-            for m in moves)
+            for m, alloc in held)
+        jobs = {m["job_id"] for m, _ in held if m["phase"] != "launching"}  # (launching: runs in A)
         return replace(snap, running=snap.running + tuple(p for p in phantoms if p.alloc),
                        pending=tuple(j for j in snap.pending if j.job_id not in jobs))
 
