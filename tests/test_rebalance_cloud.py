@@ -7,9 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from broker.control.config_apply import applied_config
+from broker.policy import plan
 from broker.spec import parse_config
+from tests.agents.harness import wait_for
 from tests.conftest import drive, train
-from tests.test_cloud_engine import ONPREM, fill_onprem, finish, spot_pool
+from tests.test_cloud_engine import ONPREM, fill_onprem, finish, nodes, spot_pool
 
 # SQLite only: the database is not what these tests are about (see tests/conftest.py)
 
@@ -41,6 +43,11 @@ def test_a_spot_job_moves_off_a_pool_whose_interruption_rate_spiked(cloud_cluste
     eng.cycle()
     (m,) = eng.rebalancer.decide(clock.now())
     assert (m.from_pool, m.to_pool, m.reason, m.launch) == ("spot", "od", "interruption rate spike", 1)
+    # The od node comes up (its agent joins) before the move's next step claims it: it is held
+    # for the move, not given back as idle (od's idle timeout is 0) nor filled by other work.
+    wait_for("the od node up", lambda: [n.state for n in nodes(c) if n.pool == "od"] == ["up"])
+    with eng.store.session() as s:
+        assert plan(eng.snapshot(s, clock.now())).terminations == ()
     drive(eng, lambda: len(c.get(j).attempt_list) == 2 and c.get(j).status == "RUNNING", timeout=60)
     first, second = c.get(j).attempt_list
     assert (first.pool, first.end_reason, second.pool) == ("spot", "REBALANCED", "od")
@@ -55,8 +62,6 @@ def test_a_spot_job_moves_off_a_pool_whose_interruption_rate_spiked(cloud_cluste
 
 
 def test_idle_rented_nodes_are_terminated_after_the_timeout_and_not_before(cloud_cluster, clock, aws_mock):
-    from tests.test_cloud_engine import nodes
-
     c, eng = cloud_cluster(pools=[ONPREM, spot_pool(idle_timeout_s=600)], cloud_after_wait_s=0)
     hog = fill_onprem(c, eng)
     j = c.submit(name="short", team="research", command=train(3), gpus_per_node=2, priority="low").id
