@@ -94,7 +94,7 @@ def cloud(request: pytest.FixtureRequest, tmp_path: Path, clock) -> Iterator[tup
               and all(n.state == "terminated" for n in _nodes(site)), timeout=60)
         booter.tick()  # one scan of the cloud now, not at the booter's next poll
         assert booter.booted == {}  # the instance went, and its agent with it
-    site.api.stop()
+    site.close()  # the engine's cloud workers too, not only the API
     kill_leftovers(tmp_path / "home" / "runs")
 
 
