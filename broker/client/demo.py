@@ -63,7 +63,9 @@ DEMO_CONFIG: dict[str, Any] = {
     ],
     "broker": {"cycle_s": 0.5, "grace_s": 10, "min_run_s": 20, "keep_checkpoints": 3,
                "checkpoint_delete_delay_s": 5, "cloud_after_wait_s": 2,
-               "agent_heartbeat_s": 1, "node_lost_after_s": 15},
+               "agent_heartbeat_s": 1, "node_lost_after_s": 15,
+               # the leader's periodic duties, on the demo's one-minute scale
+               "tasks": {"scale_down_s": 1, "enforce_budgets_s": 5, "retain_checkpoints_s": 5}},
 }
 
 
