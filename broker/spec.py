@@ -2,20 +2,22 @@
 
 Every public loader raises `SpecError` whose lines name the field path and what is allowed,
 e.g. ``jobs.priority: must be one of urgent, high, normal, low (got 'vip')``.
+
+The one config source: its building blocks (names, priorities, markets, the strict base
+model) are in broker.spec_types, the `broker:` section in broker.spec_broker; both are
+re-exported here, and the rest of the code imports them from broker.spec.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -24,79 +26,33 @@ from pydantic import (
 )
 
 from broker.errors import SpecError
+from broker.spec_broker import (
+    LEGACY_TASK_KEYS,
+    BrokerSettings,
+    PolicySettings,
+    RebalanceSettings,
+    TaskIntervals,
+    store_uri,
+)
+from broker.spec_types import (
+    NAME_HELP,
+    NAME_RE,
+    PRIORITIES_BY_RANK,
+    Market,
+    Name,
+    Priority,
+    SpotPolicy,
+    _Strict,
+)
 
-NAME_RE = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
-NAME_HELP = "lowercase letters, digits, '_', '.', '-' (1-63 chars, starting with a letter or digit)"
-
-
-class Priority(StrEnum):
-    """Priority classes, highest first. `rank` orders them: urgent=3 ... low=0."""
-
-    URGENT = "urgent"
-    HIGH = "high"
-    NORMAL = "normal"
-    LOW = "low"
-
-    @property
-    def rank(self) -> int:
-        return _RANK[self]
-
-
-_RANK = {Priority.URGENT: 3, Priority.HIGH: 2, Priority.NORMAL: 1, Priority.LOW: 0}
-PRIORITIES_BY_RANK = sorted(Priority, key=lambda p: -_RANK[p])
-
-
-class SpotPolicy(StrEnum):
-    """Whether a job may run on spot capacity."""
-
-    NEVER = "never"
-    ALLOWED = "allowed"
-    ONLY = "only"
-
-
-class Market(StrEnum):
-    """How a pool's capacity is paid for."""
-
-    ONPREM = "onprem"
-    ON_DEMAND = "on_demand"
-    SPOT = "spot"
-
-
-Name = Annotated[str, Field(pattern=NAME_RE)]
-
-
-class _Strict(BaseModel):
-    """Every input model: unknown fields, NUL bytes and non-finite numbers (inf, nan, 1e400)
-    are refused, naming the field."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True,
-                              allow_inf_nan=False)
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _no_nul(cls, v: Any) -> Any:
-        where = _nul_in(v)
-        if where is not None:
-            raise ValueError(f"must not contain a NUL byte (\\x00){where}")
-        return v
-
-
-def _nul_in(v: Any, path: str = "") -> str | None:
-    """Where in `v` (a string, or lists/dicts of them) a NUL byte is: "" for `v` itself,
-    " in KEY" inside a mapping or list; None if there is none."""
-    if isinstance(v, str):
-        return path if "\x00" in v else None
-    if isinstance(v, dict):
-        for k, x in v.items():
-            hit = _nul_in(str(k), f" in key {str(k)!r}") or _nul_in(x, f" in {str(k)!r}")
-            if hit is not None:
-                return hit
-    if isinstance(v, list | tuple):
-        for i, x in enumerate(v):
-            hit = _nul_in(x, f" in item {i}")
-            if hit is not None:
-                return hit
-    return None
+# broker.spec is the one config source the rest of the code imports, its parts included.
+__all__ = [
+    "LEGACY_TASK_KEYS", "NAME_HELP", "NAME_RE", "PRIORITIES_BY_RANK", "BrokerSettings",
+    "ClusterConfig", "JobSpec", "Market", "Name", "OnpremCost", "PolicySettings", "PoolSpec",
+    "Priority", "RebalanceSettings", "SlurmSpec", "SpotPolicy", "TaskIntervals", "TeamSpec",
+    "check_job_fits", "load_config", "market_ok", "parse_config", "parse_job", "read_yaml",
+    "store_uri", "validate",
+]
 
 
 class OnpremCost(_Strict):
@@ -280,185 +236,6 @@ class TeamSpec(_Strict):
     budget_usd: float | None = Field(default=None, ge=0.0)
     budget_window: BudgetWindow = "month"
     budget_low_fraction: float = Field(default=0.2, ge=0.0, le=1.0)
-
-
-class RebalanceSettings(_Strict):
-    """Scheduled rebalancing (issue 12; the rules: broker.policy.rebalance and .defrag).
-
-    Every `broker.tasks.rebalance_s` the leader looks for moves that pay for themselves: a
-    move must save at least `min_saving_usd` beyond its cost, at most `max_moves` start per
-    round, and a move whose checkpoint is not committed `checkpoint_wait_s` after the request
-    is given up (the job keeps running where it is). Gang jobs waiting `defrag_after_s` may
-    have small jobs moved for them. `enabled: false` turns both off (`onepool rebalance
-    --dry-run` still shows what it would do)."""
-
-    enabled: bool = True
-    min_saving_usd: float = Field(default=1.0, ge=0.0)
-    max_moves: int = Field(default=4, ge=0, le=1000)
-    checkpoint_wait_s: float = Field(default=600.0, gt=0.0, le=86400.0)
-    defrag_after_s: float = Field(default=1800.0, ge=0.0)
-
-
-class TaskIntervals(_Strict):
-    """How often the leader runs each periodic task, in seconds (`broker.tasks:` in
-    onepool.yaml; broker.control.scheduled runs them on APScheduler). Defaults by what a late
-    run costs:
-
-    - enforce_budgets_s (30): a job or team over its budget keeps spending until the next
-      run; 30 s of an 8-GPU on-demand node is well under a dollar.
-    - scale_down_s (30): an idle rented node is given back up to this long after its pool's
-      idle_timeout_s (default 600 s): at most 5% more idle time, billed by the second.
-    - rebalance_s (300): a move pays only over hours of remaining run time; minutes of delay
-      change little, and each round plans the whole cluster.
-    - sweep_orphans_s (300): a leaked instance is rare (a crash between a launch and its
-      answer) and each sweep lists every pool's instances.
-    - decay_fair_share_s (300): usage halves over fair_share_half_life_s (days); between
-      runs it is carried forward at the teams' current GPU counts (broker.control.snapshots).
-    - refresh_prices_s (900): spot prices move over hours; the clouds' price APIs are paged
-      and throttled.
-    - retain_checkpoints_s (3600): deleting old checkpoints frees storage, which is billed
-      by the month; checkpoint_delete_delay_s (default 1 h) already delays every deletion.
-    """
-
-    refresh_prices_s: float = Field(default=900.0, ge=1.0, le=86400.0)
-    rebalance_s: float = Field(default=300.0, ge=1.0, le=86400.0)
-    scale_down_s: float = Field(default=30.0, ge=1.0, le=3600.0)
-    sweep_orphans_s: float = Field(default=300.0, ge=1.0, le=86400.0)
-    enforce_budgets_s: float = Field(default=30.0, ge=1.0, le=3600.0)
-    decay_fair_share_s: float = Field(default=300.0, ge=1.0, le=86400.0)
-    retain_checkpoints_s: float = Field(default=3600.0, ge=1.0, le=86400.0)
-
-
-# Older spellings of task intervals, still accepted: (where it was, its `tasks` field).
-LEGACY_TASK_KEYS = (("price_refresh_s", "refresh_prices_s"), ("orphan_sweep_s", "sweep_orphans_s"),
-                    ("rebalance.interval_s", "rebalance_s"))
-
-
-def _legacy_task_keys(data: Any) -> Any:
-    """Move `broker.price_refresh_s`, `broker.orphan_sweep_s` and `broker.rebalance.interval_s`
-    (the spellings before `broker.tasks`) to their `tasks` fields. Raises ValueError naming
-    both when one is given both ways."""
-    if not isinstance(data, dict):
-        return data
-    data = dict(data)
-    tasks = data.get("tasks", {})
-    if not isinstance(tasks, dict):
-        return data  # the field's own validation says what is wrong
-    tasks = dict(tasks)
-    for old, new in LEGACY_TASK_KEYS:
-        outer, _, inner = old.rpartition(".")
-        holder = data
-        if outer:
-            if not isinstance(data.get(outer), dict) or inner not in data[outer]:
-                continue
-            holder = data[outer] = dict(data[outer])
-        if inner not in holder:
-            continue
-        if new in tasks:
-            raise ValueError(f"tasks.{new}: also given as {old} (its older name); keep only "
-                             f"tasks.{new}")
-        tasks[new] = holder.pop(inner)
-    if tasks:
-        data["tasks"] = tasks
-    return data
-
-
-class PolicySettings(_Strict):
-    """The scheduling policy's knobs, written once: onepool.yaml's `broker:` section and a
-    simulation scenario both hold them, and `broker.policy.PolicyConfig.from_settings` turns
-    either into the policy's configuration. Times in seconds.
-
-    - grace_s: SIGTERM -> this long to checkpoint and exit -> SIGKILL
-    - min_run_s: a job preempted before is safe from preemption this long after it restarts
-    - cloud_after_wait_s: non-urgent jobs wait this long before nodes are rented for them
-    - restart_overhead_s: what a resumed attempt spends before it makes progress (assumed)
-    - checkpoint_on_signal: the share of jobs that save a checkpoint when signalled (the rest
-      lose the work since their last periodic checkpoint); the policy's loss estimates use it
-    - fair_share_half_life_s: how fast past usage is forgotten in the fair-share order
-    - reservations: how many blocked jobs (in queue order) get a reservation; a reservation
-      holds GPUs only against jobs that would not finish before its estimated start (EASY)
-    - promote_after_s: a multi-node job waiting this long is scheduled one class higher
-      (never above high); None: off
-    - preempt_after_s: a job below high preempts only once it has waited this long since it
-      was submitted (most find capacity meanwhile; high/urgent preempt at once); 0: at once
-    - checkpoint_align_s: a job below high waits up to this long for its victims' next
-      periodic checkpoints, when they would otherwise lose unsaved work; 0: never
-    """
-
-    grace_s: float = Field(default=60.0, ge=0.0, le=3600)
-    min_run_s: float = Field(default=300.0, ge=0.0)
-    cloud_after_wait_s: float = Field(default=600.0, ge=0.0)
-    restart_overhead_s: float = Field(default=180.0, ge=0.0)
-    checkpoint_on_signal: float = Field(default=0.5, ge=0.0, le=1.0)
-    fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0.0)
-    reservations: int = Field(default=1, ge=0, le=10_000)
-    promote_after_s: float | None = Field(default=None, gt=0.0)
-    preempt_after_s: float = Field(default=900.0, ge=0.0)
-    checkpoint_align_s: float = Field(default=900.0, ge=0.0)
-
-
-class BrokerSettings(PolicySettings):
-    """Knobs of the live broker (the policy's are inherited from PolicySettings). Times in
-    seconds."""
-
-    cycle_s: float = Field(default=2.0, gt=0.0, le=3600)
-    checkpoint_store: str | None = None  # default: file://$ONEPOOL_HOME/checkpoints
-    keep_checkpoints: int = Field(default=3, ge=1)  # newest committed checkpoints kept per job
-    # Retention waits this long before deleting a checkpoint that fell out of the newest
-    # `keep_checkpoints`, or a step folder that has had no manifest (an abandoned upload).
-    checkpoint_delete_delay_s: float = Field(default=3600.0, ge=0.0)
-    # Money (issue 6): who pays for idle rented node time ("pool": nobody's jobs; "launcher":
-    # the team whose job triggered the launch), and what a submission whose estimate exceeds
-    # its budget gets ("spot_only": queued spot-only if a spot pool fits the budget, else refused).
-    idle_charged_to: Literal["pool", "launcher"] = "pool"
-    over_budget_submission: Literal["refuse", "spot_only"] = "spot_only"
-    # One leader (issue 10): the leader renews its lease every cycle and at least every
-    # lease_s / 3; a standby takes over lease_s after the leader's last renewal (at once when
-    # the dead leader ran on the same host). Kubernetes' leader election uses 15 s too.
-    lease_s: float = Field(default=15.0, ge=1.0, le=3600)
-    # Agents (issue 9). The URL at which agents on rented instances reach `onepool server`
-    # (required when a pool rents nodes); a node whose agent has not been heard from for
-    # `node_lost_after_s` is lost (its attempts requeue; a rented instance is terminated);
-    # agents call in at least every `agent_heartbeat_s`. `agent_package` is the pip
-    # requirement the boot script installs when the image has no `onepool` command.
-    server_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
-    node_lost_after_s: float = Field(default=30.0, ge=3.0, le=3600.0)
-    agent_heartbeat_s: float = Field(default=5.0, ge=0.5, le=600.0)
-    agent_package: str | None = Field(default=None, min_length=1, max_length=500)
-    # Periodic tasks (issue 12; broker.control.scheduled, run by the leader on APScheduler
-    # with its job store in this database): refresh prices, rebalance (as `rebalance` says),
-    # scale down idle rented nodes, sweep orphan instances (tagged with this broker, claimed
-    # by no live node), enforce budgets, decay fair-share usage, checkpoint retention, each
-    # every `tasks.<name>_s`. A task that fails is logged and runs again at its next time.
-    tasks: TaskIntervals = TaskIntervals()
-    rebalance: RebalanceSettings = RebalanceSettings()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _older_task_keys(cls, data: Any) -> Any:
-        return _legacy_task_keys(data)
-
-    @model_validator(mode="after")
-    def _agent_timing(self) -> BrokerSettings:
-        if self.agent_heartbeat_s * 3 > self.node_lost_after_s:
-            raise ValueError(f"node_lost_after_s: must be at least 3 x agent_heartbeat_s "
-                             f"({3 * self.agent_heartbeat_s:g}s), so one slow heartbeat does not "
-                             f"lose a node (got {self.node_lost_after_s:g})")
-        return self
-
-    @field_validator("checkpoint_store")
-    @classmethod
-    def _store_uri(cls, v: str | None) -> str | None:
-        return None if v is None else store_uri(v)
-
-
-def store_uri(v: str) -> str:
-    """A checkpoint store root URI, without a trailing slash. Raises ValueError if it has no scheme."""
-    v = v.strip().rstrip("/")
-    if not re.match(r"^[a-z][a-z0-9+.-]*://.+", v):
-        raise ValueError(f"must be a URI like file:///data/ckpt, s3://bucket/prefix or "
-                         f"gs://bucket/prefix (got {v!r})")
-    return v
 
 
 class ClusterConfig(_Strict):

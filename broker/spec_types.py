@@ -1,0 +1,88 @@
+"""The building blocks of every validated input (broker.spec): names, priorities, spot
+policies, markets, and the strict base model that refuses unknown fields, NUL bytes and
+non-finite numbers."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+)
+
+NAME_RE = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+NAME_HELP = "lowercase letters, digits, '_', '.', '-' (1-63 chars, starting with a letter or digit)"
+
+
+class Priority(StrEnum):
+    """Priority classes, highest first. `rank` orders them: urgent=3 ... low=0."""
+
+    URGENT = "urgent"
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+
+_RANK = {Priority.URGENT: 3, Priority.HIGH: 2, Priority.NORMAL: 1, Priority.LOW: 0}
+PRIORITIES_BY_RANK = sorted(Priority, key=lambda p: -_RANK[p])
+
+
+class SpotPolicy(StrEnum):
+    """Whether a job may run on spot capacity."""
+
+    NEVER = "never"
+    ALLOWED = "allowed"
+    ONLY = "only"
+
+
+class Market(StrEnum):
+    """How a pool's capacity is paid for."""
+
+    ONPREM = "onprem"
+    ON_DEMAND = "on_demand"
+    SPOT = "spot"
+
+
+Name = Annotated[str, Field(pattern=NAME_RE)]
+
+
+class _Strict(BaseModel):
+    """Every input model: unknown fields, NUL bytes and non-finite numbers (inf, nan, 1e400)
+    are refused, naming the field."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True,
+                              allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, v: Any) -> Any:
+        where = _nul_in(v)
+        if where is not None:
+            raise ValueError(f"must not contain a NUL byte (\\x00){where}")
+        return v
+
+
+def _nul_in(v: Any, path: str = "") -> str | None:
+    """Where in `v` (a string, or lists/dicts of them) a NUL byte is: "" for `v` itself,
+    " in KEY" inside a mapping or list; None if there is none."""
+    if isinstance(v, str):
+        return path if "\x00" in v else None
+    if isinstance(v, dict):
+        for k, x in v.items():
+            hit = _nul_in(str(k), f" in key {str(k)!r}") or _nul_in(x, f" in {str(k)!r}")
+            if hit is not None:
+                return hit
+    if isinstance(v, list | tuple):
+        for i, x in enumerate(v):
+            hit = _nul_in(x, f" in item {i}")
+            if hit is not None:
+                return hit
+    return None
