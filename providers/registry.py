@@ -25,11 +25,10 @@ def make_provider(pool: PoolSpec, notices: NoticeLog | None = None) -> Provider:
     except ValueError as e:
         raise Fatal(f"pool {pool.name}: {e}") from None
     if pool.provider == "aws":
-        import boto3
-
         from providers.aws import AwsProvider
+        from providers.aws.session import new_session
 
-        session = boto3.session.Session(profile_name=pool.credentials) if pool.credentials else None
+        session = new_session(pool.credentials) if pool.credentials else None
         return AwsProvider(pool.region, session=session, endpoint_url=pool.endpoint_url,
                            options=opts, image=pool.image)
     if pool.provider == "gcp":

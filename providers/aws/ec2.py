@@ -36,6 +36,7 @@ from typing import Any
 
 from providers.aws.errors import mapped
 from providers.aws.prices import spot_quotes, zone_ids
+from providers.aws.session import new_session
 from providers.base import (
     TAG_BROKER,
     TAG_NODE,
@@ -83,9 +84,7 @@ class AwsProvider:
     def __init__(self, region: str, *, session: Any = None, endpoint_url: str | None = None,
                  options: AwsOptions | None = None, image: str | None = None,
                  instance_types: list[str] | None = None, now: Callable[[], float] = time.time) -> None:
-        import boto3
-
-        self.session = session or boto3.session.Session()
+        self.session = session or new_session()
         self.opts = options or AwsOptions()
         self._kw: dict[str, Any] = {"region_name": region, "config": client_config(
             self.opts.connect_timeout_s, self.opts.read_timeout_s)}
