@@ -14,7 +14,7 @@ from broker.spec import parse_config
 from broker.state.store import Store
 from tests.conftest import config
 
-pytestmark = pytest.mark.both_dbs
+pytestmark = [pytest.mark.both_dbs, pytest.mark.real_migrations]
 
 
 def test_migrations_at_head_match_the_models(tmp_path: Path) -> None:
