@@ -68,8 +68,10 @@ RENTED_WAIT = "waiting for rented nodes to come up"
 _PRIO = {p.rank: p for p in Priority}
 INF = math.inf
 # Candidate pool names by (pools' signature, job shape): a pure function's answers,
-# remembered across plans (the simulator plans the same pools thousands of times).
+# remembered across plans (the simulator plans the same pools thousands of times). A
+# signature is hashed once per plan, to a small number (_SIGS), not once per shape.
 _CANDIDATES: dict[tuple[object, ...], tuple[str, ...]] = {}
+_SIGS: dict[tuple[object, ...], int] = {}
 
 
 def plan(snapshot: Snapshot, now: float | None = None, explain: bool = True) -> Plan:
@@ -97,9 +99,15 @@ class _Planner:
         self.cap = Capacity(snap.pools, snap.running)
         self.pools = {p.name: p for p in snap.pools}
         # what candidate pools depend on, so the answers can be remembered across plans
-        self.pool_sig = tuple((p.name, p.gpu_type, p.market, p.price_per_gpu_hour, p.teams,
-                               p.gpus_per_node, max(len(p.nodes), p.max_nodes or 0))
-                              for p in snap.pools)
+        sig = tuple((p.name, p.gpu_type, p.market, p.price_per_gpu_hour, p.teams,
+                     p.gpus_per_node, max(len(p.nodes), p.max_nodes or 0)) for p in snap.pools)
+        sid = _SIGS.get(sig)
+        if sid is None:
+            if len(_SIGS) > 10_000:
+                _SIGS.clear()
+                _CANDIDATES.clear()  # its keys name signatures by number
+            sid = _SIGS[sig] = len(_SIGS)
+        self.pool_sig = sid
         self.teams = {t.name: t for t in snap.teams}
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []

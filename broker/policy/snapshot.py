@@ -64,13 +64,14 @@ class PoolView:
     interruption_rate_per_h: float = 0.0
     idle_timeout_s: float = 600.0
     closed: bool = False  # refused a launch lately (a stock-out): closed to launches for now
+    launchable: int = field(init=False, compare=False, repr=False)
+    """How many more nodes may be launched now (max_nodes less ready and launching nodes;
+    0 for a fixed pool). Derived once, at construction: plan() reads it many times."""
 
-    @property
-    def launchable(self) -> int:
-        """How many more nodes may be launched now."""
-        if self.max_nodes is None:
-            return 0
-        return max(0, self.max_nodes - len(self.nodes) - sum(n for _, n in self.launching))
+    def __post_init__(self) -> None:
+        n = 0 if self.max_nodes is None else max(
+            0, self.max_nodes - len(self.nodes) - sum(k for _, k in self.launching))
+        object.__setattr__(self, "launchable", n)
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,9 @@ class Simulator:
         self.dirty: set[str] = set()
         self.wakes: dict[str, float] = {}
         self.scope_running: dict[str, dict[int, SimAttempt]] = {}
+        # each running attempt's current view, per scope (in start order): the snapshot's
+        # `running` without walking the attempts (see set_view)
+        self.scope_views: dict[str, dict[int, RunningView]] = {}
         self.scope_pending: dict[str, dict[int, PendingView]] = {}
         self.queues: dict[str, PendingQueue] = {}
         self.next_aid = 1
@@ -104,6 +107,7 @@ class Simulator:
                     self.scope_pools[t].append(sp)
         for scope in self.scope_pools:
             self.scope_running[scope], self.scope_pending[scope] = {}, {}
+            self.scope_views[scope] = {}
             self.queues[scope] = PendingQueue()
         self.jobs = [sim_job(sc, i + 1, t, self.team_of) for i, t in enumerate(trace)]
         self.usage = {t.name: 0.0 for t in self.teams}
@@ -263,7 +267,7 @@ class Simulator:
         snap = Snapshot(
             now=self.now,
             pools=tuple(self._pool_view(p) for p in self.scope_pools[scope]),
-            running=tuple(map(_VIEW, self.scope_running[scope].values())),
+            running=tuple(self.scope_views[scope].values()),
             pending=tuple(pending.values()),
             teams=tuple(TeamView(t.name, t.weight, t.priority_allowance_gpus, self.usage[t.name])
                         for t in self.teams),
@@ -359,6 +363,7 @@ class Simulator:
         a = SimAttempt(j, rv, pl.pool, ps, ps + j.remaining)
         self.running[aid] = a
         self.scope_running[scope][aid] = a
+        self.scope_views[scope][aid] = rv
         pool = self.pools[pl.pool]
         end = math.inf if rv.expected_end is None else rv.expected_end
         for node_id, g in pl.alloc:
@@ -370,12 +375,17 @@ class Simulator:
 
     def _preempt(self, a: SimAttempt, for_job: int) -> None:
         self._stop(a, "preemption", self.sc.checkpoint_save_s, self.sc.grace_s)
-        a.view = replace(a.view, stopping=True, stopping_for=for_job)
+        self.set_view(a, replace(a.view, stopping=True, stopping_for=for_job))
         pool = self.pools[a.pool]
         for node_id, _g in a.view.alloc:  # its GPUs go to the job it stops for
             pool.expect_end(pool.nodes[node_id], a.view.attempt_id, math.inf, self.now)
         a.job.preemptions += 1
         self.rec.preemptions += 1
+
+    def set_view(self, a: SimAttempt, view: RunningView) -> None:
+        """Change a running attempt's view (every change goes through here: scope_views)."""
+        a.view = view
+        self.scope_views[self.scope_of(a.job.team)][view.attempt_id] = view
 
     def _stop(self, a: SimAttempt, cause: str, save_s: float, deadline_s: float) -> None:
         """Signal/notice at now: a job that checkpoints on the signal exits after the save;
@@ -402,6 +412,7 @@ class Simulator:
         j, pool, gpus = a.job, self.pools[a.pool], a.view.gpus
         scope = self.scope_of(j.team)
         del self.scope_running[scope][a.view.attempt_id]
+        del self.scope_views[scope][a.view.attempt_id]
         self.dirty.add(scope)
         for node_id, g in a.view.alloc:
             node = pool.nodes.get(node_id)
