@@ -96,7 +96,7 @@ class _Planner:
         self.now = now
         self.explain = explain
         self.cfg: PolicyConfig = snap.config
-        self.cap = Capacity(snap.pools, snap.running)
+        self.cap = Capacity(snap.pools, snap.running, snap.free_index)
         self.pools = {p.name: p for p in snap.pools}
         # what candidate pools depend on, so the answers can be remembered across plans
         sig = tuple((p.name, p.gpu_type, p.market, p.price_per_gpu_hour, p.teams,

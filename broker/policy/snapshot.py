@@ -13,6 +13,7 @@ from broker.policy.config import PolicyConfig
 from broker.spec import Market, Priority, SpotPolicy
 
 if TYPE_CHECKING:
+    from broker.policy.free_index import FreeIndex
     from broker.policy.queue import PendingQueue
 
 Alloc = tuple[tuple[str, int], ...]
@@ -146,7 +147,9 @@ class TeamView:
 class Snapshot:
     """Everything plan() reads. `queue`, when given, must hold exactly `pending` (a caller
     that keeps one across cycles, like the simulator, saves plan() from rebuilding it); plan()
-    only reads it."""
+    only reads it. `free_index`, when given, must hold the free GPUs of exactly `pools`'
+    nodes (see broker.policy.free_index.FreeIndex); plan() only reads it too. Neither changes
+    the plan, only how fast it is made."""
 
     now: float
     pools: tuple[PoolView, ...]
@@ -155,6 +158,7 @@ class Snapshot:
     teams: tuple[TeamView, ...] = ()
     config: PolicyConfig = field(default_factory=PolicyConfig)
     queue: PendingQueue | None = field(default=None, compare=False, repr=False)
+    free_index: FreeIndex | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

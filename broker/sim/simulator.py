@@ -48,6 +48,7 @@ from broker.policy.activity import Activity, can_act, rank_floor
 from broker.policy.budget import restrict, team_budget_state
 from broker.policy.estimates import RuntimeHistory, remaining
 from broker.policy.fairshare import decay
+from broker.policy.free_index import FreeIndex
 from broker.policy.pools import capped, closed_until, could_ever_run
 from broker.policy.rebalance import RebalanceConfig
 from broker.sim.metrics import Recorder
@@ -105,6 +106,16 @@ class Simulator:
             for sp in self.pools.values():
                 for t in sp.teams or ():
                     self.scope_pools[t].append(sp)
+        # per scope, the free GPUs of its pools' nodes (broker.policy.free_index), kept
+        # current by the pools (SimPool.indexes) and handed to plan()
+        self.free_index: dict[str, FreeIndex] = {}
+        for scope, pools in self.scope_pools.items():
+            ix = self.free_index[scope] = FreeIndex()
+            for sp in pools:
+                ix.add_pool(sp.name, sp.gpus_per_node)
+                for node in sp.nodes.values():
+                    ix.add(sp.name, node.id, node.free)
+                sp.indexes.append(ix)
         for scope in self.scope_pools:
             self.scope_running[scope], self.scope_pending[scope] = {}, {}
             self.scope_views[scope] = {}
@@ -273,6 +284,7 @@ class Simulator:
                         for t in self.teams),
             config=self.cfg,
             queue=self.queues[scope],
+            free_index=self.free_index[scope],
         )
         if self.budgets:
             snap = restrict(snap, {t: team_budget_state(a, self.spend[t], low)
