@@ -33,6 +33,8 @@ class FreeIndex:
         self.buckets: dict[str, list[dict[str, int]]] = {}
         self._seq: dict[str, int] = {}
         self._next = 0
+        # per pool and free count, the bucket's nodes in pool order (None: to sort again)
+        self._ordered: dict[str, list[tuple[str, ...] | None]] = {}
 
     def add_pool(self, pool: str, gpus_per_node: int) -> None:
         """A pool with no nodes yet. Raises ValueError if the pool is known."""
@@ -41,6 +43,7 @@ class FreeIndex:
         self.size[pool] = gpus_per_node
         self.nodes[pool] = []
         self.buckets[pool] = [{} for _ in range(gpus_per_node + 1)]
+        self._ordered[pool] = [None] * (gpus_per_node + 1)
 
     def add(self, pool: str, node: str, free: int) -> None:
         """A node joins the pool, last in its order, with `free` GPUs (clamped to 0..size).
@@ -62,11 +65,13 @@ class FreeIndex:
         old = self.free[node]
         if new == old:
             return
-        b = self.buckets[pool]
+        b, ordered = self.buckets[pool], self._ordered[pool]
         if old:
             del b[old][node]
+            ordered[old] = None
         if new:
             b[new][node] = self._seq[node]
+            ordered[new] = None
         self.free[node] = new
 
     def drop(self, node: str) -> None:
@@ -77,9 +82,17 @@ class FreeIndex:
         f = self.free.pop(node)
         if f:
             del self.buckets[pool][f][node]
+            self._ordered[pool][f] = None
         self.nodes[pool].remove(node)
         del self._seq[node]
 
     def ordered_buckets(self, pool: str) -> list[dict[str, None]]:
         """A fresh copy of the pool's buckets (index: free GPUs), each in the pool's order."""
-        return [dict.fromkeys(sorted(d, key=d.__getitem__)) for d in self.buckets[pool]]
+        ordered = self._ordered[pool]
+        out: list[dict[str, None]] = []
+        for f, d in enumerate(self.buckets[pool]):
+            nodes = ordered[f]
+            if nodes is None:
+                nodes = ordered[f] = tuple(sorted(d, key=d.__getitem__))
+            out.append(dict.fromkeys(nodes))
+        return out

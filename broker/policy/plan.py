@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from operator import attrgetter
 
 from broker.policy.backfill import Backfill
 from broker.policy.capacity import Capacity
@@ -67,6 +68,8 @@ BEHIND = "behind a blocked job (backfill is off)"
 RENTED_WAIT = "waiting for rented nodes to come up"
 _PRIO = {p.rank: p for p in Priority}
 INF = math.inf
+_STOPPING = attrgetter("stopping")
+_PREEMPTED_BEFORE = attrgetter("times_preempted")
 # Candidate pool names by (pools' signature, job shape): a pure function's answers,
 # remembered across plans (the simulator plans the same pools thousands of times). A
 # signature is hashed once per plan, to a small number (_SIGS), not once per shape.
@@ -205,8 +208,8 @@ class _Planner:
         self.top_rank = top if cfg.classes else max(top, 3)
         self.demoted_running = self._effective_running()
         incoming: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        for r in snap.running:
-            if r.stopping and r.stopping_for is not None:
+        for r in filter(_STOPPING, snap.running):  # C-level filter: most are not stopping
+            if r.stopping_for is not None:
                 for node, g in r.alloc:
                     incoming[r.stopping_for][node] += g
         walk = QueueWalk(queue, self.teams, cfg, self.now, self.priority_used)
@@ -495,8 +498,8 @@ class _Planner:
             wake.append(walk.next_promotion)
         if self.blocked_rank > 0 and self.cfg.min_run_s > 0:
             demoted, min_run, now = self.demoted_running, self.cfg.min_run_s, self.now
-            for r in self.s.running:
-                if r.times_preempted and not r.stopping and now - r.started_at < min_run:
+            for r in filter(_PREEMPTED_BEFORE, self.s.running):
+                if not r.stopping and now - r.started_at < min_run:
                     rank = NORMAL_RANK if r.attempt_id in demoted else r.priority.rank
                     if rank < self.blocked_rank:
                         wake.append(r.started_at + min_run)
