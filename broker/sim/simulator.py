@@ -124,6 +124,7 @@ class Simulator:
         self.usage = {t.name: 0.0 for t in self.teams}
         self.team_gpus = {t.name: 0 for t in self.teams}
         self.usage_at = 0.0
+        self._team_views: tuple[TeamView, ...] | None = None
         self.spend = {t.name: 0.0 for t in self.teams}
         self.budgets = {t.name: (t.budget_usd, t.budget_low_fraction) for t in sc.teams
                         if t.budget_usd is not None}
@@ -245,6 +246,7 @@ class Simulator:
     def _cycle(self) -> None:
         self.last_cycle = self.now
         self._decay_usage()
+        self._team_views = None  # usage moved on: built again on first need in this cycle
         due = {s for s, t in self.wakes.items() if t <= self.now}
         for s in due:
             del self.wakes[s]
@@ -280,8 +282,7 @@ class Simulator:
             pools=tuple(self._pool_view(p) for p in self.scope_pools[scope]),
             running=tuple(self.scope_views[scope].values()),
             pending=tuple(pending.values()),
-            teams=tuple(TeamView(t.name, t.weight, t.priority_allowance_gpus, self.usage[t.name])
-                        for t in self.teams),
+            teams=self._teams_now(),
             config=self.cfg,
             queue=self.queues[scope],
             free_index=self.free_index[scope],
@@ -308,6 +309,14 @@ class Simulator:
         if self.rebalancer is not None:  # [issue 12 hook]
             self.rebalancer.after_plan(snap, p)
             self._rebalance_wake(scope)
+
+    def _teams_now(self) -> tuple[TeamView, ...]:
+        """The teams with their usage as of this cycle (built once per cycle: every scope of a
+        partitioned policy plans with the same teams)."""
+        if self._team_views is None:
+            self._team_views = tuple(TeamView(t.name, t.weight, t.priority_allowance_gpus,
+                                              self.usage[t.name]) for t in self.teams)
+        return self._team_views
 
     def _rebalance_wake(self, scope: str) -> None:
         """[issue 12 hook] wake the scope when a waiting gang becomes due for defragmentation."""
