@@ -123,6 +123,7 @@ class _Planner:
         self.rented = [p for p in snap.pools if p.max_nodes is not None]
         self.renting = bool(self.rented) and self.cfg.cloud
         self.launched: dict[str, int] = {}
+        self.launchable = {p.name: p.launchable for p in self.rented}  # read often: once here
         self.launching_for = {jid for p in self.rented for jid, _ in p.launching}
         self._by_id: dict[int, PendingView] | None = None
         shapes = ({jid: (j.gpus_per_node, j.nodes) for p in self.rented for jid, _ in p.launching
@@ -326,7 +327,8 @@ class _Planner:
     def _can_rent(self) -> bool:
         if not self.renting:
             return False
-        return any(p.launchable - self.launched.get(p.name, 0) > 0 for p in self.rented) or any(
+        return any(self.launchable[p.name] - self.launched.get(p.name, 0) > 0
+                   for p in self.rented) or any(
             any(x > 0 for x in spare) for spare in self.spare.values())
 
     def _preemptible_from(self, j: PendingView) -> float:

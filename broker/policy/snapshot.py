@@ -7,6 +7,7 @@ simulator's); the policy only compares and subtracts them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from broker.policy.config import PolicyConfig
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from broker.policy.free_index import FreeIndex
     from broker.policy.queue import PendingQueue
 
+_COUNT = itemgetter(1)
 Alloc = tuple[tuple[str, int], ...]
 """GPUs held per node: ((node_id, gpus), ...)."""
 
@@ -65,14 +67,15 @@ class PoolView:
     interruption_rate_per_h: float = 0.0
     idle_timeout_s: float = 600.0
     closed: bool = False  # refused a launch lately (a stock-out): closed to launches for now
-    launchable: int = field(init=False, compare=False, repr=False)
-    """How many more nodes may be launched now (max_nodes less ready and launching nodes;
-    0 for a fixed pool). Derived once, at construction: plan() reads it many times."""
 
-    def __post_init__(self) -> None:
-        n = 0 if self.max_nodes is None else max(
-            0, self.max_nodes - len(self.nodes) - sum(k for _, k in self.launching))
-        object.__setattr__(self, "launchable", n)
+    @property
+    def launchable(self) -> int:
+        """How many more nodes may be launched now."""
+        if self.max_nodes is None:
+            return 0
+        launching = self.launching
+        return max(0, self.max_nodes - len(self.nodes)
+                   - (sum(map(_COUNT, launching)) if launching else 0))
 
 
 @dataclass(frozen=True, slots=True)
