@@ -32,11 +32,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from operator import attrgetter
 
 from broker.policy.capacity import Capacity
 from broker.policy.snapshot import Alloc, NodeView, PendingView, PoolView, RunningView
 
 INF = math.inf
+_RELEASES = attrgetter("releases")
 
 
 class Backfill:
@@ -84,7 +86,7 @@ class Backfill:
         """The node's release times: its own `releases` when every node has them, else
         derived from the running attempts; plus those of jobs placed in this plan."""
         if self._all_own is None:
-            self._all_own = all(nd.releases is not None for p in self._pools for nd in p.nodes)
+            self._all_own = not any(None in map(_RELEASES, p.nodes) for p in self._pools)
         node = nv.id
         own = nv.releases if self._all_own and nv.releases is not None else (
             self._release_times().get(node, ()))

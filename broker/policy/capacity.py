@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable
 
+from broker.policy.free_index import FreeIndex
 from broker.policy.snapshot import Alloc, PoolView, RunningView
 
 
@@ -30,9 +31,14 @@ class Capacity:
     plan. Iteration order is deterministic (insertion-ordered dicts).
     """
 
-    def __init__(self, pools: tuple[PoolView, ...], running: Iterable[RunningView]) -> None:
+    def __init__(self, pools: tuple[PoolView, ...], running: Iterable[RunningView],
+                 index: FreeIndex | None = None) -> None:
         """Free GPUs from the pools' nodes: a NodeView's `used` when it has one, else the sum
-        of the running attempts' allocations on it."""
+        of the running attempts' allocations on it; or copied from `index`, which must hold
+        the same figures (see FreeIndex; ValueError when it visibly does not)."""
+        if index is not None:
+            self._from_index(pools, index)
+            return
         self.free: dict[str, int] = {}
         self.held: dict[str, int] = {}
         self.easy: dict[str, int] = {}
@@ -68,6 +74,26 @@ class Capacity:
                     b[f][nid] = None
                 elif f:
                     free[nid] = 0  # over-committed: nothing free
+
+    def _from_index(self, pools: tuple[PoolView, ...], index: FreeIndex) -> None:
+        if len(pools) != len(index.size):
+            raise ValueError("free index: its pools are not the snapshot's")
+        self.free = dict(index.free)
+        self.held = {}
+        self.easy = {}
+        self.pool_of = index.pool_of  # read-only here, like `nodes`
+        self.size = {}
+        self.nodes = {}
+        self.buckets = {}
+        self.listener = None
+        for p in pools:
+            name = p.name
+            ids = index.nodes.get(name)
+            if ids is None or len(ids) != len(p.nodes) or index.size[name] != p.gpus_per_node:
+                raise ValueError(f"free index: pool {name!r} differs from the snapshot's")
+            self.size[name] = p.gpus_per_node
+            self.nodes[name] = ids
+            self.buckets[name] = index.ordered_buckets(name)
 
     def avail(self, node: str) -> int:
         return self.free[node] - self.held.get(node, 0)

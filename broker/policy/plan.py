@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from operator import attrgetter
 
 from broker.policy.backfill import Backfill
 from broker.policy.capacity import Capacity
@@ -67,9 +68,13 @@ BEHIND = "behind a blocked job (backfill is off)"
 RENTED_WAIT = "waiting for rented nodes to come up"
 _PRIO = {p.rank: p for p in Priority}
 INF = math.inf
+_STOPPING = attrgetter("stopping")
+_PREEMPTED_BEFORE = attrgetter("times_preempted")
 # Candidate pool names by (pools' signature, job shape): a pure function's answers,
-# remembered across plans (the simulator plans the same pools thousands of times).
+# remembered across plans (the simulator plans the same pools thousands of times). A
+# signature is hashed once per plan, to a small number (_SIGS), not once per shape.
 _CANDIDATES: dict[tuple[object, ...], tuple[str, ...]] = {}
+_SIGS: dict[tuple[object, ...], int] = {}
 
 
 def plan(snapshot: Snapshot, now: float | None = None, explain: bool = True) -> Plan:
@@ -94,12 +99,18 @@ class _Planner:
         self.now = now
         self.explain = explain
         self.cfg: PolicyConfig = snap.config
-        self.cap = Capacity(snap.pools, snap.running)
+        self.cap = Capacity(snap.pools, snap.running, snap.free_index)
         self.pools = {p.name: p for p in snap.pools}
         # what candidate pools depend on, so the answers can be remembered across plans
-        self.pool_sig = tuple((p.name, p.gpu_type, p.market, p.price_per_gpu_hour, p.teams,
-                               p.gpus_per_node, max(len(p.nodes), p.max_nodes or 0))
-                              for p in snap.pools)
+        sig = tuple((p.name, p.gpu_type, p.market, p.price_per_gpu_hour, p.teams,
+                     p.gpus_per_node, max(len(p.nodes), p.max_nodes or 0)) for p in snap.pools)
+        sid = _SIGS.get(sig)
+        if sid is None:
+            if len(_SIGS) > 10_000:
+                _SIGS.clear()
+                _CANDIDATES.clear()  # its keys name signatures by number
+            sid = _SIGS[sig] = len(_SIGS)
+        self.pool_sig = sid
         self.teams = {t.name: t for t in snap.teams}
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
@@ -112,6 +123,7 @@ class _Planner:
         self.rented = [p for p in snap.pools if p.max_nodes is not None]
         self.renting = bool(self.rented) and self.cfg.cloud
         self.launched: dict[str, int] = {}
+        self.launchable = {p.name: p.launchable for p in self.rented}  # read often: once here
         self.launching_for = {jid for p in self.rented for jid, _ in p.launching}
         self._by_id: dict[int, PendingView] | None = None
         shapes = ({jid: (j.gpus_per_node, j.nodes) for p in self.rented for jid, _ in p.launching
@@ -197,8 +209,8 @@ class _Planner:
         self.top_rank = top if cfg.classes else max(top, 3)
         self.demoted_running = self._effective_running()
         incoming: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        for r in snap.running:
-            if r.stopping and r.stopping_for is not None:
+        for r in filter(_STOPPING, snap.running):  # C-level filter: most are not stopping
+            if r.stopping_for is not None:
                 for node, g in r.alloc:
                     incoming[r.stopping_for][node] += g
         walk = QueueWalk(queue, self.teams, cfg, self.now, self.priority_used)
@@ -315,7 +327,8 @@ class _Planner:
     def _can_rent(self) -> bool:
         if not self.renting:
             return False
-        return any(p.launchable - self.launched.get(p.name, 0) > 0 for p in self.rented) or any(
+        return any(self.launchable[p.name] - self.launched.get(p.name, 0) > 0
+                   for p in self.rented) or any(
             any(x > 0 for x in spare) for spare in self.spare.values())
 
     def _preemptible_from(self, j: PendingView) -> float:
@@ -487,8 +500,8 @@ class _Planner:
             wake.append(walk.next_promotion)
         if self.blocked_rank > 0 and self.cfg.min_run_s > 0:
             demoted, min_run, now = self.demoted_running, self.cfg.min_run_s, self.now
-            for r in self.s.running:
-                if r.times_preempted and not r.stopping and now - r.started_at < min_run:
+            for r in filter(_PREEMPTED_BEFORE, self.s.running):
+                if not r.stopping and now - r.started_at < min_run:
                     rank = NORMAL_RANK if r.attempt_id in demoted else r.priority.rank
                     if rank < self.blocked_rank:
                         wake.append(r.started_at + min_run)

@@ -7,14 +7,17 @@ simulator's); the policy only compares and subtracts them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from broker.policy.config import PolicyConfig
 from broker.spec import Market, Priority, SpotPolicy
 
 if TYPE_CHECKING:
+    from broker.policy.free_index import FreeIndex
     from broker.policy.queue import PendingQueue
 
+_COUNT = itemgetter(1)
 Alloc = tuple[tuple[str, int], ...]
 """GPUs held per node: ((node_id, gpus), ...)."""
 
@@ -70,7 +73,9 @@ class PoolView:
         """How many more nodes may be launched now."""
         if self.max_nodes is None:
             return 0
-        return max(0, self.max_nodes - len(self.nodes) - sum(n for _, n in self.launching))
+        launching = self.launching
+        return max(0, self.max_nodes - len(self.nodes)
+                   - (sum(map(_COUNT, launching)) if launching else 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +150,9 @@ class TeamView:
 class Snapshot:
     """Everything plan() reads. `queue`, when given, must hold exactly `pending` (a caller
     that keeps one across cycles, like the simulator, saves plan() from rebuilding it); plan()
-    only reads it."""
+    only reads it. `free_index`, when given, must hold the free GPUs of exactly `pools`'
+    nodes (see broker.policy.free_index.FreeIndex); plan() only reads it too. Neither changes
+    the plan, only how fast it is made."""
 
     now: float
     pools: tuple[PoolView, ...]
@@ -154,6 +161,7 @@ class Snapshot:
     teams: tuple[TeamView, ...] = ()
     config: PolicyConfig = field(default_factory=PolicyConfig)
     queue: PendingQueue | None = field(default=None, compare=False, repr=False)
+    free_index: FreeIndex | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,7 +109,7 @@ class SimRebalancer:
         self.defrag_moves += m.from_pool == m.to_pool
         self.expected_net_usd += m.saving_usd - m.cost_usd
         sim._stop(a, "rebalance", sim.sc.checkpoint_save_s, sim.sc.grace_s)
-        a.view = replace(a.view, stopping=True)
+        sim.set_view(a, replace(a.view, stopping=True))
 
     def resume(self, j: SimJob) -> bool:
         """Start a moving job on its held GPUs (called when its attempt exits)."""

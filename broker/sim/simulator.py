@@ -48,6 +48,7 @@ from broker.policy.activity import Activity, can_act, rank_floor
 from broker.policy.budget import restrict, team_budget_state
 from broker.policy.estimates import RuntimeHistory, remaining
 from broker.policy.fairshare import decay
+from broker.policy.free_index import FreeIndex
 from broker.policy.pools import capped, closed_until, could_ever_run
 from broker.policy.rebalance import RebalanceConfig
 from broker.sim.metrics import Recorder
@@ -88,6 +89,9 @@ class Simulator:
         self.dirty: set[str] = set()
         self.wakes: dict[str, float] = {}
         self.scope_running: dict[str, dict[int, SimAttempt]] = {}
+        # each running attempt's current view, per scope (in start order): the snapshot's
+        # `running` without walking the attempts (see set_view)
+        self.scope_views: dict[str, dict[int, RunningView]] = {}
         self.scope_pending: dict[str, dict[int, PendingView]] = {}
         self.queues: dict[str, PendingQueue] = {}
         self.next_aid = 1
@@ -102,13 +106,25 @@ class Simulator:
             for sp in self.pools.values():
                 for t in sp.teams or ():
                     self.scope_pools[t].append(sp)
+        # per scope, the free GPUs of its pools' nodes (broker.policy.free_index), kept
+        # current by the pools (SimPool.indexes) and handed to plan()
+        self.free_index: dict[str, FreeIndex] = {}
+        for scope, pools in self.scope_pools.items():
+            ix = self.free_index[scope] = FreeIndex()
+            for sp in pools:
+                ix.add_pool(sp.name, sp.gpus_per_node)
+                for node in sp.nodes.values():
+                    ix.add(sp.name, node.id, node.free)
+                sp.indexes.append(ix)
         for scope in self.scope_pools:
             self.scope_running[scope], self.scope_pending[scope] = {}, {}
+            self.scope_views[scope] = {}
             self.queues[scope] = PendingQueue()
         self.jobs = [sim_job(sc, i + 1, t, self.team_of) for i, t in enumerate(trace)]
         self.usage = {t.name: 0.0 for t in self.teams}
         self.team_gpus = {t.name: 0 for t in self.teams}
         self.usage_at = 0.0
+        self._team_views: tuple[TeamView, ...] | None = None
         self.spend = {t.name: 0.0 for t in self.teams}
         self.budgets = {t.name: (t.budget_usd, t.budget_low_fraction) for t in sc.teams
                         if t.budget_usd is not None}
@@ -230,6 +246,7 @@ class Simulator:
     def _cycle(self) -> None:
         self.last_cycle = self.now
         self._decay_usage()
+        self._team_views = None  # usage moved on: built again on first need in this cycle
         due = {s for s, t in self.wakes.items() if t <= self.now}
         for s in due:
             del self.wakes[s]
@@ -263,12 +280,12 @@ class Simulator:
         snap = Snapshot(
             now=self.now,
             pools=tuple(self._pool_view(p) for p in self.scope_pools[scope]),
-            running=tuple(map(_VIEW, self.scope_running[scope].values())),
+            running=tuple(self.scope_views[scope].values()),
             pending=tuple(pending.values()),
-            teams=tuple(TeamView(t.name, t.weight, t.priority_allowance_gpus, self.usage[t.name])
-                        for t in self.teams),
+            teams=self._teams_now(),
             config=self.cfg,
             queue=self.queues[scope],
+            free_index=self.free_index[scope],
         )
         if self.budgets:
             snap = restrict(snap, {t: team_budget_state(a, self.spend[t], low)
@@ -292,6 +309,14 @@ class Simulator:
         if self.rebalancer is not None:  # [issue 12 hook]
             self.rebalancer.after_plan(snap, p)
             self._rebalance_wake(scope)
+
+    def _teams_now(self) -> tuple[TeamView, ...]:
+        """The teams with their usage as of this cycle (built once per cycle: every scope of a
+        partitioned policy plans with the same teams)."""
+        if self._team_views is None:
+            self._team_views = tuple(TeamView(t.name, t.weight, t.priority_allowance_gpus,
+                                              self.usage[t.name]) for t in self.teams)
+        return self._team_views
 
     def _rebalance_wake(self, scope: str) -> None:
         """[issue 12 hook] wake the scope when a waiting gang becomes due for defragmentation."""
@@ -359,6 +384,7 @@ class Simulator:
         a = SimAttempt(j, rv, pl.pool, ps, ps + j.remaining)
         self.running[aid] = a
         self.scope_running[scope][aid] = a
+        self.scope_views[scope][aid] = rv
         pool = self.pools[pl.pool]
         end = math.inf if rv.expected_end is None else rv.expected_end
         for node_id, g in pl.alloc:
@@ -370,12 +396,17 @@ class Simulator:
 
     def _preempt(self, a: SimAttempt, for_job: int) -> None:
         self._stop(a, "preemption", self.sc.checkpoint_save_s, self.sc.grace_s)
-        a.view = replace(a.view, stopping=True, stopping_for=for_job)
+        self.set_view(a, replace(a.view, stopping=True, stopping_for=for_job))
         pool = self.pools[a.pool]
         for node_id, _g in a.view.alloc:  # its GPUs go to the job it stops for
             pool.expect_end(pool.nodes[node_id], a.view.attempt_id, math.inf, self.now)
         a.job.preemptions += 1
         self.rec.preemptions += 1
+
+    def set_view(self, a: SimAttempt, view: RunningView) -> None:
+        """Change a running attempt's view (every change goes through here: scope_views)."""
+        a.view = view
+        self.scope_views[self.scope_of(a.job.team)][view.attempt_id] = view
 
     def _stop(self, a: SimAttempt, cause: str, save_s: float, deadline_s: float) -> None:
         """Signal/notice at now: a job that checkpoints on the signal exits after the save;
@@ -402,6 +433,7 @@ class Simulator:
         j, pool, gpus = a.job, self.pools[a.pool], a.view.gpus
         scope = self.scope_of(j.team)
         del self.scope_running[scope][a.view.attempt_id]
+        del self.scope_views[scope][a.view.attempt_id]
         self.dirty.add(scope)
         for node_id, g in a.view.alloc:
             node = pool.nodes.get(node_id)

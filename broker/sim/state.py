@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from broker.policy import NodeView, PendingView, PoolView, RunningView
 from broker.policy.backfill import ready_times
+from broker.policy.free_index import FreeIndex
 from broker.policy.pools import draining
 from broker.sim.trace import TraceJob
 from broker.spec import Market, Priority, SpotPolicy
@@ -94,6 +95,8 @@ class SimPool:
     view: PoolView | None = None  # cached while nothing changes
     hist: list[int] = field(default_factory=list)  # nodes by free GPU count
     free_total: int = 0
+    # the free indexes of the planning scopes the pool is in, kept current with its nodes
+    indexes: list[FreeIndex] = field(default_factory=list)
     _stockout: tuple[float, float] = (0.0, 0.0)  # the current or next stock-out [start, end)
     _rng: random.Random | None = None
 
@@ -106,6 +109,8 @@ class SimPool:
         self.hist[node.free] += 1
         self.free_total += node.free
         self.view = None
+        for ix in self.indexes:
+            ix.add(self.name, node.id, node.free)
 
     def drop_node(self, node_id: str) -> SimNode | None:
         node = self.nodes.pop(node_id, None)
@@ -113,6 +118,8 @@ class SimPool:
             self.hist[node.free] -= 1
             self.free_total -= node.free
             self.view = None
+            for ix in self.indexes:
+                ix.drop(node_id)
         return node
 
     def _change(self, node: SimNode, now: float, used: int | None = None,
@@ -125,6 +132,8 @@ class SimPool:
             node.draining = draining
         self.hist[node.free] += 1
         self.free_total += node.free
+        for ix in self.indexes:
+            ix.set(node.id, node.free)
         node.refresh(now)
         self.view = None
 
