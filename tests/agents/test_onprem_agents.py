@@ -53,11 +53,12 @@ def join(site: Site, node: str, tmp: Path, host: Netns, agents: list) -> object:
 
 
 def long_job_on_an_agent(site: Site, tmp: Path, hosts: list[Netns], agents: list):  # type: ignore[no-untyped-def,type-arg]
-    """An agent joined as onprem-0 and a 400-step job running there past its first checkpoint:
+    """An agent joined as onprem-0 and a 200-step job (10 s; the fence stops a rank about 4 s
+    after its agent goes quiet) running there past its first checkpoint:
     (the agent, the job id, the rank's supervisor pid)."""
     c = site.client
     a = join(site, "onprem-0", tmp, hosts[0], agents)
-    j = c.submit(name="train", team="research", command=train(400, step_s=0.05, ckpt_every=4),
+    j = c.submit(name="train", team="research", command=train(200, step_s=0.05, ckpt_every=4),
                  gpus_per_node=2).id
     drive(site.engine, lambda: (c.get(j).last_step or -1) >= 4, timeout=60)
     handle = next((a.state_dir / "runs").glob("attempt-*/rank-0/handle.json"))  # type: ignore[attr-defined]
@@ -121,8 +122,9 @@ def test_a_killed_agent_loses_its_node_the_rank_fences_itself_and_the_job_resume
     with agents_cleanup() as agents:
         a0 = join(site, "onprem-0", tmp_path, hosts[0], agents)
         join(site, "onprem-1", tmp_path, hosts[1], agents)
-        # long enough that the fence stops it (a rank done before that completes: see below)
-        j = c.submit(name="train", team="research", command=train(400, step_s=0.05, ckpt_every=4),
+        # long enough (10 s) that the fence (about 4 s) stops it (a rank done before that
+        # completes: see below)
+        j = c.submit(name="train", team="research", command=train(200, step_s=0.05, ckpt_every=4),
                      gpus_per_node=2).id
         drive(site.engine, lambda: (c.get(j).last_step or -1) >= 4, timeout=60)
         node = c.get(j).attempt_list[0].alloc[0][0]
