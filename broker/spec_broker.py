@@ -110,8 +110,9 @@ class PolicySettings(_Strict):
     - fair_share_half_life_s: how fast past usage is forgotten in the fair-share order
     - reservations: how many blocked jobs (in queue order) get a reservation; a reservation
       holds GPUs only against jobs that would not finish before its estimated start (EASY)
-    - promote_after_s: a multi-node job waiting this long is scheduled one class higher
-      (never above high); None: off
+    - promote_after_s: a multi-node job waiting this long since submission is scheduled one
+      class higher (never above high), and keeps that class as a possible victim while the
+      attempt it then starts runs; None: off
     - preempt_after_s: a job below high preempts only once it has waited this long since it
       was submitted (most find capacity meanwhile; high/urgent preempt at once); 0: at once
     - checkpoint_align_s: a job below high waits up to this long for its victims' next

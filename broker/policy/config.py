@@ -60,7 +60,8 @@ class PolicyConfig:
     - wait_value_usd_per_gpu_hour: what an hour of waiting costs a high/urgent job, per GPU
     - rent_horizon_s: how long a rental is assumed to last when a job has no expected duration
     - promote_after_s: aging; a job waiting this long since submission is scheduled one class
-      higher (never above high; anti-capture still applies). None: off
+      higher (never above high; anti-capture still applies), and an attempt started so keeps
+      that class as a victim (broker.policy.victims.aged). None: off
     - promote_gangs_only: age only multi-node jobs (the ones backfill starves)
     """
 

@@ -56,7 +56,7 @@ from broker.policy.snapshot import (
     Preemption,
     Snapshot,
 )
-from broker.policy.victims import Choice, VictimIndex, checkpoints_due, lost_gpu_s
+from broker.policy.victims import Choice, VictimIndex, aged, checkpoints_due, lost_gpu_s
 from broker.spec import Priority, market_ok
 
 NORMAL_RANK = Priority.NORMAL.rank
@@ -168,8 +168,11 @@ class _Planner:
 
     def _victims(self) -> VictimIndex:
         if self.vi is None:
+            cfg = self.cfg
             self.vi = VictimIndex(self.s.running, self.demoted_running, self.cap, self.now,
-                                  self.cfg.min_run_s, self.cfg.victim_order, below=self.top_rank)
+                                  cfg.min_run_s, cfg.victim_order, below=self.top_rank,
+                                  aged_after=cfg.promote_after_s if cfg.classes else None,
+                                  aged_gangs_only=cfg.promote_gangs_only)
         return self.vi
 
     # -- step 4a: candidate pools --------------------------------------------------------
@@ -502,7 +505,8 @@ class _Planner:
             demoted, min_run, now = self.demoted_running, self.cfg.min_run_s, self.now
             for r in filter(_PREEMPTED_BEFORE, self.s.running):
                 if not r.stopping and now - r.started_at < min_run:
-                    rank = NORMAL_RANK if r.attempt_id in demoted else r.priority.rank
+                    rank = NORMAL_RANK if r.attempt_id in demoted else aged(
+                        r, r.priority.rank, self.cfg.promote_after_s, self.cfg.promote_gangs_only)
                     if rank < self.blocked_rank:
                         wake.append(r.started_at + min_run)
         later = [t for t in wake if t > self.now]

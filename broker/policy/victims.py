@@ -49,7 +49,20 @@ Choice = tuple[Cost, str, list[str], dict[int, RunningView]]  # (cost, pool, nod
 HeapEntry = tuple[int, list[VictimKey], int, str, int, Victims]
 RANKS = 4
 NORMAL_RANK = Priority.NORMAL.rank
+HIGH_RANK = Priority.HIGH.rank
 _RANK = {p: p.rank for p in Priority}
+
+
+def aged(r: RunningView, rank: int, aged_after: float | None, gangs_only: bool) -> int:
+    """The class a running attempt holds as a victim, given its class `rank` so far: one
+    higher when its job had waited `aged_after` since submission when this attempt started
+    (aging as the queue applies it to waiting jobs: never above high; multi-node attempts
+    only, with `gangs_only`). Without it, two aged jobs of one class preempt each other in
+    turn: each, requeued, is aged again at once (its age counts from submission)."""
+    if (aged_after is not None and rank < HIGH_RANK and r.started_at - r.submit_time >= aged_after
+            and (not gangs_only or len(r.alloc) > 1)):
+        return rank + 1
+    return rank
 
 
 def lost_gpu_s(r: RunningView, now: float) -> float:
@@ -135,10 +148,13 @@ class VictimIndex:
     docstring). Built once per plan on first need; `choose` marks victims as taken."""
 
     def __init__(self, running: Iterable[RunningView], demoted: Collection[int], cap: Capacity,
-                 now: float, min_run_s: float, mode: str, below: int = RANKS) -> None:
+                 now: float, min_run_s: float, mode: str, below: int = RANKS,
+                 aged_after: float | None = None, aged_gangs_only: bool = True) -> None:
         """Index the preemptable attempts of effective class below `below` (the highest class
         waiting: nothing else can be a victim in this plan). An attempt's effective class is
-        its priority's, or normal when its id is in `demoted` (anti-capture).
+        its priority's, or normal when its id is in `demoted` (anti-capture), else one
+        higher when its job was aged when it started (`aged`, with `aged_after` and
+        `aged_gangs_only` as in PolicyConfig's promote_after_s and promote_gangs_only).
 
         Built in two steps, the second only when a search needs it: per node, the GPUs of its
         eligible victims below each class (enough for `could_fit`); then, per node and per
@@ -158,7 +174,12 @@ class VictimIndex:
             if r.stopping or (r.times_preempted and now - r.started_at < min_run_s):
                 continue  # not preemptable (see preemptable())
             aid = r.attempt_id
-            rank = NORMAL_RANK if aid in demoted else rank_table[r.priority]
+            if aid in demoted:
+                rank = NORMAL_RANK
+            else:
+                rank = rank_table[r.priority]
+                if aged_after is not None:
+                    rank = aged(r, rank, aged_after, aged_gangs_only)
             if rank >= below:
                 continue
             ranks[aid] = rank

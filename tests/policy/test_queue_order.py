@@ -139,6 +139,33 @@ def test_aging_never_lifts_above_high_and_single_jobs_wait_when_gangs_only():
     assert placed_order(plan(s)) == [3]  # high stays behind urgent: aging stops at high
 
 
+# An aged job is not a victim of another aged job of its class: it would be preempted back at
+# once (requeued, its age still counts from submission), and the two would take turns.
+# Pending: job 1, a low gang of 2x8 submitted at 0 (aged at NOW=1000 with promote_after_s=900).
+AGED_VICTIMS = [
+    # (running low attempts as (submit, start, nodes they span), gangs_only, preempted)
+    pytest.param([(0.0, 950.0, 2)], True, set(), id="gang-aged-when-it-started-is-no-victim"),
+    pytest.param([(500.0, 950.0, 2)], True, {10}, id="gang-not-aged-when-it-started-is-a-victim"),
+    pytest.param([(0.0, 950.0, 1), (0.0, 950.0, 1)], False, set(),
+                 id="aged-single-node-attempts-are-no-victims-when-every-job-ages"),
+    pytest.param([(0.0, 950.0, 1), (0.0, 950.0, 1)], True, {10, 11},
+                 id="single-node-attempts-do-not-age-when-only-gangs-do"),
+]
+
+
+@pytest.mark.parametrize(("attempts", "gangs_only", "victims"), AGED_VICTIMS)
+def test_an_aged_job_does_not_preempt_work_aged_when_it_started(attempts, gangs_only, victims):
+    run, i = [], 0
+    for k, (sub, start, span) in enumerate(attempts):
+        alloc = {f"a-{i + n}": 8 for n in range(span)}
+        i += span
+        run.append(running(10 + k, 110 + k, prio="low", alloc=alloc, started=start, submit=sub))
+    s = snap([pool("a", nodes=2)], running=run,
+             pending=[job(1, prio="low", gpus=8, nodes=2, submit=0)],
+             promote_after_s=900, promote_gangs_only=gangs_only)
+    assert {pre.attempt_id for pre in plan(s).preemptions} == victims
+
+
 def test_aged_gang_can_preempt_low_work():
     s = snap([pool("a", nodes=2)],
              running=[running(10, 110, prio="low", alloc={"a-0": 8}),
