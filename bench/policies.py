@@ -63,7 +63,7 @@ DEFAULTS = {
                                                   "checkpoint_align_s": 0},
     "previous rules (hold 4, preempt at once)": {"base": "onepool-onprem", **PREVIOUS},
 }
-# The open problem's knobs (--tradeoff): reservations, patience, and aging of gangs.
+# The open problem's knobs (--tradeoff): reservations, patience, and aging (of gangs, of all).
 TRADEOFF = {
     "default": {"base": "onepool-onprem"},
     "no reservations": {"base": "onepool-onprem", "reservations": 0},
@@ -75,6 +75,12 @@ TRADEOFF = {
     "gangs aged after 24h": {"base": "onepool-onprem", "promote_after_s": 86400},
     "no reservations, gangs aged after 24h": {"base": "onepool-onprem", "reservations": 0,
                                               "promote_after_s": 86400},
+    # aging every class below high (not only gangs): a low job that waited this long competes
+    # with normal work, bounding the starvation that makes low-class completion long
+    "every class aged after 12h": {"base": "onepool-onprem", "promote_after_s": 43200,
+                                   "promote_gangs_only": False},
+    "every class aged after 24h": {"base": "onepool-onprem", "promote_after_s": 86400,
+                                   "promote_gangs_only": False},
     "previous rules (hold 4, preempt at once)": {"base": "onepool-onprem", **PREVIOUS},
 }
 
