@@ -88,7 +88,6 @@ class Simulator:
             lambda team: GLOBAL)
         self.dirty: set[str] = set()
         self.wakes: dict[str, float] = {}
-        self.scope_running: dict[str, dict[int, SimAttempt]] = {}
         # each running attempt's current view, per scope (in start order): the snapshot's
         # `running` without walking the attempts (see set_view)
         self.scope_views: dict[str, dict[int, RunningView]] = {}
@@ -117,8 +116,7 @@ class Simulator:
                     ix.add(sp.name, node.id, node.free)
                 sp.indexes.append(ix)
         for scope in self.scope_pools:
-            self.scope_running[scope], self.scope_pending[scope] = {}, {}
-            self.scope_views[scope] = {}
+            self.scope_views[scope], self.scope_pending[scope] = {}, {}
             self.queues[scope] = PendingQueue()
         self.jobs = [sim_job(sc, i + 1, t, self.team_of) for i, t in enumerate(trace)]
         self.usage = {t.name: 0.0 for t in self.teams}
@@ -383,7 +381,6 @@ class Simulator:
                          expected_end=None if est is None else self.now + est)
         a = SimAttempt(j, rv, pl.pool, ps, ps + j.remaining)
         self.running[aid] = a
-        self.scope_running[scope][aid] = a
         self.scope_views[scope][aid] = rv
         pool = self.pools[pl.pool]
         end = math.inf if rv.expected_end is None else rv.expected_end
@@ -432,7 +429,6 @@ class Simulator:
         del self.running[a.view.attempt_id]
         j, pool, gpus = a.job, self.pools[a.pool], a.view.gpus
         scope = self.scope_of(j.team)
-        del self.scope_running[scope][a.view.attempt_id]
         del self.scope_views[scope][a.view.attempt_id]
         self.dirty.add(scope)
         for node_id, g in a.view.alloc:
