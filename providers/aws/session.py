@@ -9,21 +9,17 @@ shared. Credentials, region and profile stay per session.
 
 from __future__ import annotations
 
-import threading
+from functools import cache
 from typing import Any
 
-_lock = threading.Lock()
-_loader: Any = None
 
-
+@cache
 def _shared_loader() -> Any:
-    global _loader
-    with _lock:
-        if _loader is None:
-            from botocore.loaders import create_loader
+    """The process's loader (threads racing on the first call may each build one; the cache
+    keeps one, and every later call gets it)."""
+    from botocore.loaders import create_loader
 
-            _loader = create_loader()
-        return _loader
+    return create_loader()
 
 
 def new_session(profile_name: str | None = None) -> Any:
