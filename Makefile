@@ -30,11 +30,12 @@ chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos
 
 # The gates .ci/run applies before the tests: ruff over every package, mypy --strict where the
-# code promises it (the pure policy, the provider contract), and the import contracts in
+# code promises it (the pure policy and the simulator, which bench/compiled.py compiles with
+# mypyc; the provider contract), and the import contracts in
 # pyproject.toml (broker/policy imports no IO; pricing imports nothing of broker).
 lint: $(STAMP)
 	$(BIN)/ruff check broker providers pricing dashboard tests bench examples
-	$(BIN)/mypy --strict broker/policy providers/base.py
+	$(BIN)/mypy --strict broker/policy broker/sim providers/base.py
 	$(BIN)/lint-imports
 
 clean:

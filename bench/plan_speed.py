@@ -23,9 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import compiled  # bench/compiled.py: --compiled
 
-from broker.policy import (
+compiled.re_exec_compiled(sys.argv)
+sys.path.insert(0, compiled.import_root())
+
+from broker.policy import (  # noqa: E402
     NodeView,
     PendingView,
     Plan,
@@ -35,7 +38,7 @@ from broker.policy import (
     TeamView,
     plan,
 )
-from broker.spec import Priority
+from broker.spec import Priority  # noqa: E402
 
 CLASSES = [Priority.URGENT, Priority.HIGH, Priority.NORMAL, Priority.LOW]
 WEIGHTS = [0.02, 0.08, 0.45, 0.45]
@@ -95,8 +98,13 @@ def _median_ms(snap: Snapshot, explain: bool, repeat: int) -> tuple[float, float
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=30)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "plan_speed.json"))
+    ap.add_argument("--out", default=None,
+                    help="default: results/plan_speed.json, or plan_speed_compiled.json")
+    ap.add_argument("--compiled", action="store_true",
+                    help="plan() from a mypyc-compiled copy of broker/policy (bench/compiled.py)")
     args = ap.parse_args()
+    args.out = args.out or str(Path(__file__).parent / "results" / (
+        "plan_speed_compiled.json" if compiled.label() else "plan_speed.json"))
     load_before = os.getloadavg()
     rows = []
     for pending in (1_000, 10_000):
@@ -118,7 +126,7 @@ def main() -> None:
     load_after = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
-        "python": sys.version.split()[0], "cores": os.cpu_count(),
+        "python": sys.version.split()[0], "compiled": compiled.label(), "cores": os.cpu_count(),
         "load_average_1m": {"before": round(load_before[0], 2), "after": round(load_after[0], 2)},
         "results": rows}, indent=2) + "\n")
     print(f"load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after, "

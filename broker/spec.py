@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -361,7 +361,10 @@ def read_yaml(path: str | Path) -> Any:
         raise SpecError(str(p), [f"not valid YAML: {e}"]) from None
 
 
-def validate(model: type[BaseModel], data: Any, source: str) -> Any:
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate(model: type[M], data: Any, source: str) -> M:
     """model.model_validate(data), with errors as a SpecError naming every bad field."""
     try:
         return model.model_validate(data)

@@ -219,10 +219,12 @@ class VictimIndex:
     @property
     def by_node(self) -> dict[str, list[OnNode]]:
         """Per node, its eligible victims as (key, attempt, GPUs there, node), in victim order."""
-        if self._by_node is None:
+        got = self._by_node
+        if got is None:  # (not `self._by_node` again: mypyc keeps the narrowed None type)
             self._order()
-            assert self._by_node is not None
-        return self._by_node
+            got = self._by_node
+            assert got is not None
+        return got
 
     def _order(self) -> None:
         """Sort the eligible victims once (keys are unique: they end with the job id), then

@@ -55,7 +55,7 @@ class Recorder:
         self.cloud_usd = self.cloud_od_usd = 0.0
         self.by_pool: dict[str, list[float]] = {}  # pool -> [node-hours, usd, on-demand usd]
         self.cloud_gpu_s = 0.0
-        self.shapes: Counter[tuple] = Counter()
+        self.shapes: Counter[tuple[int, int, tuple[str, ...], str]] = Counter()
         self.hourly: list[float] = []  # on-prem GPU-seconds used per hour since the first submit
 
     # -- hooks called by the simulator ---------------------------------------------------------

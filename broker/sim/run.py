@@ -11,7 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,18 @@ def _one(trace: list[TraceJob], sc: Scenario, pol: SimPolicy, progress: Any,
     return out
 
 
+# What forked workers replay: set before the pool forks them, so they inherit the trace, the
+# scenario and the policies instead of unpickling them per task (mypyc-compiled frozen
+# dataclasses do not unpickle; and the trace is large).
+_FORKED: tuple[list[TraceJob], Scenario, list[SimPolicy]] | None = None
+
+
+def _one_forked(i: int, progress: Any, detail: bool, key: str) -> dict[str, Any]:
+    assert _FORKED is not None, "set before the workers fork"
+    trace, sc, pols = _FORKED
+    return _one(trace, sc, pols[i], progress, detail, key)
+
+
 def simulate(trace_path: str | Path, scenario_path: str | Path,
              policies: list[str] | None = None, *, limit: int | None = None,
              workers: int | None = None, detail: bool = False,
@@ -83,33 +95,38 @@ def simulate_loaded(trace: list[TraceJob], sc: Scenario, policies: list[str] | N
     """simulate() for a trace and scenario already in memory."""
     pols = resolve(policies or NAMES, sc, sc.policy, variants=overrides, strongest=True)
     # the slowest first (as measured on the shared trace: the preempting policies search for
-    # victims), so the workers finish close together
-    order = {"onepool-onprem": 0, "naive-preempt": 1, "onepool": 2}
-    pols.sort(key=lambda p: order.get(p.name, 3))
+    # victims; EASY walks reservations), so the workers finish close together
+    order = {("onepool-onprem", ""): 0, ("onepool", ""): 1, ("naive-preempt", ""): 2,
+             ("fifo", "easy"): 3, ("partitioned", ""): 4}
+    pols.sort(key=lambda p: order.get((p.name, p.variant), 5))
     n = workers or min(len(pols), os.cpu_count() or 1)
     t0 = time.perf_counter()
     runs: list[dict[str, Any]] = []
     keys = [f"{p.name}[{p.variant}]" if p.variant else p.name for p in pols]
     if n <= 1:
-        shared: dict[str, float] = {}
+        shared: MutableMapping[str, float] = {}
         for k, p in zip(keys, pols, strict=True):
             runs.append(_one(trace, sc, p, shared, detail, k))
             if on_progress:
                 on_progress(dict(shared))
     else:
+        global _FORKED
         ctx = mp.get_context("fork")
-        with ctx.Manager() as mgr:
-            shared = mgr.dict({k: 0.0 for k in keys})
-            with ProcessPoolExecutor(n, mp_context=ctx) as ex:
-                futs = [ex.submit(_one, trace, sc, p, shared, detail, k)
-                        for k, p in zip(keys, pols, strict=True)]
-                while not all(f.done() for f in futs):
-                    if on_progress:
-                        on_progress(dict(shared))
-                    time.sleep(0.2)
-                runs = [f.result() for f in futs]
-            if on_progress:
-                on_progress(dict(shared))
+        _FORKED = (trace, sc, pols)
+        try:
+            with ctx.Manager() as mgr:
+                shared = mgr.dict({k: 0.0 for k in keys})
+                with ProcessPoolExecutor(n, mp_context=ctx) as ex:
+                    futs = [ex.submit(_one_forked, i, shared, detail, k) for i, k in enumerate(keys)]
+                    while not all(f.done() for f in futs):
+                        if on_progress:
+                            on_progress(dict(shared))
+                        time.sleep(0.2)
+                    runs = [f.result() for f in futs]
+                if on_progress:
+                    on_progress(dict(shared))
+        finally:
+            _FORKED = None
     results: dict[str, Any] = {}
     for p, r in zip(pols, runs, strict=True):
         if p.variant:

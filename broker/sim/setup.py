@@ -68,10 +68,10 @@ def sim_pools(sc: Scenario, pol: SimPolicy, weights: dict[str, float]) -> dict[s
 def partition(weights: dict[str, float], nodes: int) -> dict[str | None, int]:
     """Nodes per team by weight, largest remainder first (ties by name)."""
     exact = {t: w * nodes for t, w in weights.items()}
-    got = {t: int(v) for t, v in exact.items()}
+    got: dict[str | None, int] = {t: int(v) for t, v in exact.items()}
     for t in sorted(exact, key=lambda t: (-(exact[t] - got[t]), t))[: nodes - sum(got.values())]:
         got[t] += 1
-    return dict(got)
+    return got
 
 
 def sim_job(sc: Scenario, jid: int, t: TraceJob, team_of: Callable[[str], str]) -> SimJob:

@@ -58,7 +58,7 @@ def _row(p: Path, line: int, row: dict[str, str]) -> TraceJob:
     def num(field: str, cast: type, minimum: float) -> float:
         raw = row.get(field)
         try:
-            v = cast(raw)
+            v: float = cast(raw)
         except (TypeError, ValueError):
             raise bad(field, f"must be a {'whole ' if cast is int else ''}number") from None
         if v < minimum:
