@@ -84,6 +84,14 @@ TRADEOFF = {
                                    "promote_gangs_only": False},
     "every class aged after 24h": {"base": "onepool-onprem", "promote_after_s": 86400,
                                    "promote_gangs_only": False},
+    # aging without reservations: an aged job takes the next free GPUs, and nothing holds GPUs
+    # idle for a blocked one (reservations' preemptible backfill churns once every class ages)
+    "every class aged after 6h, no reservations": {
+        "base": "onepool-onprem", "promote_after_s": 21600, "promote_gangs_only": False,
+        "reservations": 0},
+    "every class aged after 12h, no reservations": {
+        "base": "onepool-onprem", "promote_after_s": 43200, "promote_gangs_only": False,
+        "reservations": 0},
     "previous rules (hold 4, preempt at once)": {"base": "onepool-onprem", **PREVIOUS},
 }
 

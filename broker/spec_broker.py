@@ -112,7 +112,7 @@ class PolicySettings(_Strict):
       holds GPUs only against jobs that would not finish before its estimated start (EASY)
     - promote_after_s: a multi-node job waiting this long since submission is scheduled one
       class higher (never above high), and keeps that class as a possible victim while the
-      attempt it then starts runs; None: off
+      attempt it then starts runs; it still preempts only below its own class; None: off
     - preempt_after_s: a job below high preempts only once it has waited this long since it
       was submitted (most find capacity meanwhile; high/urgent preempt at once); 0: at once
     - checkpoint_align_s: a job below high waits up to this long for its victims' next

@@ -61,7 +61,11 @@ class PolicyConfig:
     - rent_horizon_s: how long a rental is assumed to last when a job has no expected duration
     - promote_after_s: aging; a job waiting this long since submission is scheduled one class
       higher (never above high; anti-capture still applies), and an attempt started so keeps
-      that class as a victim (broker.policy.victims.aged). None: off
+      that class as a victim (broker.policy.victims.aged). Aging orders the queue (free GPUs,
+      reservations, backfill); it grants no right to preempt: an aged job preempts only
+      below its own class, as Slurm's age factor orders jobs and leaves preemption to QOS
+      (letting it preempt only trades one job of its class for another, losing work).
+      None: off
     - promote_gangs_only: age only multi-node jobs (the ones backfill starves)
     """
 

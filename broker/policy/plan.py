@@ -222,7 +222,7 @@ class _Planner:
                    for j in (queue.jobs.get(jid),) if j is not None} if (
             incoming or self.launching_for) else set()
         self.failed: set[tuple[object, ...]] = set()
-        self.dead: set[tuple[int, int, int]] = set()
+        self.dead: set[tuple[int, int, int, int]] = set()
         self.easy_failed: dict[tuple[object, ...], tuple[float, float]] = {}
         no_victims: set[tuple[object, ...]] = set()
         self.reservations_left = cfg.reservations
@@ -244,20 +244,22 @@ class _Planner:
                 if ex:
                     waiting.append((j.job_id, RENTED_WAIT))
                 continue
-            vkey = (names, g, n, rank)
+            # aging orders the queue; it grants no right to preempt (see PolicyConfig)
+            prank = min(rank, _RANK[j.priority])
+            vkey = (names, g, n, prank)
             victims: Choice | None = None
-            patient = (rank < HIGH_RANK and cfg.preempt_after_s > 0 and not inc
+            patient = (prank < HIGH_RANK and cfg.preempt_after_s > 0 and not inc
                        and self.now - j.submit_time < cfg.preempt_after_s)
-            if patient and cfg.preemption and rank > 0:
+            if patient and cfg.preemption and prank > 0:
                 self.wake.append(j.submit_time + cfg.preempt_after_s)
-            elif cfg.preemption and rank > 0 and (inc or vkey not in no_victims):
+            elif cfg.preemption and prank > 0 and (inc or vkey not in no_victims):
                 vi = self._victims()
-                if vi.lowest is not None and rank > vi.lowest:
-                    victims = vi.search(rank, g, n, names, inc)
+                if vi.lowest is not None and prank > vi.lowest:
+                    victims = vi.search(prank, g, n, names, inc)
                     if victims is None and not inc:
                         no_victims.add(vkey)
-                if victims is None and rank > self.blocked_rank:
-                    self.blocked_rank = rank
+                if victims is None and prank > self.blocked_rank:
+                    self.blocked_rank = prank
             if self.renting and self._rent(j, rank, victims):
                 continue
             if victims is not None:
@@ -270,13 +272,13 @@ class _Planner:
                 continue
             if self.reservations_left > 0 and (n > 1 or not cfg.reserve_gangs_only):
                 self.reservations_left -= 1
-                self._reserve(j, rank, names, inc or {})
+                self._reserve(j, prank, names, inc or {})  # whom it may preempt at its start
             else:
                 if ex:
                     waiting.append((j.job_id, NO_ROOM))
                 if sid != UNKILLABLE and cfg.backfill:
                     lk = walk.key_of(sid)
-                    if lk not in special and self._shape_dead(rank, g, n) and not (
+                    if lk not in special and self._shape_dead(rank, prank, g, n) and not (
                             self.backfill.start and self.backfill.could_use(
                                 g, self.now + queue.shortest(lk), rank,  # type: ignore[arg-type]
                                 self._preemptible_from(j))):
@@ -303,13 +305,13 @@ class _Planner:
                     tuple(self.terminations), tuple(self.reservations), tuple(waiting),
                     tuple(walk.demoted), tuple(self.starts), self._wake_at(walk))
 
-    def _shape_dead(self, rank: int, g: int, n: int) -> bool:
+    def _shape_dead(self, rank: int, prank: int, g: int, n: int) -> bool:
         """True when no job of this class and shape can do anything more in this plan, a
         reservation's GPUs aside (the caller checks those against the list's estimates): none
         fits (free GPUs only shrink), none can preempt or rent, and no reservation is left to
         give. Once true for a shape, true for the rest of the plan (every condition only gets
         harder to meet)."""
-        key = (rank if self.cfg.preemption else 0, g, n)
+        key = (rank if self.cfg.preemption else 0, prank, g, n)
         if key in self.dead:
             return True
         if self.reservations_left > 0 or self._can_rent():
@@ -318,11 +320,11 @@ class _Planner:
         for p, gpn in cap.size.items():
             if gpn >= g and cap.count_fit(p, g, n):
                 return False
-        if self.cfg.preemption and rank > 0:
+        if self.cfg.preemption and prank > 0:
             vi = self._victims()
-            if vi.lowest is not None and rank > vi.lowest:
+            if vi.lowest is not None and prank > vi.lowest:
                 for p, gpn in cap.size.items():
-                    if gpn >= g and vi.could_fit(p, rank, g, n):
+                    if gpn >= g and vi.could_fit(p, prank, g, n):
                         return False
         self.dead.add(key)
         return True

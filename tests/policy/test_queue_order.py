@@ -139,9 +139,10 @@ def test_aging_never_lifts_above_high_and_single_jobs_wait_when_gangs_only():
     assert placed_order(plan(s)) == [3]  # high stays behind urgent: aging stops at high
 
 
-# An aged job is not a victim of another aged job of its class: it would be preempted back at
-# once (requeued, its age still counts from submission), and the two would take turns.
-# Pending: job 1, a low gang of 2x8 submitted at 0 (aged at NOW=1000 with promote_after_s=900).
+# An attempt that started aged keeps its aged class as a victim: a normal job does not preempt
+# low work that was aged to normal when it started (else it would be preempted back at once:
+# requeued, its age still counts from submission). Pending: job 1, a normal gang of 2x8
+# submitted at 0 (aged to high at NOW=1000 with promote_after_s=900, preempting as normal).
 AGED_VICTIMS = [
     # (running low attempts as (submit, start, nodes they span), gangs_only, preempted)
     pytest.param([(0.0, 950.0, 2)], True, set(), id="gang-aged-when-it-started-is-no-victim"),
@@ -161,16 +162,27 @@ def test_an_aged_job_does_not_preempt_work_aged_when_it_started(attempts, gangs_
         i += span
         run.append(running(10 + k, 110 + k, prio="low", alloc=alloc, started=start, submit=sub))
     s = snap([pool("a", nodes=2)], running=run,
-             pending=[job(1, prio="low", gpus=8, nodes=2, submit=0)],
+             pending=[job(1, prio="normal", gpus=8, nodes=2, submit=0)],
              promote_after_s=900, promote_gangs_only=gangs_only)
     assert {pre.attempt_id for pre in plan(s).preemptions} == victims
 
 
-def test_aged_gang_can_preempt_low_work():
+# Aging orders the queue; it grants no right to preempt. Running: two low attempts filling
+# both nodes. Pending: job 1, a gang of 2x8 submitted at 0, aged one class at NOW=1000.
+AGED_PREEMPTS = [
+    # (class of job 1, preempted): a low job aged to normal preempts no low work (it would
+    # trade one low job for another, losing work); a normal one preempts low work as ever
+    pytest.param("low", set(), id="aged-low-preempts-no-low-work"),
+    pytest.param("normal", {10, 11}, id="normal-preempts-low-work-aged-or-not"),
+]
+
+
+@pytest.mark.parametrize(("prio", "victims"), AGED_PREEMPTS)
+def test_an_aged_job_preempts_only_below_its_own_class(prio, victims):
     s = snap([pool("a", nodes=2)],
              running=[running(10, 110, prio="low", alloc={"a-0": 8}),
                       running(11, 111, prio="low", alloc={"a-1": 8})],
-             pending=[job(1, prio="low", gpus=8, nodes=2, submit=0)],
+             pending=[job(1, prio=prio, gpus=8, nodes=2, submit=0)],
              promote_after_s=900)
     p = plan(s)
-    assert {pre.attempt_id for pre in p.preemptions} == {10, 11}
+    assert {pre.attempt_id for pre in p.preemptions} == victims
