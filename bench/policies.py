@@ -65,6 +65,9 @@ DEFAULTS = {
     "impatient (preempt at once, no alignment)": {"base": "onepool-onprem", "preempt_after_s": 0,
                                                   "checkpoint_align_s": 0},
     "previous rules (hold 4, preempt at once)": {"base": "onepool-onprem", **PREVIOUS},
+    "every class aged after 6h, no reservations": {
+        "base": "onepool-onprem", "promote_after_s": 21600, "promote_gangs_only": False,
+        "reservations": 0},
 }
 # The open problem's knobs (--tradeoff): reservations, patience, and aging (of gangs, of all).
 TRADEOFF = {

@@ -110,9 +110,10 @@ class PolicySettings(_Strict):
     - fair_share_half_life_s: how fast past usage is forgotten in the fair-share order
     - reservations: how many blocked jobs (in queue order) get a reservation; a reservation
       holds GPUs only against jobs that would not finish before its estimated start (EASY)
-    - promote_after_s: a multi-node job waiting this long since submission is scheduled one
+    - promote_after_s: aging; a job waiting this long since submission is scheduled one
       class higher (never above high), and keeps that class as a possible victim while the
       attempt it then starts runs; it still preempts only below its own class; None: off
+    - promote_gangs_only: age only multi-node jobs (false: every job below high ages)
     - preempt_after_s: a job below high preempts only once it has waited this long since it
       was submitted (most find capacity meanwhile; high/urgent preempt at once); 0: at once
     - checkpoint_align_s: a job below high waits up to this long for its victims' next
@@ -127,6 +128,7 @@ class PolicySettings(_Strict):
     fair_share_half_life_s: float = Field(default=7 * 86400.0, gt=0.0)
     reservations: int = Field(default=1, ge=0, le=10_000)
     promote_after_s: float | None = Field(default=None, gt=0.0)
+    promote_gangs_only: bool = True
     preempt_after_s: float = Field(default=900.0, ge=0.0)
     checkpoint_align_s: float = Field(default=900.0, ge=0.0)
 

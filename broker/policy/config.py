@@ -92,7 +92,7 @@ class PolicyConfig:
     wait_value_usd_per_gpu_hour: float = 20.0
     rent_horizon_s: float = 3600.0
     promote_after_s: float | None = _D.promote_after_s
-    promote_gangs_only: bool = True
+    promote_gangs_only: bool = _D.promote_gangs_only
 
     @classmethod
     def from_settings(cls, settings: PolicySettings, source: str = "policy",

@@ -82,9 +82,12 @@ def test_weight_zero_is_refused_in_the_config():
         pytest.param({}, {"grace_s": 60.0, "min_run_s": 300.0, "cloud_after_wait_s": 600.0},
                      id="defaults"),
         pytest.param({"grace_s": 240, "min_run_s": 30, "cloud_after_wait_s": 5,
-                      "checkpoint_on_signal": 1.0, "reservations": 3},
+                      "checkpoint_on_signal": 1.0, "reservations": 3,
+                      "promote_after_s": 21600, "promote_gangs_only": False},
                      {"grace_s": 240.0, "min_run_s": 30.0, "cloud_after_wait_s": 5.0,
-                      "checkpoint_on_signal": 1.0, "reservations": 3}, id="every-knob-reaches-it"),
+                      "checkpoint_on_signal": 1.0, "reservations": 3,
+                      "promote_after_s": 21600.0, "promote_gangs_only": False},
+                     id="every-knob-reaches-it"),
     ],
 )
 def test_policy_config_is_built_from_the_broker_settings(broker, expect):
