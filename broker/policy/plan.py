@@ -260,7 +260,7 @@ class _Planner:
                         no_victims.add(vkey)
                 if victims is None and prank > self.blocked_rank:
                     self.blocked_rank = prank
-            if self.renting and self._rent(j, rank, victims):
+            if self.renting and self._rent(j, prank, victims):
                 continue
             if victims is not None:
                 at = (checkpoints_due(victims[3].values(), self.now, cfg)

@@ -154,6 +154,22 @@ def test_work_below_high_waits_out_a_spot_stockout(prio, pools, expect):
     assert [la.pool for la in p.launches] == expect
 
 
+@pytest.mark.parametrize(("promote_after_s", "expect"), [
+    pytest.param(None, [], id="normal-waits-for-a-spot-quota-slot"),
+    # aged to high in the queue, it still rents as normal: aging grants no on-demand spending
+    pytest.param(900.0, [], id="aged-normal-still-waits-for-a-spot-quota-slot"),
+])
+def test_aging_does_not_let_work_below_high_rent_on_demand(promote_after_s, expect):
+    rented = [_rented("s", "spot", 1.0, False, True), _rented("od", "on_demand", 3.0)]
+    run = [running(1, 11, prio="urgent", alloc={"a-0": 8})]
+    run += [running(2 + i, 12 + i, prio="urgent", alloc={nd.id: 8})
+            for i, nd in enumerate(nd for p in rented for nd in p.nodes)]
+    p = plan(snap([pool("a", nodes=1), *rented], running=run,
+                  pending=[job(9, prio="normal", gpus=8, submit=0)],
+                  cloud_after_wait_s=0.0, promote_after_s=promote_after_s, promote_gangs_only=False))
+    assert [la.pool for la in p.launches] == expect
+
+
 # -- an attempt holding no GPUs yet (the live engine's, while it starts) broke the victim index --
 def test_an_attempt_without_an_allocation_is_no_victim_and_breaks_nothing():
     run = [running(1, 11, alloc={}), running(2, 12, alloc={"a-0": 8})]
