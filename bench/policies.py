@@ -65,11 +65,11 @@ DEFAULTS = {
     "impatient (preempt at once, no alignment)": {"base": "onepool-onprem", "preempt_after_s": 0,
                                                   "checkpoint_align_s": 0},
     "previous rules (hold 4, preempt at once)": {"base": "onepool-onprem", **PREVIOUS},
-    "every class aged after 6h, no reservations": {
+    "low work aged after 6h, no reservations": {
         "base": "onepool-onprem", "promote_after_s": 21600, "promote_gangs_only": False,
         "reservations": 0},
 }
-# The open problem's knobs (--tradeoff): reservations, patience, and aging (of gangs, of all).
+# The open problem's knobs (--tradeoff): reservations, patience, and aging (of low gangs, of all low work).
 TRADEOFF = {
     "default": {"base": "onepool-onprem"},
     "no reservations": {"base": "onepool-onprem", "reservations": 0},
@@ -78,21 +78,21 @@ TRADEOFF = {
     "reservations for gangs only": {"base": "onepool-onprem", "reserve_gangs_only": True},
     "4 reservations for gangs only": {"base": "onepool-onprem", "reserve_gangs_only": True,
                                       "reservations": 4},
-    "gangs aged after 24h": {"base": "onepool-onprem", "promote_after_s": 86400},
-    "no reservations, gangs aged after 24h": {"base": "onepool-onprem", "reservations": 0,
-                                              "promote_after_s": 86400},
-    # aging every class below high (not only gangs): a low job that waited this long competes
-    # with normal work, bounding the starvation that makes low-class completion long
-    "every class aged after 12h": {"base": "onepool-onprem", "promote_after_s": 43200,
-                                   "promote_gangs_only": False},
-    "every class aged after 24h": {"base": "onepool-onprem", "promote_after_s": 86400,
-                                   "promote_gangs_only": False},
+    "low gangs aged after 24h": {"base": "onepool-onprem", "promote_after_s": 86400},
+    "no reservations, low gangs aged after 24h": {"base": "onepool-onprem", "reservations": 0,
+                                                  "promote_after_s": 86400},
+    # aging all low work (not only gangs): a low job that waited this long competes with
+    # normal work, bounding the starvation that makes low-class completion long
+    "low work aged after 12h": {"base": "onepool-onprem", "promote_after_s": 43200,
+                                "promote_gangs_only": False},
+    "low work aged after 24h": {"base": "onepool-onprem", "promote_after_s": 86400,
+                                "promote_gangs_only": False},
     # aging without reservations: an aged job takes the next free GPUs, and nothing holds GPUs
-    # idle for a blocked one (reservations' preemptible backfill churns once every class ages)
-    "every class aged after 6h, no reservations": {
+    # idle for a blocked one (reservations' preemptible backfill churns once low work ages)
+    "low work aged after 6h, no reservations": {
         "base": "onepool-onprem", "promote_after_s": 21600, "promote_gangs_only": False,
         "reservations": 0},
-    "every class aged after 12h, no reservations": {
+    "low work aged after 12h, no reservations": {
         "base": "onepool-onprem", "promote_after_s": 43200, "promote_gangs_only": False,
         "reservations": 0},
     "previous rules (hold 4, preempt at once)": {"base": "onepool-onprem", **PREVIOUS},

@@ -110,10 +110,11 @@ class PolicySettings(_Strict):
     - fair_share_half_life_s: how fast past usage is forgotten in the fair-share order
     - reservations: how many blocked jobs (in queue order) get a reservation; a reservation
       holds GPUs only against jobs that would not finish before its estimated start (EASY)
-    - promote_after_s: aging; a job waiting this long since submission is scheduled one
-      class higher (never above high), and keeps that class as a possible victim while the
-      attempt it then starts runs; it still preempts only below its own class; None: off
-    - promote_gangs_only: age only multi-node jobs (false: every job below high ages)
+    - promote_after_s: aging; a low job waiting this long since submission is scheduled as
+      normal (nothing ages into high or urgent), and keeps that class as a possible victim
+      while the attempt it then starts runs; aging grants no right to preempt or to rent on
+      demand (an aged low job preempts nothing); None: off
+    - promote_gangs_only: age only multi-node jobs (false: every low job ages)
     - preempt_after_s: a job below high preempts only once it has waited this long since it
       was submitted (most find capacity meanwhile; high/urgent preempt at once); 0: at once
     - checkpoint_align_s: a job below high waits up to this long for its victims' next

@@ -59,12 +59,14 @@ class PolicyConfig:
     - gpu_hour_value_usd: what a GPU-hour of lost work is worth (preempt-or-buy)
     - wait_value_usd_per_gpu_hour: what an hour of waiting costs a high/urgent job, per GPU
     - rent_horizon_s: how long a rental is assumed to last when a job has no expected duration
-    - promote_after_s: aging; a job waiting this long since submission is scheduled one class
-      higher (never above high; anti-capture still applies), and an attempt started so keeps
+    - promote_after_s: aging; a low job waiting this long since submission is scheduled as
+      normal (aging never lifts into high or urgent: an aged job would spend its team's
+      priority allowance and outrank high work), and an attempt started so keeps
       that class as a victim (broker.policy.victims.aged). Aging orders the queue (free GPUs,
-      reservations, backfill); it grants no right to preempt: an aged job preempts only
-      below its own class, as Slurm's age factor orders jobs and leaves preemption to QOS
-      (letting it preempt only trades one job of its class for another, losing work).
+      reservations, backfill); it grants no right to preempt or to rent on demand: an aged
+      job preempts and rents as its own class, as Slurm's age factor orders jobs and leaves
+      preemption to QOS (letting it preempt only trades one job of its class for another,
+      losing work).
       None: off
     - promote_gangs_only: age only multi-node jobs (the ones backfill starves)
     """

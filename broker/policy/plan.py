@@ -46,7 +46,14 @@ from broker.policy.backfill import Backfill
 from broker.policy.capacity import Capacity
 from broker.policy.cloud import launching_spare, offers, should_buy
 from broker.policy.config import PolicyConfig
-from broker.policy.queue import PRIORITY_RANKS, UNKILLABLE, PendingQueue, QueueWalk, list_key
+from broker.policy.queue import (
+    AGE_LIMIT,
+    PRIORITY_RANKS,
+    UNKILLABLE,
+    PendingQueue,
+    QueueWalk,
+    list_key,
+)
 from broker.policy.snapshot import (
     Launch,
     PendingView,
@@ -205,9 +212,9 @@ class _Planner:
     def run(self) -> Plan:
         snap, cfg, ex = self.s, self.cfg, self.explain
         queue = snap.queue if snap.queue is not None else PendingQueue(snap.pending)
-        # the highest class anything waits at (aging may lift a job one class, up to high)
+        # the highest class anything waits at (aging may lift a job one class, up to normal)
         top = max((k[0] for k in queue.lists), default=-1)
-        if cfg.promote_after_s is not None and top < HIGH_RANK:
+        if cfg.promote_after_s is not None and top < AGE_LIMIT:
             top += 1
         self.top_rank = top if cfg.classes else max(top, 3)
         self.demoted_running = self._effective_running()

@@ -33,6 +33,9 @@ from broker.spec import Priority
 
 HIGH_RANK = 2
 NORMAL_RANK = 1
+# Aging lifts a job one class, up to normal: never into high or urgent, the classes a team's
+# priority allowance limits (an aged job would spend the allowance, or outrank high work).
+AGE_LIMIT = NORMAL_RANK
 PRIORITY_RANKS = (2, 3)
 Entry = PendingView  # lists hold the views, sorted by _TIME
 ListKey = tuple[int, str, int, int]  # (class rank, team, GPUs per node, nodes)
@@ -161,7 +164,7 @@ class QueueWalk:
         for k, lst in lists.items():
             r, team, _g, n = k
             split = 0
-            if age is not None and r < HIGH_RANK and (not cfg.promote_gangs_only or n > 1):
+            if age is not None and r < AGE_LIMIT and (not cfg.promote_gangs_only or n > 1):
                 split = bisect_right(lst, (cut, math.inf), key=_TIME)
                 if split < len(lst):
                     t = lst[split].submit_time + age

@@ -37,6 +37,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from broker.policy.capacity import Capacity, enough
 from broker.policy.config import PolicyConfig
+from broker.policy.queue import AGE_LIMIT
 from broker.policy.snapshot import RunningView
 from broker.spec import Priority
 
@@ -49,17 +50,16 @@ Choice = tuple[Cost, str, list[str], dict[int, RunningView]]  # (cost, pool, nod
 HeapEntry = tuple[int, list[VictimKey], int, str, int, Victims]
 RANKS = 4
 NORMAL_RANK = Priority.NORMAL.rank
-HIGH_RANK = Priority.HIGH.rank
 _RANK = {p: p.rank for p in Priority}
 
 
 def aged(r: RunningView, rank: int, aged_after: float | None, gangs_only: bool) -> int:
     """The class a running attempt holds as a victim, given its class `rank` so far: one
     higher when its job had waited `aged_after` since submission when this attempt started
-    (aging as the queue applies it to waiting jobs: never above high; multi-node attempts
+    (aging as the queue applies it to waiting jobs: low to normal only; multi-node attempts
     only, with `gangs_only`). Without it, two aged jobs of one class preempt each other in
     turn: each, requeued, is aged again at once (its age counts from submission)."""
-    if (aged_after is not None and rank < HIGH_RANK and r.started_at - r.submit_time >= aged_after
+    if (aged_after is not None and rank < AGE_LIMIT and r.started_at - r.submit_time >= aged_after
             and (not gangs_only or len(r.alloc) > 1)):
         return rank + 1
     return rank

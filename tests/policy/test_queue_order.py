@@ -131,18 +131,28 @@ def test_aging_promotes_one_class(submit, gangs_only, order):
     assert placed_order(plan(s)) == order
 
 
-def test_aging_never_lifts_above_high_and_single_jobs_wait_when_gangs_only():
+# Aging lifts low work to normal and nothing into high or urgent (an aged job would spend its
+# team's priority allowance and outrank high work). One node; both jobs fit it alone.
+NEVER_INTO_HIGH = [
+    # (old job's class, new job's class, placed)
+    pytest.param("normal", "high", [2], id="old-normal-stays-behind-new-high"),
+    pytest.param("high", "urgent", [2], id="old-high-stays-behind-new-urgent"),
+    pytest.param("low", "normal", [1], id="old-low-goes-ahead-of-new-normal"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "placed"), NEVER_INTO_HIGH)
+def test_aging_lifts_low_work_to_normal_only(old, new, placed):
     s = snap([pool("a", nodes=1)],
-             pending=[job(1, prio="high", gpus=8, submit=0), job(2, prio="low", gpus=8, submit=0),
-                      job(3, prio="urgent", gpus=8, submit=900)],
+             pending=[job(1, prio=old, gpus=8, submit=0), job(2, prio=new, gpus=8, submit=900)],
              promote_after_s=100, promote_gangs_only=False)
-    assert placed_order(plan(s)) == [3]  # high stays behind urgent: aging stops at high
+    assert placed_order(plan(s)) == placed
 
 
 # An attempt that started aged keeps its aged class as a victim: a normal job does not preempt
 # low work that was aged to normal when it started (else it would be preempted back at once:
 # requeued, its age still counts from submission). Pending: job 1, a normal gang of 2x8
-# submitted at 0 (aged to high at NOW=1000 with promote_after_s=900, preempting as normal).
+# submitted at 0 (NOW=1000, promote_after_s=900: normal work does not age).
 AGED_VICTIMS = [
     # (running low attempts as (submit, start, nodes they span), gangs_only, preempted)
     pytest.param([(0.0, 950.0, 2)], True, set(), id="gang-aged-when-it-started-is-no-victim"),
