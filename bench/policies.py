@@ -9,9 +9,10 @@
   policy; on-prem occupancy over time), targets.json / targets.md (issue 11's targets, met or
   not, from this one run).
 - --sweep: the same trace on two capacities, 1,200 and 900 GPUs (node counts scaled), with
-  the defaults side by side (reservations none / EASY 1 / EASY 4, patience before preempting
-  on or off, and main's previous rules: 4 reservations holding free GPUs, preempting at
-  once) -> sweep.json / sweep.md. A default that helps one load and hurts the other shows
+  the defaults side by side (the default: low work aged after 6 h, no reservations; without
+  aging: reservations none / EASY 1 / EASY 4; patience before preempting on or off; and
+  main's previous rules: 4 reservations holding free GPUs, preempting at once) ->
+  sweep.json / sweep.md. A default that helps one load and hurts the other shows
   here; it is what PolicySettings' defaults were chosen by.
 - --tradeoff: onepool-onprem variants on the open problem (low-class p95 completion vs
   FIFO's, multi-node p99 wait vs FIFO's, fixed capacity) -> tradeoff.json / tradeoff.png,
@@ -57,44 +58,37 @@ CAPACITIES = (1200, 900)
 
 # Defaults compared by --sweep (onepool-onprem; FIFO picks its own strongest).
 PREVIOUS = {"reservations": 4, "easy": False, "preemptible_backfill": False, "preempt_after_s": 0,
-            "checkpoint_align_s": 0}  # main at d0fb298's rules
+            "checkpoint_align_s": 0, "promote_after_s": None}  # main at d0fb298's rules
+NO_AGING = {"promote_after_s": None}
 DEFAULTS = {
     "onepool-onprem": {"base": "onepool-onprem"},
-    "res0": {"base": "onepool-onprem", "reservations": 0},
-    "easy4": {"base": "onepool-onprem", "reservations": 4},
+    "one reservation, no aging (the default before)": {
+        "base": "onepool-onprem", "reservations": 1, **NO_AGING},
+    "no reservations, no aging": {"base": "onepool-onprem", **NO_AGING},
+    "4 reservations, no aging": {"base": "onepool-onprem", "reservations": 4, **NO_AGING},
     "impatient (preempt at once, no alignment)": {"base": "onepool-onprem", "preempt_after_s": 0,
                                                   "checkpoint_align_s": 0},
     "previous rules (hold 4, preempt at once)": {"base": "onepool-onprem", **PREVIOUS},
-    "low work aged after 6h, no reservations": {
-        "base": "onepool-onprem", "promote_after_s": 21600, "promote_gangs_only": False,
-        "reservations": 0},
 }
-# The open problem's knobs (--tradeoff): reservations, patience, and aging (of low gangs, of all low work).
+# The open problem's knobs (--tradeoff): reservations, patience, and aging (of low gangs, of
+# all low work). The default ages all low work after 6 h and holds no reservations.
 TRADEOFF = {
     "default": {"base": "onepool-onprem"},
-    "no reservations": {"base": "onepool-onprem", "reservations": 0},
-    "EASY, 4 reservations": {"base": "onepool-onprem", "reservations": 4},
+    "one reservation, no aging (the default before)": {
+        "base": "onepool-onprem", "reservations": 1, **NO_AGING},
+    "no reservations, no aging": {"base": "onepool-onprem", **NO_AGING},
+    "EASY, 4 reservations, no aging": {"base": "onepool-onprem", "reservations": 4, **NO_AGING},
     "patience 30 min": {"base": "onepool-onprem", "preempt_after_s": 1800},
-    "reservations for gangs only": {"base": "onepool-onprem", "reserve_gangs_only": True},
-    "4 reservations for gangs only": {"base": "onepool-onprem", "reserve_gangs_only": True,
-                                      "reservations": 4},
-    "low gangs aged after 24h": {"base": "onepool-onprem", "promote_after_s": 86400},
-    "no reservations, low gangs aged after 24h": {"base": "onepool-onprem", "reservations": 0,
-                                                  "promote_after_s": 86400},
-    # aging all low work (not only gangs): a low job that waited this long competes with
-    # normal work, bounding the starvation that makes low-class completion long
-    "low work aged after 12h": {"base": "onepool-onprem", "promote_after_s": 43200,
-                                "promote_gangs_only": False},
-    "low work aged after 24h": {"base": "onepool-onprem", "promote_after_s": 86400,
-                                "promote_gangs_only": False},
-    # aging without reservations: an aged job takes the next free GPUs, and nothing holds GPUs
-    # idle for a blocked one (reservations' preemptible backfill churns once low work ages)
-    "low work aged after 6h, no reservations": {
-        "base": "onepool-onprem", "promote_after_s": 21600, "promote_gangs_only": False,
-        "reservations": 0},
-    "low work aged after 12h, no reservations": {
-        "base": "onepool-onprem", "promote_after_s": 43200, "promote_gangs_only": False,
-        "reservations": 0},
+    "one reservation for gangs only, no aging": {
+        "base": "onepool-onprem", "reservations": 1, "reserve_gangs_only": True, **NO_AGING},
+    "one reservation, low gangs aged after 24h": {
+        "base": "onepool-onprem", "reservations": 1, "promote_after_s": 86400,
+        "promote_gangs_only": True},
+    "low work aged after 3h": {"base": "onepool-onprem", "promote_after_s": 10800},
+    "low work aged after 12h": {"base": "onepool-onprem", "promote_after_s": 43200},
+    "low work aged after 24h": {"base": "onepool-onprem", "promote_after_s": 86400},
+    # a reservation's preemptible backfill is preempted over and over once low work ages
+    "one reservation, low work aged after 6h": {"base": "onepool-onprem", "reservations": 1},
     "previous rules (hold 4, preempt at once)": {"base": "onepool-onprem", **PREVIOUS},
 }
 

@@ -4,10 +4,11 @@
   with backfill inside each; no preemption; no cloud.
 - fifo: one pool, FIFO with backfill, no preemption, no cloud.
 - naive-preempt: one pool, priority classes, preemption of the youngest victims at once, with
-  no regard to checkpoints and no minimum run time; no cloud.
+  no regard to checkpoints and no minimum run time, one EASY reservation, no aging; no cloud.
 - onepool-onprem: the full policy (checkpoint-aware victims, anti-capture, fair share,
   minimum run time, patience and checkpoint alignment before preempting for normal work,
-  EASY reservations) on the same on-prem capacity: the fair comparison.
+  aging of low work, no reservations: the product's defaults) on the same on-prem capacity:
+  the fair comparison.
 - onepool: the same plus the scenario's cloud pools (spot routing, preempt-or-buy).
 
 Baselines at their strongest: fifo runs twice, with no reservations and with EASY
@@ -46,7 +47,8 @@ BASE: dict[str, tuple[dict[str, Any], bool]] = {
     "fifo": (_FIFO, False),
     "naive-preempt": (dict(fair_share=False, anti_capture=False, victim_order="youngest",
                            min_run_s=0.0, preempt_after_s=0.0, checkpoint_align_s=0.0,
-                           preemptible_backfill=False, cloud=False), False),
+                           preemptible_backfill=False, cloud=False, reservations=1,
+                           promote_after_s=None), False),
     "onepool-onprem": (dict(cloud=False), False),
     "onepool": ({}, False),
 }
@@ -54,7 +56,7 @@ NAMES = list(BASE)
 # Baselines tried in several configurations; the one with the lower low-class p95 completion
 # time is reported (the other is kept under "alternatives").
 STRONGEST: dict[str, dict[str, dict[str, Any]]] = {
-    "fifo": {"no reservations": {"reservations": 0}, "easy": {}},
+    "fifo": {"no reservations": {"reservations": 0}, "easy": {"reservations": 1}},
 }
 
 

@@ -6,6 +6,8 @@ its nodes against every later job), kept as an option; the EASY tables below are
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from broker.policy import PolicyConfig, Snapshot, plan
@@ -108,19 +110,27 @@ def test_backfill_off_does_not_stop_at_a_job_that_preempts():
     assert placed(p) == {2: ("b", {"b-0": 8})}
 
 
-def test_product_default_reserves_for_the_first_blocked_job_with_easy():
-    """PolicyConfig() is EASY with one reservation (chosen with the sweep over two capacities
-    of the 60-day trace; see bench/results/sweep.*)."""
+@pytest.mark.parametrize(("config", "held_gpus", "placed_on"), [
+    # the product's default: no reservation holds GPUs; job 9 takes the first free ones
+    pytest.param({}, {}, ("a", {"a-0": 4}), id="default-holds-nothing"),
+    # one EASY reservation: job 1's, on a-0; job 9 has no estimate, so not on a-0
+    pytest.param({"reservations": 1}, {1: {"a-0": 4}}, ("b", {"b-0": 4}), id="one-easy-reservation"),
+])
+def test_product_default_holds_no_gpus_for_blocked_jobs(config, held_gpus, placed_on):
+    """PolicyConfig() has no reservations and ages low work after 6 h, every job (chosen with
+    the sweep over two capacities of the 60-day trace; see bench/results/sweep.*)."""
     cfg = PolicyConfig()
-    assert (cfg.reservations, cfg.easy) == (1, True)
+    assert (cfg.reservations, cfg.easy, cfg.promote_after_s, cfg.promote_gangs_only) == (
+        0, True, 21600.0, False)
     pools = [pool(n, nodes=1) for n in "abc"]
     run = [running(i, 10 + i, prio="normal", alloc={f"{n}-0": 4}, end=2000.0 + 100 * i)
            for i, n in enumerate("abc")]
     pending = [job(i + 1, gpus=8, submit=i) for i in range(3)] + [job(9, gpus=4, submit=9)]
-    s = Snapshot(now=1000.0, pools=tuple(pools), running=tuple(run), pending=tuple(pending))
+    s = Snapshot(now=1000.0, pools=tuple(pools), running=tuple(run), pending=tuple(pending),
+                 config=dataclasses.replace(cfg, **config))
     p = plan(s)
-    assert held(p) == {1: {"a-0": 4}}
-    assert placed(p) == {9: ("b", {"b-0": 4})}  # job 9 has no estimate: not on a-0
+    assert held(p) == held_gpus
+    assert placed(p) == {9: placed_on}
 
 
 # -- EASY: a reservation holds GPUs only against jobs that would not end before its start ----
