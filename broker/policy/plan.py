@@ -504,11 +504,16 @@ class _Planner:
                     self.wake.append(at)
 
     def _wake_at(self, walk: QueueWalk) -> float | None:
-        """The earliest future time a time rule may change this plan (see step 6)."""
+        """The earliest future time a time rule may change this plan (see step 6).
+
+        A job's aging counts only where queue order alone decides: who gets a reservation,
+        or where the walk stops without backfill. Otherwise an aged job, granted no right to
+        preempt or rent, can take only GPUs it would already have taken."""
         wake = self.wake
+        cfg = self.cfg
         if self.backfill.wake is not None:
             wake.append(self.backfill.wake)
-        if walk.next_promotion is not None:
+        if walk.next_promotion is not None and (cfg.reservations > 0 or not cfg.backfill):
             wake.append(walk.next_promotion)
         if self.blocked_rank > 0 and self.cfg.min_run_s > 0:
             demoted, min_run, now = self.demoted_running, self.cfg.min_run_s, self.now

@@ -196,3 +196,21 @@ def test_an_aged_job_preempts_only_below_its_own_class(prio, victims):
              promote_after_s=900)
     p = plan(s)
     assert {pre.attempt_id for pre in p.preemptions} == victims
+
+
+# When a waiting job's aging comes due, a new plan can differ only where queue order alone
+# decides: who gets a reservation, or where the walk stops without backfill. One node, full
+# with high work; a low job of 1 GPU submitted at 500 ages at 1400 (NOW 1000).
+AGING_WAKE = [
+    pytest.param({"reservations": 0}, None, id="no-reservations:nothing-to-wake-for"),
+    pytest.param({"reservations": 1}, 1400.0, id="a-reservation-may-change-hands"),
+    pytest.param({"backfill": False}, 1400.0, id="without-backfill-the-walk-may-stop-elsewhere"),
+]
+
+
+@pytest.mark.parametrize(("config", "wake"), AGING_WAKE)
+def test_aging_wakes_the_planner_only_when_order_can_change_the_plan(config, wake):
+    s = snap([pool("a", nodes=1)], running=[running(10, 110, prio="high", alloc={"a-0": 8})],
+             pending=[job(1, prio="low", gpus=1, submit=500)],
+             promote_after_s=900, promote_gangs_only=False, **config)
+    assert plan(s).wake_at == wake
