@@ -229,7 +229,7 @@ class _Planner:
                    for j in (queue.jobs.get(jid),) if j is not None} if (
             incoming or self.launching_for) else set()
         self.failed: set[tuple[object, ...]] = set()
-        self.dead: set[tuple[int, int, int, int]] = set()
+        self.dead: set[tuple[int, int, int]] = set()
         self.easy_failed: dict[tuple[object, ...], tuple[float, float]] = {}
         no_victims: set[tuple[object, ...]] = set()
         self.reservations_left = cfg.reservations
@@ -285,7 +285,7 @@ class _Planner:
                     waiting.append((j.job_id, NO_ROOM))
                 if sid != UNKILLABLE and cfg.backfill:
                     lk = walk.key_of(sid)
-                    if lk not in special and self._shape_dead(rank, prank, g, n) and not (
+                    if lk not in special and self._shape_dead(prank, g, n) and not (
                             self.backfill.start and self.backfill.could_use(
                                 g, self.now + queue.shortest(lk), rank,  # type: ignore[arg-type]
                                 self._preemptible_from(j))):
@@ -312,13 +312,13 @@ class _Planner:
                     tuple(self.terminations), tuple(self.reservations), tuple(waiting),
                     tuple(walk.demoted), tuple(self.starts), self._wake_at(walk))
 
-    def _shape_dead(self, rank: int, prank: int, g: int, n: int) -> bool:
-        """True when no job of this class and shape can do anything more in this plan, a
-        reservation's GPUs aside (the caller checks those against the list's estimates): none
-        fits (free GPUs only shrink), none can preempt or rent, and no reservation is left to
-        give. Once true for a shape, true for the rest of the plan (every condition only gets
+    def _shape_dead(self, prank: int, g: int, n: int) -> bool:
+        """True when no job of this shape preempting as class `prank` (its own, whatever aging
+        did to its place in the queue) can do anything more in this plan, a reservation's GPUs
+        aside (the caller checks those against the list's estimates): none fits (free GPUs
+        only shrink), none can preempt or rent, and no reservation is left to give. Once true for a shape, true for the rest of the plan (every condition only gets
         harder to meet)."""
-        key = (rank if self.cfg.preemption else 0, prank, g, n)
+        key = (prank if self.cfg.preemption else 0, g, n)
         if key in self.dead:
             return True
         if self.reservations_left > 0 or self._can_rent():
@@ -515,12 +515,12 @@ class _Planner:
             wake.append(self.backfill.wake)
         if walk.next_promotion is not None and (cfg.reservations > 0 or not cfg.backfill):
             wake.append(walk.next_promotion)
-        if self.blocked_rank > 0 and self.cfg.min_run_s > 0:
-            demoted, min_run, now = self.demoted_running, self.cfg.min_run_s, self.now
+        if self.blocked_rank > 0 and cfg.min_run_s > 0:
+            demoted, min_run, now = self.demoted_running, cfg.min_run_s, self.now
             for r in filter(_PREEMPTED_BEFORE, self.s.running):
                 if not r.stopping and now - r.started_at < min_run:
                     rank = NORMAL_RANK if r.attempt_id in demoted else aged(
-                        r, r.priority.rank, self.cfg.promote_after_s, self.cfg.promote_gangs_only)
+                        r, r.priority.rank, cfg.promote_after_s, cfg.promote_gangs_only)
                     if rank < self.blocked_rank:
                         wake.append(r.started_at + min_run)
         later = [t for t in wake if t > self.now]
