@@ -10,11 +10,10 @@ pricing/, pyproject.toml and the mypy version: an edit makes a new build, never 
 A build is made in a temporary directory and renamed into place when complete, so a failed or
 interrupted build leaves nothing half-written that a later run would use.
 
-    re_exec_compiled(sys.argv)  # at the top of a bench script, before importing broker
+    sys.path.insert(0, compiled.import_root(sys.argv))  # a bench script, before importing broker
 
 With `--compiled` in argv it builds (or reuses) the copy and replaces the process with the same
-script run on it (ONEPOOL_COMPILED names the copy); without, it does nothing. The script then
-puts `import_root()` first on sys.path.
+script run on it (ONEPOOL_COMPILED names the copy); it returns the directory to import from.
 """
 
 from __future__ import annotations
@@ -93,22 +92,18 @@ def build(repo: Path = REPO) -> Path:
     return dest
 
 
-def re_exec_compiled(argv: list[str]) -> None:
-    """With --compiled in argv (and not yet on the copy): build, then exec this script again
-    on the copy, without the flag. Returns only when there is nothing to do."""
-    if "--compiled" not in argv or os.environ.get(ENV):
-        return
-    try:
-        dest = build()
-    except CompileError as e:
-        sys.exit(f"error: {e}")
-    args = [a for a in argv if a != "--compiled"]
-    os.execve(sys.executable, [sys.executable, *args], {**os.environ, ENV: str(dest)})
-
-
-def import_root() -> str:
+def import_root(argv: list[str]) -> str:
     """The directory to put first on sys.path: the compiled copy when this process runs on
-    it, else the repository."""
+    it, else the repository. With --compiled in argv (and not yet on the copy) it builds the
+    copy, then execs this script again on it without the flag, and does not return; a failed
+    build exits with the error."""
+    if "--compiled" in argv and not os.environ.get(ENV):
+        try:
+            dest = build()
+        except CompileError as e:
+            sys.exit(f"error: {e}")
+        args = [a for a in argv if a != "--compiled"]
+        os.execve(sys.executable, [sys.executable, *args], {**os.environ, ENV: str(dest)})
     return os.environ.get(ENV) or str(REPO)
 
 

@@ -25,10 +25,9 @@ from pathlib import Path
 
 import compiled  # bench/compiled.py: --compiled
 
-compiled.re_exec_compiled(sys.argv)
-sys.path.insert(0, compiled.import_root())
+sys.path.insert(0, compiled.import_root(sys.argv))
 
-from broker.policy import (  # noqa: E402
+from broker.policy import (
     NodeView,
     PendingView,
     Plan,
@@ -38,7 +37,7 @@ from broker.policy import (  # noqa: E402
     TeamView,
     plan,
 )
-from broker.spec import Priority  # noqa: E402
+from broker.spec import Priority
 
 CLASSES = [Priority.URGENT, Priority.HIGH, Priority.NORMAL, Priority.LOW]
 WEIGHTS = [0.02, 0.08, 0.45, 0.45]

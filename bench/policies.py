@@ -37,8 +37,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 import compiled  # noqa: E402  (bench/compiled.py: --compiled)
 
-compiled.re_exec_compiled(sys.argv)
-sys.path.insert(0, compiled.import_root())
+sys.path.insert(0, compiled.import_root(sys.argv))
 
 import matplotlib  # noqa: E402
 
@@ -60,23 +59,25 @@ CAPACITIES = (1200, 900)
 PREVIOUS = {"reservations": 4, "easy": False, "preemptible_backfill": False, "preempt_after_s": 0,
             "checkpoint_align_s": 0, "promote_after_s": None}  # main at d0fb298's rules
 NO_AGING = {"promote_after_s": None}
-DEFAULTS = {
-    "onepool-onprem": {"base": "onepool-onprem"},
+BEFORE = {  # the previous defaults, drawn in both the sweep and the front
     "one reservation, no aging (the default before)": {
         "base": "onepool-onprem", "reservations": 1, **NO_AGING},
     "no reservations, no aging": {"base": "onepool-onprem", **NO_AGING},
+}
+PREVIOUS_RULES = {"previous rules (hold 4, preempt at once)": {"base": "onepool-onprem", **PREVIOUS}}
+DEFAULTS = {
+    "onepool-onprem": {"base": "onepool-onprem"},
+    **BEFORE,
     "4 reservations, no aging": {"base": "onepool-onprem", "reservations": 4, **NO_AGING},
     "impatient (preempt at once, no alignment)": {"base": "onepool-onprem", "preempt_after_s": 0,
                                                   "checkpoint_align_s": 0},
-    "previous rules (hold 4, preempt at once)": {"base": "onepool-onprem", **PREVIOUS},
+    **PREVIOUS_RULES,
 }
 # The open problem's knobs (--tradeoff): reservations, patience, and aging (of low gangs, of
 # all low work). The default ages all low work after 6 h and holds no reservations.
 TRADEOFF = {
     "default": {"base": "onepool-onprem"},
-    "one reservation, no aging (the default before)": {
-        "base": "onepool-onprem", "reservations": 1, **NO_AGING},
-    "no reservations, no aging": {"base": "onepool-onprem", **NO_AGING},
+    **BEFORE,
     "EASY, 4 reservations, no aging": {"base": "onepool-onprem", "reservations": 4, **NO_AGING},
     "patience 30 min": {"base": "onepool-onprem", "preempt_after_s": 1800},
     "one reservation for gangs only, no aging": {
@@ -89,7 +90,7 @@ TRADEOFF = {
     "low work aged after 24h": {"base": "onepool-onprem", "promote_after_s": 86400},
     # a reservation's preemptible backfill is preempted over and over once low work ages
     "one reservation, low work aged after 6h": {"base": "onepool-onprem", "reservations": 1},
-    "previous rules (hold 4, preempt at once)": {"base": "onepool-onprem", **PREVIOUS},
+    **PREVIOUS_RULES,
 }
 
 
