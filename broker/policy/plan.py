@@ -316,8 +316,8 @@ class _Planner:
         """True when no job of this shape preempting as class `prank` (its own, whatever aging
         did to its place in the queue) can do anything more in this plan, a reservation's GPUs
         aside (the caller checks those against the list's estimates): none fits (free GPUs
-        only shrink), none can preempt or rent, and no reservation is left to give. Once true for a shape, true for the rest of the plan (every condition only gets
-        harder to meet)."""
+        only shrink), none can preempt or rent, and no reservation is left to give. Once true
+        for a shape, true for the rest of the plan (every condition only gets harder to meet)."""
         key = (prank if self.cfg.preemption else 0, g, n)
         if key in self.dead:
             return True
