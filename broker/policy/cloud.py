@@ -12,7 +12,9 @@ slot when one of its nodes is released. Either way, work below high that may run
 then takes only spot offers (another spot pool, or this one when it reopens or has room)
 rather than renting on demand at several times the price: it waits for spot as it waits for
 on-prem GPUs. On-demand is for high/urgent work, which takes the next offer at once, and
-for work that may not run on spot.
+for work that may not run on spot. The same work alone is placed on rented on-demand nodes
+already up (broker.policy.plan, candidate pools): other work would keep a node launched for
+an urgent job rented at the on-demand price, each placement restarting its idle timeout.
 
 When. A blocked job that could not be placed and has no victims stopping for it rents:
 - high/urgent jobs: at once, when the preempt-or-buy rule says buy, or when there is

@@ -13,7 +13,8 @@ The cycle, step by step:
    the rest of the list waits without being looked at.
 4. For each job in that order:
    a. candidate pools: GPU type acceptable, market allowed by its spot policy, partition
-      admits its team, nodes big and many enough. None: it waits with a reason.
+      admits its team, nodes big and many enough; below high, no rented on-demand pool while
+      a spot pool could take it (broker.policy.cloud). None: it waits with a reason.
    b. it fits: placed, gang all-or-none in one pool; cheapest pool first, then the smallest
       node size that fits, then best-fit nodes (fullest that still fit). A job expected to end
       before a reservation starts may also use the GPUs it holds, and does so first.
@@ -64,7 +65,7 @@ from broker.policy.snapshot import (
     Snapshot,
 )
 from broker.policy.victims import Choice, VictimIndex, aged, checkpoints_due, lost_gpu_s
-from broker.spec import Priority, market_ok
+from broker.spec import Market, Priority, SpotPolicy, market_ok
 
 NORMAL_RANK = Priority.NORMAL.rank
 HIGH_RANK = Priority.HIGH.rank
@@ -183,9 +184,13 @@ class _Planner:
         return self.vi
 
     # -- step 4a: candidate pools --------------------------------------------------------
-    def _candidates(self, j: PendingView) -> tuple[list[PoolView], tuple[str, ...]]:
-        """Candidate pools for the job (cached per shape), and their names."""
-        key = (j.gpu_types, id(j.spot), j.team, j.gpus_per_node, j.nodes)  # enums hash slowly
+    def _candidates(self, j: PendingView, prank: int) -> tuple[list[PoolView], tuple[str, ...]]:
+        """Candidate pools for the job preempting and renting as class `prank` (cached per
+        shape), and their names. Below high, a job that may run on spot does not take
+        rented on-demand nodes while a spot pool could take it: it may not rent on demand
+        (broker.policy.cloud), so it does not keep nodes rented on demand for others alive
+        either."""
+        key = (j.gpu_types, id(j.spot), j.team, j.gpus_per_node, j.nodes, prank >= HIGH_RANK)
         hit = self._cands.get(key)
         if hit is not None:
             return hit
@@ -200,6 +205,9 @@ class _Planner:
                and (p.teams is None or j.team in p.teams)
                and p.gpus_per_node >= j.gpus_per_node
                and max(len(p.nodes), p.max_nodes or 0) >= j.nodes]
+        if prank < HIGH_RANK and j.spot is not SpotPolicy.NEVER and any(
+                p.market is Market.SPOT for p in got):
+            got = [p for p in got if p.market is not Market.ON_DEMAND or p.max_nodes is None]
         got.sort(key=lambda p: (p.market != "onprem", p.price_per_gpu_hour, p.gpus_per_node, p.name))
         hit = (got, tuple(p.name for p in got))
         self._cands[key] = hit
@@ -236,7 +244,9 @@ class _Planner:
         stopped = False
         waiting = self.waiting
         for rank, j, sid in walk:
-            cands, names = self._candidates(j)
+            # aging orders the queue; it grants no right to preempt or rent (see PolicyConfig)
+            prank = min(rank, _RANK[j.priority])
+            cands, names = self._candidates(j, prank)
             if not cands:
                 if ex:
                     waiting.append((j.job_id, NO_POOL))
@@ -251,8 +261,6 @@ class _Planner:
                 if ex:
                     waiting.append((j.job_id, RENTED_WAIT))
                 continue
-            # aging orders the queue; it grants no right to preempt (see PolicyConfig)
-            prank = min(rank, _RANK[j.priority])
             vkey = (names, g, n, prank)
             victims: Choice | None = None
             patient = (prank < HIGH_RANK and cfg.preempt_after_s > 0 and not inc
@@ -296,7 +304,7 @@ class _Planner:
         if ex:
             rest = []
             for j, why in walk.rest():
-                if not self._candidates(j)[0]:
+                if not self._candidates(j, _RANK[j.priority])[0]:
                     why = NO_POOL
                 elif why is None:
                     why = BEHIND if stopped else NO_ROOM
@@ -441,7 +449,7 @@ class _Planner:
                 self.wake.append(j.submit_time + self.cfg.cloud_after_wait_s)
             return False
         if j.nodes == 1:
-            names = self._candidates(j)[1]
+            names = self._candidates(j, rank)[1]
             for p in self.rented:
                 spare = self.spare.get(p.name)
                 if not spare or p.name not in names:
