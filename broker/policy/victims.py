@@ -37,32 +37,17 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from broker.policy.capacity import Capacity, enough
 from broker.policy.config import PolicyConfig
-from broker.policy.queue import AGE_LIMIT
-from broker.policy.snapshot import RunningView
+from broker.policy.reclaim_index import RANKS, ReclaimIndex, VictimKey, index_key
+from broker.policy.snapshot import Alloc, RunningView
 from broker.spec import Priority
 
-VictimKey = tuple[float, ...]
 OnNode = tuple[VictimKey, RunningView, int, str]  # (key, attempt, GPUs it holds on the node, node)
 Victims = list[tuple[VictimKey, RunningView]]
 Cost = tuple[int, list[VictimKey]]
 Choice = tuple[Cost, str, list[str], dict[int, RunningView]]  # (cost, pool, nodes, victims)
 # (victim count, their keys, node place, node, node version, victims)
 HeapEntry = tuple[int, list[VictimKey], int, str, int, Victims]
-RANKS = 4
 NORMAL_RANK = Priority.NORMAL.rank
-_RANK = {p: p.rank for p in Priority}
-
-
-def aged(r: RunningView, rank: int, aged_after: float | None, gangs_only: bool) -> int:
-    """The class a running attempt holds as a victim, given its class `rank` so far: one
-    higher when its job had waited `aged_after` since submission when this attempt started
-    (aging as the queue applies it to waiting jobs: low to normal only; multi-node attempts
-    only, with `gangs_only`). Without it, two aged jobs of one class preempt each other in
-    turn: each, requeued, is aged again at once (its age counts from submission)."""
-    if (aged_after is not None and rank < AGE_LIMIT and r.started_at - r.submit_time >= aged_after
-            and (not gangs_only or len(r.alloc) > 1)):
-        return rank + 1
-    return rank
 
 
 def lost_gpu_s(r: RunningView, now: float) -> float:
@@ -149,65 +134,63 @@ class VictimIndex:
 
     def __init__(self, running: Iterable[RunningView], demoted: Collection[int], cap: Capacity,
                  now: float, min_run_s: float, mode: str, below: int = RANKS,
-                 aged_after: float | None = None, aged_gangs_only: bool = True) -> None:
+                 aged_after: float | None = None, aged_gangs_only: bool = True,
+                 kept: ReclaimIndex | None = None) -> None:
         """Index the preemptable attempts of effective class below `below` (the highest class
-        waiting: nothing else can be a victim in this plan). An attempt's effective class is
-        its priority's, or normal when its id is in `demoted` (anti-capture), else one
-        higher when its job was aged when it started (`aged`, with `aged_after` and
-        `aged_gangs_only` as in PolicyConfig's promote_after_s and promote_gangs_only).
+        waiting: nothing else can be a victim in this plan, and no search or could_fit may
+        ask for a class above it). An attempt's effective class is its priority's, or normal
+        when its id is in `demoted` (anti-capture), else one higher when its job was aged when
+        it started (`aged`, with `aged_after` and `aged_gangs_only` as in PolicyConfig's
+        promote_after_s and promote_gangs_only). `kept`, when given, must index exactly
+        `running` with the same aging parameters (see ReclaimIndex); it is only read.
 
         Built in two steps, the second only when a search needs it: per node, the GPUs of its
-        eligible victims below each class (enough for `could_fit`); then, per node and per
-        pool, the victims in victim order (`by_node`, `per_pool`, for the search)."""
+        eligible victims below each class (enough for `could_fit`), from the kept sums with
+        this plan's cuts applied to copies; then, per node and per pool, the victims in
+        victim order (`by_node`, `per_pool`, for the search)."""
+        if kept is None:
+            kept = ReclaimIndex(running, aged_after, aged_gangs_only)
         self.cap = cap
         self.now, self.mode = now, mode
-        self.rank: dict[int, int] = {}
+        self.demoted, self.below_rank = demoted, below
         self.chosen: set[int] = set()
         self.version: dict[str, int] = defaultdict(int)
         self._pos: dict[str, int] | None = None
         self._by_node: dict[str, list[OnNode]] | None = None
-        pool_of, ranks, rank_table = cap.pool_of, self.rank, _RANK
-        spanning: set[str] = set()
-        eligible: list[RunningView] = []
-        sums: dict[str, list[int]] = {}  # per node, GPUs of its eligible victims per class
-        for r in running:
-            if r.stopping or (r.times_preempted and now - r.started_at < min_run_s):
-                continue  # not preemptable (see preemptable())
-            aid = r.attempt_id
-            if aid in demoted:
-                rank = NORMAL_RANK
-            else:
-                rank = rank_table[r.priority]
-                if aged_after is not None:
-                    rank = aged(r, rank, aged_after, aged_gangs_only)
-            if rank >= below:
+        self._kept = kept
+        # per node, GPUs of eligible victims below each class (index: the class; classes at or
+        # above `below` are never asked for), less those of victims chosen since: the kept
+        # sums, each list copied before it is changed
+        self._recl = dict(kept.below)
+        self._own: set[str] = set()
+        counts = list(kept.count)
+        ranks = kept.rank
+        gone: set[int] = set()  # protected by the minimum run time
+        for aid, r in kept.restarted.items():
+            if now - r.started_at < min_run_s:
+                gone.add(aid)
+                rank = ranks[aid]
+                counts[rank] -= 1
+                self._move(r.alloc, rank, RANKS)
+        self._gone = gone
+        live = kept.live
+        for aid in demoted:
+            rv = live.get(aid)
+            if rv is None or aid in gone:
                 continue
-            ranks[aid] = rank
-            eligible.append(r)
-            alloc = r.alloc
-            for node, g in alloc:
-                by = sums.get(node)
-                if by is None:
-                    if node not in pool_of:  # a node no longer in any pool: nothing to free there
-                        continue
-                    by = sums[node] = [0] * RANKS
-                by[rank] += g
-            if len(alloc) > 1:
-                spanning.update(pool_of[node] for node, _ in alloc if node in pool_of)
-        self._eligible = eligible
-        self.spanning = spanning  # pools with a victim on several nodes (gangs search greedily)
+            rank = ranks[aid]
+            if rank != NORMAL_RANK:
+                counts[rank] -= 1
+                counts[NORMAL_RANK] += 1
+                self._move(rv.alloc, rank, NORMAL_RANK)
+        self.lowest = next((c for c in range(min(below, RANKS)) if counts[c] > 0), None)
+        pool_of = cap.pool_of
+        spanning: set[str] = set()  # pools with a victim on several nodes (gangs search greedily)
+        for aid, r in kept.wide.items():
+            if aid not in gone and self.rank_of(aid) < below:
+                spanning.update(pool_of[node] for node, _ in r.alloc if node in pool_of)
+        self.spanning = spanning
         self._per_pool: dict[str, list[OnNode]] = {}
-        # per node with eligible victims, their GPUs below each class (index: the class), less
-        # those of victims chosen since
-        recl: dict[str, list[int]] = {}
-        for node, by in sums.items():
-            b0 = by[0]
-            b1 = b0 + by[1]
-            b2 = b1 + by[2]
-            recl[node] = [0, b0, b1, b2, b2 + by[3]]
-        self._recl = recl
-        lowest = min(ranks.values(), default=None)
-        self.lowest = lowest
         self.cursor: dict[tuple[str, int], int] = {}
         # per pool and class (list index), the nodes by what they could offer (see _bucket)
         self.buckets: dict[str, list[list[dict[str, None]] | None]] = {}
@@ -215,6 +198,28 @@ class VictimIndex:
         self.heaps: dict[tuple[str, int, int], list[HeapEntry]] = {}
         self.cache: dict[tuple[str, int, int], tuple[int, Victims | None]] = {}
         cap.listener = self.touch
+
+    def rank_of(self, aid: int) -> int:
+        """An indexed attempt's effective class in this plan (demoted: normal)."""
+        return NORMAL_RANK if aid in self.demoted else self._kept.rank[aid]
+
+    def _move(self, alloc: Alloc, rank: int, to: int) -> None:
+        """Move the GPUs of `alloc` from class `rank` to class `to` (RANKS: out of the index)
+        in the per-node sums, copying a node's kept list before its first change."""
+        recl, own = self._recl, self._own
+        for node, g in alloc:
+            rc = recl.get(node)
+            if rc is None:
+                continue
+            if node not in own:
+                rc = recl[node] = rc.copy()
+                own.add(node)
+            if to > rank:
+                for c in range(rank + 1, to + 1):
+                    rc[c] -= g
+            else:
+                for c in range(to + 1, rank + 1):
+                    rc[c] += g
 
     @property
     def by_node(self) -> dict[str, list[OnNode]]:
@@ -227,18 +232,27 @@ class VictimIndex:
         return got
 
     def _order(self) -> None:
-        """Sort the eligible victims once (keys are unique: they end with the job id), then
-        fill `by_node` and every pool's `per_pool` list from that one order."""
-        now, youngest, ranks = self.now, self.mode == "youngest", self.rank
-        eligible = self._eligible
-        keys = [_key(r, ranks[r.attempt_id], now, youngest) for r in eligible]
+        """Order the eligible victims once (keys are unique: they end with the job id), then
+        fill `by_node` and every pool's `per_pool` list from that one order. The kept order
+        is by the key's last two fields already: stable sorts by the first two finish it."""
+        now, youngest, below = self.now, self.mode == "youngest", self.below_rank
+        gone, demoted, ranks = self._gone, self.demoted, self._kept.rank
+        eligible: list[RunningView] = []
+        keys: list[VictimKey] = []
+        for r in self._kept.order:
+            aid = r.attempt_id
+            if aid in gone:
+                continue
+            rank = NORMAL_RANK if aid in demoted else ranks[aid]
+            if rank < below:
+                eligible.append(r)
+                keys.append(index_key(r, rank, now, youngest))
         pool_of, pos = self.cap.pool_of, self.pos
         by_node: dict[str, list[OnNode]] = {nd: [] for nd in self._recl}
         per_pool: dict[str, list[OnNode]] = {p: [] for p in self.cap.nodes}
         order = list(range(len(keys)))
-        for c in range(len(keys[0]) - 1, -1, -1) if keys else ():
-            # stable sorts by one key field each, last field first: the keys' order, faster
-            # than comparing tuples
+        for c in (0,) if youngest else (1, 0):
+            # stable sorts by one key field each, last field first: the keys' order
             order.sort(key=[k[c] for k in keys].__getitem__)
         for i in order:
             r = eligible[i]
@@ -342,17 +356,9 @@ class VictimIndex:
             if aid in self.chosen:
                 continue
             self.chosen.add(aid)
-            rank = self.rank[aid]
-            for node, g in r.alloc:
-                rc = self._recl.get(node)
-                if rc is not None:  # cumulative: every class above the victim's loses g
-                    if rank < 1:
-                        rc[1] -= g
-                    if rank < 2:
-                        rc[2] -= g
-                    if rank < 3:
-                        rc[3] -= g
-                    rc[4] -= g
+            # cumulative: every class above the victim's loses its GPUs
+            self._move(r.alloc, self.rank_of(aid), RANKS)
+            for node, _ in r.alloc:
                 if node in self.cap.pool_of:
                     self.touch(node)
 
@@ -545,20 +551,4 @@ class VictimIndex:
             left = n - len(picked)
         keys = sorted(k for k, _ in mine.values())
         return (len(mine), keys), pool, picked, {aid: r for aid, (_, r) in mine.items()}
-
-
-def _key(r: RunningView, rank: int, now: float, youngest: bool) -> VictimKey:
-    """victim_key(), inlined for the index (it runs over every eligible attempt)."""
-    if youngest:
-        return (rank, -r.started_at, r.job_id)
-    since = r.started_at
-    ck = r.last_checkpoint_at
-    if ck is not None and ck > since:
-        since = ck
-    period = r.checkpoint_period_s
-    if period and now >= r.checkpoint_origin + period:
-        ck = r.checkpoint_origin + ((now - r.checkpoint_origin) // period) * period
-        if ck > since:
-            since = ck
-    return (rank, (now - since) * r.gpus if now > since else 0.0, -r.started_at, r.job_id)
 
