@@ -4,8 +4,9 @@ simulator), so that plan() adjusts an index instead of reading every running att
 What it keeps, for the attempts not stopping (the only possible victims): each one's class as
 a victim before the per-plan rules (its priority's, one higher when its job was aged when the
 attempt started: broker.policy.victims.aged, fixed for the attempt's life), the GPUs per node
-below each such class, and the attempts in the order of the victim key's last two fields
-(the youngest first, then the job id), so that plan() sorts only by the first two.
+below each such class, and per class the attempts in the order of the victim key's last two
+fields (the youngest first, then the job id), so that plan() sorts only by lost work, and
+only the classes a search reaches.
 
 plan() builds the same index from the snapshot's `running` when it is given none (the live
 engine): an index changes how fast a plan is made, never what it decides. The per-plan rules
@@ -56,7 +57,8 @@ def index_key(r: RunningView, rank: int, now: float, youngest: bool) -> VictimKe
     return (rank, (now - since) * r.gpus if now > since else 0.0, -r.started_at, r.job_id)
 
 
-def _age_key(r: RunningView) -> tuple[float, int]:
+def age_key(r: RunningView) -> tuple[float, int]:
+    """The victim key's last two fields, as a sort key: the youngest first, then job id."""
     return (-r.started_at, r.job_id)
 
 
@@ -85,9 +87,10 @@ class ReclaimIndex:
         self.count = [0] * RANKS  # attempts not stopping, per class
         self.restarted: dict[int, RunningView] = {}  # not stopping, preempted before (min run)
         self.wide: dict[int, RunningView] = {}  # not stopping, on several nodes
-        # the attempts not stopping, the youngest first, then by job id; `keys` alongside
-        self.order: list[RunningView] = []
-        self.keys: list[tuple[float, int]] = []
+        # per class, its attempts not stopping, the youngest first, then by job id; `keys`
+        # alongside
+        self.order: list[list[RunningView]] = [[] for _ in range(RANKS)]
+        self.keys: list[list[tuple[float, int]]] = [[] for _ in range(RANKS)]
         for r in running:
             self.add(r)
 
@@ -116,10 +119,11 @@ class ReclaimIndex:
                 rc = below[node] = [0] * (RANKS + 1)
             for c in range(rank + 1, RANKS + 1):
                 rc[c] += g
-        k = _age_key(r)
-        i = bisect_left(self.keys, k)
-        self.keys.insert(i, k)
-        self.order.insert(i, r)
+        k = age_key(r)
+        keys = self.keys[rank]
+        i = bisect_left(keys, k)
+        keys.insert(i, k)
+        self.order[rank].insert(i, r)
 
     def remove(self, r: RunningView) -> None:
         """The attempt ended (`r`: its view as indexed). Raises KeyError if not indexed."""
@@ -141,11 +145,12 @@ class ReclaimIndex:
                 rc[c] -= g
             if not rc[RANKS]:
                 del below[node]
-        i = bisect_left(self.keys, _age_key(r))
-        if self.order[i].attempt_id != aid:
+        keys, order = self.keys[rank], self.order[rank]
+        i = bisect_left(keys, age_key(r))
+        if order[i].attempt_id != aid:
             raise KeyError(aid)
-        del self.keys[i]
-        del self.order[i]
+        del keys[i]
+        del order[i]
 
     def update(self, old: RunningView, new: RunningView) -> None:
         """The attempt's view changed from `old` to `new` (same id)."""

@@ -37,7 +37,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from broker.policy.capacity import Capacity, enough
 from broker.policy.config import PolicyConfig
-from broker.policy.reclaim_index import RANKS, ReclaimIndex, VictimKey, index_key
+from broker.policy.reclaim_index import RANKS, ReclaimIndex, VictimKey, age_key, index_key
 from broker.policy.snapshot import Alloc, RunningView
 from broker.spec import Priority
 
@@ -190,7 +190,8 @@ class VictimIndex:
             if aid not in gone and self.rank_of(aid) < below:
                 spanning.update(pool_of[node] for node, _ in r.alloc if node in pool_of)
         self.spanning = spanning
-        self._per_pool: dict[str, list[OnNode]] = {}
+        self._per_pool: dict[str, list[OnNode]] = {p: [] for p in cap.nodes}
+        self._done = 0  # classes below this one are in `_per_pool` (see _upto)
         self.cursor: dict[tuple[str, int], int] = {}
         # per pool and class (list index), the nodes by what they could offer (see _bucket)
         self.buckets: dict[str, list[list[dict[str, None]] | None]] = {}
@@ -226,47 +227,55 @@ class VictimIndex:
         """Per node, its eligible victims as (key, attempt, GPUs there, node), in victim order."""
         got = self._by_node
         if got is None:  # (not `self._by_node` again: mypyc keeps the narrowed None type)
-            self._order()
-            got = self._by_node
-            assert got is not None
+            self._upto(RANKS)
+            got = {}
+            for lst in self._per_pool.values():  # a node's entries: in its pool's order
+                for e in lst:
+                    on = got.get(e[3])
+                    if on is None:
+                        got[e[3]] = [e]
+                    else:
+                        on.append(e)
+            self._by_node = got
         return got
 
-    def _order(self) -> None:
-        """Order the eligible victims once (keys are unique: they end with the job id), then
-        fill `by_node` and every pool's `per_pool` list from that one order. The kept order
-        is by the key's last two fields already: stable sorts by the first two finish it."""
-        now, youngest, below = self.now, self.mode == "youngest", self.below_rank
-        gone, demoted, ranks = self._gone, self.demoted, self._kept.rank
-        eligible: list[RunningView] = []
-        keys: list[VictimKey] = []
-        for r in self._kept.order:
-            aid = r.attempt_id
-            if aid in gone:
-                continue
-            rank = NORMAL_RANK if aid in demoted else ranks[aid]
-            if rank < below:
-                eligible.append(r)
-                keys.append(index_key(r, rank, now, youngest))
+    def _upto(self, rank: int) -> None:
+        """Extend every pool's `per_pool` list, in victim order, with the eligible victims of
+        each class below `rank` not yet there. The victim key starts with the class, so the
+        lists grow one class at a time; within one, the kept order is by the key's last two
+        fields already, and a stable sort by lost work finishes it."""
+        end = min(rank, self.below_rank, RANKS)
+        if self._done >= end:
+            return
+        now, youngest = self.now, self.mode == "youngest"
+        gone, demoted, kept = self._gone, self.demoted, self._kept
         pool_of, pos = self.cap.pool_of, self.pos
-        by_node: dict[str, list[OnNode]] = {nd: [] for nd in self._recl}
-        per_pool: dict[str, list[OnNode]] = {p: [] for p in self.cap.nodes}
-        order = list(range(len(keys)))
-        for c in (0,) if youngest else (1, 0):
-            # stable sorts by one key field each, last field first: the keys' order
-            order.sort(key=[k[c] for k in keys].__getitem__)
-        for i in order:
-            r = eligible[i]
-            k = keys[i]
-            alloc = r.alloc
-            if len(alloc) > 1:
-                alloc = tuple(sorted((a for a in alloc if a[0] in pool_of), key=lambda a: pos[a[0]]))
-            for nd, g in alloc:
-                if nd in pool_of:
-                    e = (k, r, g, nd)
-                    by_node[nd].append(e)
-                    per_pool[pool_of[nd]].append(e)
-        self._by_node = by_node
-        self._per_pool = per_pool
+        per_pool = self._per_pool
+        for c in range(self._done, end):
+            cls: list[RunningView] = [r for r in kept.order[c] if r.attempt_id not in gone
+                                      and r.attempt_id not in demoted]
+            if c == NORMAL_RANK and demoted:  # demoted high/urgent attempts count as normal
+                extra = [r for aid in demoted for r in (kept.live.get(aid),)
+                         if r is not None and aid not in gone and kept.rank[aid] != c]
+                if extra:
+                    cls.extend(extra)
+                    cls.sort(key=age_key)
+            keys = [index_key(r, c, now, youngest) for r in cls]
+            order = list(range(len(cls)))
+            if not youngest:  # stable: the kept order breaks ties
+                order.sort(key=[k[1] for k in keys].__getitem__)
+            for i in order:
+                r = cls[i]
+                k = keys[i]
+                alloc = r.alloc
+                if len(alloc) > 1:
+                    alloc = tuple(sorted((a for a in alloc if a[0] in pool_of),
+                                         key=lambda a: pos[a[0]]))
+                for nd, g in alloc:
+                    p = pool_of.get(nd)
+                    if p is not None:
+                        per_pool[p].append((k, r, g, nd))
+        self._done = end
 
     @property
     def pos(self) -> dict[str, int]:
@@ -278,8 +287,7 @@ class VictimIndex:
     def per_pool(self, pool: str) -> list[OnNode]:
         """Every (key, attempt, GPUs there, node) of the pool, in victim order (an attempt on
         several nodes: by their place in the pool)."""
-        if self._by_node is None:
-            self._order()
+        self._upto(RANKS)
         return self._per_pool[pool]
 
     # -- reclaimable GPUs per node and class ----------------------------------------------------
@@ -377,8 +385,7 @@ class VictimIndex:
 
     def _one_victim(self, pool: str, rank: int, g: int) -> tuple[VictimKey, str, RunningView] | None:
         """The earliest victim in order that alone makes its node fit g GPUs."""
-        if self._by_node is None:
-            self._order()
+        self._upto(rank)  # only classes below `rank` can offer one
         lst = self._per_pool[pool]
         if not lst:
             return None
