@@ -54,7 +54,7 @@ from broker.policy.queue import (
     QueueWalk,
     list_key,
 )
-from broker.policy.reclaim_index import ReclaimIndex, aged
+from broker.policy.reclaim_index import ReclaimIndex, aged, lost_gpu_s
 from broker.policy.snapshot import (
     Launch,
     PendingView,
@@ -64,7 +64,7 @@ from broker.policy.snapshot import (
     Preemption,
     Snapshot,
 )
-from broker.policy.victims import Choice, VictimIndex, checkpoints_due, lost_gpu_s
+from broker.policy.victims import Choice, VictimIndex, checkpoints_due
 from broker.spec import Priority, market_ok
 
 NORMAL_RANK = Priority.NORMAL.rank

@@ -3,7 +3,7 @@ simulator), so that plan() adjusts an index instead of reading every running att
 
 What it keeps, for the attempts not stopping (the only possible victims): each one's class as
 a victim before the per-plan rules (its priority's, one higher when its job was aged when the
-attempt started: broker.policy.victims.aged, fixed for the attempt's life), the GPUs per node
+attempt started: `aged` below, fixed for the attempt's life), the GPUs per node
 below each such class, and per class the attempts in the order of the victim key's last two
 fields (the youngest first, then the job id), so that plan() sorts only by lost work, and
 only the classes a search reaches.
@@ -40,8 +40,21 @@ def aged(r: RunningView, rank: int, aged_after: float | None, gangs_only: bool) 
     return rank
 
 
+def lost_gpu_s(r: RunningView, now: float) -> float:
+    """GPU-seconds of work since the attempt's last checkpoint (or its start)."""
+    ck = r.last_checkpoint(now)
+    since = r.started_at if ck is None else max(r.started_at, ck)
+    return max(0.0, now - since) * r.gpus
+
+
+def victim_key(r: RunningView, rank: int, now: float, mode: str) -> VictimKey:
+    if mode == "youngest":
+        return (rank, -r.started_at, r.job_id)
+    return (rank, lost_gpu_s(r, now), -r.started_at, r.job_id)
+
+
 def index_key(r: RunningView, rank: int, now: float, youngest: bool) -> VictimKey:
-    """broker.policy.victims.victim_key(), inlined for the index (it runs over every eligible
+    """victim_key(), inlined for the index (it runs over every eligible
     attempt): the same values, bit for bit."""
     if youngest:
         return (rank, -r.started_at, r.job_id)

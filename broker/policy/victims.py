@@ -26,6 +26,9 @@ The index (VictimIndex) makes this fast at thousands of nodes: per node and clas
 reclaimable from strictly lower classes, so only nodes that can fit are looked at; per pool,
 every victim in order, walked with one cursor per GPU count for the common one-victim case;
 per (pool, class, GPU count), a heap of node costs refreshed lazily when a node changes.
+It starts from a ReclaimIndex (broker.policy.reclaim_index: the per-node sums and each
+class's attempts youngest first), the caller's kept one when the snapshot carries it, and
+orders victims one class at a time, only as far as a search reaches.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from broker.policy.capacity import Capacity, enough
 from broker.policy.config import PolicyConfig
-from broker.policy.reclaim_index import RANKS, ReclaimIndex, VictimKey, age_key, index_key
+from broker.policy.reclaim_index import RANKS, ReclaimIndex, VictimKey, age_key, index_key, lost_gpu_s
 from broker.policy.snapshot import Alloc, RunningView
 from broker.spec import Priority
 
@@ -48,19 +51,6 @@ Choice = tuple[Cost, str, list[str], dict[int, RunningView]]  # (cost, pool, nod
 # (victim count, their keys, node place, node, node version, victims)
 HeapEntry = tuple[int, list[VictimKey], int, str, int, Victims]
 NORMAL_RANK = Priority.NORMAL.rank
-
-
-def lost_gpu_s(r: RunningView, now: float) -> float:
-    """GPU-seconds of work since the attempt's last checkpoint (or its start)."""
-    ck = r.last_checkpoint(now)
-    since = r.started_at if ck is None else max(r.started_at, ck)
-    return max(0.0, now - since) * r.gpus
-
-
-def victim_key(r: RunningView, rank: int, now: float, mode: str) -> VictimKey:
-    if mode == "youngest":
-        return (rank, -r.started_at, r.job_id)
-    return (rank, lost_gpu_s(r, now), -r.started_at, r.job_id)
 
 
 def checkpoints_due(victims: Iterable[RunningView], now: float, cfg: PolicyConfig) -> float | None:

@@ -13,7 +13,8 @@ import pytest
 from broker.policy import PendingQueue
 from broker.policy.capacity import Capacity
 from broker.policy.queue import list_key
-from broker.policy.victims import VictimIndex, victim_key
+from broker.policy.reclaim_index import victim_key
+from broker.policy.victims import VictimIndex
 
 from .builders import NOW, job, pool, running
 
