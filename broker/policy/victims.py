@@ -127,12 +127,12 @@ class VictimIndex:
                  aged_after: float | None = None, aged_gangs_only: bool = True,
                  kept: ReclaimIndex | None = None) -> None:
         """Index the preemptable attempts of effective class below `below` (the highest class
-        waiting: nothing else can be a victim in this plan, and no search or could_fit may
-        ask for a class above it). An attempt's effective class is its priority's, or normal
-        when its id is in `demoted` (anti-capture), else one higher when its job was aged when
-        it started (`aged`, with `aged_after` and `aged_gangs_only` as in PolicyConfig's
-        promote_after_s and promote_gangs_only). `kept`, when given, must index exactly
-        `running` with the same aging parameters (see ReclaimIndex); it is only read.
+        waiting: nothing else can be a victim in this plan). An attempt's effective class is
+        its priority's, or normal when its id is in `demoted` (anti-capture), else one higher
+        when its job was aged when it started (`aged`, with `aged_after` and
+        `aged_gangs_only` as in PolicyConfig's promote_after_s and promote_gangs_only).
+        `kept`, when given, must index exactly `running` with the same aging parameters (see
+        ReclaimIndex); it is only read.
 
         Built in two steps, the second only when a search needs it: per node, the GPUs of its
         eligible victims below each class (enough for `could_fit`), from the kept sums with
@@ -148,9 +148,9 @@ class VictimIndex:
         self._pos: dict[str, int] | None = None
         self._by_node: dict[str, list[OnNode]] | None = None
         self._kept = kept
-        # per node, GPUs of eligible victims below each class (index: the class; classes at or
-        # above `below` are never asked for), less those of victims chosen since: the kept
-        # sums, each list copied before it is changed
+        # per node, GPUs of eligible victims below each class (index: the class; read at most
+        # at `below`, as the kept sums count attempts at or above it too), less those of
+        # victims chosen since: the kept sums, each list copied before it is changed
         self._recl = dict(kept.below)
         self._own: set[str] = set()
         counts = list(kept.count)
@@ -295,9 +295,10 @@ class VictimIndex:
             b = per[rank] = [{} for _ in range(gpn + 1)]
             vals = self.value[pool][rank] = {}
             free, held, recl = cap.free, cap.held, self._recl
+            c = min(rank, self.below_rank)  # every victim is below `below_rank`
             for nd in cap.nodes[pool]:
                 rc = recl.get(nd)
-                v = free[nd] - held.get(nd, 0) + (rc[rank] if rc is not None else 0)
+                v = free[nd] - held.get(nd, 0) + (rc[c] if rc is not None else 0)
                 if v > gpn:
                     v = gpn
                 if v:
@@ -322,7 +323,7 @@ class VictimIndex:
             if vals is None:
                 continue
             old = vals.get(node, 0)
-            new = avail + rc[rank] if rc is not None else avail
+            new = avail + rc[min(rank, self.below_rank)] if rc is not None else avail
             if new > gpn:
                 new = gpn
             if new != old:

@@ -99,7 +99,7 @@ def test_victim_index_orders_and_counts_like_brute_force(pools, rs, demoted, bel
     for step in range(2):
         for p in pools:
             for rank in (1, 2, 3):
-                for g in (1, 4, 8):
+                for g in (1, 4, 6, 8):
                     for n in (1, 2):
                         assert vi.could_fit(p.name, rank, g, n) == could_fit(p.name, rank, g, n, chosen), (
                             step, p.name, rank, g, n)
