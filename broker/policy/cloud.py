@@ -46,8 +46,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from broker.policy.config import PolicyConfig
+from broker.policy.reclaim_index import lost_gpu_s
 from broker.policy.snapshot import PendingView, PoolView, RunningView
-from broker.policy.victims import lost_gpu_s
 from broker.spec import Market, SpotPolicy, market_ok
 from pricing.cost import effective_price
 

@@ -62,7 +62,7 @@ class PolicyConfig:
     - promote_after_s: aging; a low job waiting this long since submission is scheduled as
       normal (aging never lifts into high or urgent: an aged job would spend its team's
       priority allowance and outrank high work), and an attempt started so keeps
-      that class as a victim (broker.policy.victims.aged). Aging orders the queue (free GPUs,
+      that class as a victim (broker.policy.reclaim_index.aged). Aging orders the queue (free GPUs,
       reservations, backfill); it grants no right to preempt or to rent on demand: an aged
       job preempts and rents as its own class, as Slurm's age factor orders jobs and leaves
       preemption to QOS (letting it preempt only trades one job of its class for another,

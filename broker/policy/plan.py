@@ -55,6 +55,7 @@ from broker.policy.queue import (
     QueueWalk,
     list_key,
 )
+from broker.policy.reclaim_index import ReclaimIndex, aged, lost_gpu_s
 from broker.policy.snapshot import (
     Launch,
     PendingView,
@@ -64,7 +65,7 @@ from broker.policy.snapshot import (
     Preemption,
     Snapshot,
 )
-from broker.policy.victims import Choice, VictimIndex, aged, checkpoints_due, lost_gpu_s
+from broker.policy.victims import Choice, VictimIndex, checkpoints_due
 from broker.spec import Market, Priority, SpotPolicy, market_ok
 
 NORMAL_RANK = Priority.NORMAL.rank
@@ -180,7 +181,8 @@ class _Planner:
             self.vi = VictimIndex(self.s.running, self.demoted_running, self.cap, self.now,
                                   cfg.min_run_s, cfg.victim_order, below=self.top_rank,
                                   aged_after=cfg.promote_after_s if cfg.classes else None,
-                                  aged_gangs_only=cfg.promote_gangs_only)
+                                  aged_gangs_only=cfg.promote_gangs_only,
+                                  kept=self.s.reclaim_index)
         return self.vi
 
     # -- step 4a: candidate pools --------------------------------------------------------
@@ -227,7 +229,11 @@ class _Planner:
         self.top_rank = top if cfg.classes else max(top, 3)
         self.demoted_running = self._effective_running()
         incoming: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        for r in filter(_STOPPING, snap.running):  # C-level filter: most are not stopping
+        stopping = list(filter(_STOPPING, snap.running))  # C-level filter: most are not stopping
+        kept = snap.reclaim_index
+        if kept is not None:
+            _check_kept(kept, snap, len(stopping))
+        for r in stopping:
             if r.stopping_for is not None:
                 for node, g in r.alloc:
                     incoming[r.stopping_for][node] += g
@@ -533,6 +539,17 @@ class _Planner:
                         wake.append(r.started_at + min_run)
         later = [t for t in wake if t > self.now]
         return min(later) if later else None
+
+
+def _check_kept(kept: ReclaimIndex, snap: Snapshot, stopping: int) -> None:
+    """Raise ValueError when a kept reclaim index visibly disagrees with the snapshot."""
+    cfg = snap.config
+    if kept.size != len(snap.running) or len(kept.stopping) != stopping:
+        raise ValueError(f"reclaim index: {kept.size} attempts ({len(kept.stopping)} stopping), "
+                         f"the snapshot {len(snap.running)} ({stopping} stopping)")
+    if (kept.aged_after != (cfg.promote_after_s if cfg.classes else None)
+            or kept.gangs_only != cfg.promote_gangs_only):
+        raise ValueError("reclaim index: made with other aging parameters than the config's")
 
 
 def _dur(s: float) -> str:

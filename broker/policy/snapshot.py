@@ -16,6 +16,7 @@ from broker.spec import Market, Priority, SpotPolicy
 if TYPE_CHECKING:
     from broker.policy.free_index import FreeIndex
     from broker.policy.queue import PendingQueue
+    from broker.policy.reclaim_index import ReclaimIndex
 
 _COUNT = itemgetter(1)
 Alloc = tuple[tuple[str, int], ...]
@@ -151,8 +152,9 @@ class Snapshot:
     """Everything plan() reads. `queue`, when given, must hold exactly `pending` (a caller
     that keeps one across cycles, like the simulator, saves plan() from rebuilding it); plan()
     only reads it. `free_index`, when given, must hold the free GPUs of exactly `pools`'
-    nodes (see broker.policy.free_index.FreeIndex); plan() only reads it too. Neither changes
-    the plan, only how fast it is made."""
+    nodes (see broker.policy.free_index.FreeIndex); `reclaim_index`, when given, must index
+    exactly `running` (see broker.policy.reclaim_index.ReclaimIndex). plan() only reads them.
+    None of them changes the plan, only how fast it is made."""
 
     now: float
     pools: tuple[PoolView, ...]
@@ -162,6 +164,7 @@ class Snapshot:
     config: PolicyConfig = field(default_factory=PolicyConfig)
     queue: PendingQueue | None = field(default=None, compare=False, repr=False)
     free_index: FreeIndex | None = field(default=None, compare=False, repr=False)
+    reclaim_index: ReclaimIndex | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

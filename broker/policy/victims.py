@@ -26,6 +26,9 @@ The index (VictimIndex) makes this fast at thousands of nodes: per node and clas
 reclaimable from strictly lower classes, so only nodes that can fit are looked at; per pool,
 every victim in order, walked with one cursor per GPU count for the common one-victim case;
 per (pool, class, GPU count), a heap of node costs refreshed lazily when a node changes.
+It starts from a ReclaimIndex (broker.policy.reclaim_index: the per-node sums and each
+class's attempts youngest first), the caller's kept one when the snapshot carries it, and
+orders victims one class at a time, only as far as a search reaches.
 """
 
 from __future__ import annotations
@@ -37,45 +40,17 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from broker.policy.capacity import Capacity, enough
 from broker.policy.config import PolicyConfig
-from broker.policy.queue import AGE_LIMIT
-from broker.policy.snapshot import RunningView
+from broker.policy.reclaim_index import RANKS, ReclaimIndex, VictimKey, age_key, index_key, lost_gpu_s
+from broker.policy.snapshot import Alloc, RunningView
 from broker.spec import Priority
 
-VictimKey = tuple[float, ...]
 OnNode = tuple[VictimKey, RunningView, int, str]  # (key, attempt, GPUs it holds on the node, node)
 Victims = list[tuple[VictimKey, RunningView]]
 Cost = tuple[int, list[VictimKey]]
 Choice = tuple[Cost, str, list[str], dict[int, RunningView]]  # (cost, pool, nodes, victims)
 # (victim count, their keys, node place, node, node version, victims)
 HeapEntry = tuple[int, list[VictimKey], int, str, int, Victims]
-RANKS = 4
 NORMAL_RANK = Priority.NORMAL.rank
-_RANK = {p: p.rank for p in Priority}
-
-
-def aged(r: RunningView, rank: int, aged_after: float | None, gangs_only: bool) -> int:
-    """The class a running attempt holds as a victim, given its class `rank` so far: one
-    higher when its job had waited `aged_after` since submission when this attempt started
-    (aging as the queue applies it to waiting jobs: low to normal only; multi-node attempts
-    only, with `gangs_only`). Without it, two aged jobs of one class preempt each other in
-    turn: each, requeued, is aged again at once (its age counts from submission)."""
-    if (aged_after is not None and rank < AGE_LIMIT and r.started_at - r.submit_time >= aged_after
-            and (not gangs_only or len(r.alloc) > 1)):
-        return rank + 1
-    return rank
-
-
-def lost_gpu_s(r: RunningView, now: float) -> float:
-    """GPU-seconds of work since the attempt's last checkpoint (or its start)."""
-    ck = r.last_checkpoint(now)
-    since = r.started_at if ck is None else max(r.started_at, ck)
-    return max(0.0, now - since) * r.gpus
-
-
-def victim_key(r: RunningView, rank: int, now: float, mode: str) -> VictimKey:
-    if mode == "youngest":
-        return (rank, -r.started_at, r.job_id)
-    return (rank, lost_gpu_s(r, now), -r.started_at, r.job_id)
 
 
 def checkpoints_due(victims: Iterable[RunningView], now: float, cfg: PolicyConfig) -> float | None:
@@ -149,65 +124,64 @@ class VictimIndex:
 
     def __init__(self, running: Iterable[RunningView], demoted: Collection[int], cap: Capacity,
                  now: float, min_run_s: float, mode: str, below: int = RANKS,
-                 aged_after: float | None = None, aged_gangs_only: bool = True) -> None:
+                 aged_after: float | None = None, aged_gangs_only: bool = True,
+                 kept: ReclaimIndex | None = None) -> None:
         """Index the preemptable attempts of effective class below `below` (the highest class
         waiting: nothing else can be a victim in this plan). An attempt's effective class is
-        its priority's, or normal when its id is in `demoted` (anti-capture), else one
-        higher when its job was aged when it started (`aged`, with `aged_after` and
+        its priority's, or normal when its id is in `demoted` (anti-capture), else one higher
+        when its job was aged when it started (`aged`, with `aged_after` and
         `aged_gangs_only` as in PolicyConfig's promote_after_s and promote_gangs_only).
+        `kept`, when given, must index exactly `running` with the same aging parameters (see
+        ReclaimIndex); it is only read.
 
         Built in two steps, the second only when a search needs it: per node, the GPUs of its
-        eligible victims below each class (enough for `could_fit`); then, per node and per
-        pool, the victims in victim order (`by_node`, `per_pool`, for the search)."""
+        eligible victims below each class (enough for `could_fit`), from the kept sums with
+        this plan's cuts applied to copies; then, per node and per pool, the victims in
+        victim order (`by_node`, `per_pool`, for the search)."""
+        if kept is None:
+            kept = ReclaimIndex(running, aged_after, aged_gangs_only)
         self.cap = cap
         self.now, self.mode = now, mode
-        self.rank: dict[int, int] = {}
+        self.demoted, self.below_rank = demoted, below
         self.chosen: set[int] = set()
         self.version: dict[str, int] = defaultdict(int)
         self._pos: dict[str, int] | None = None
         self._by_node: dict[str, list[OnNode]] | None = None
-        pool_of, ranks, rank_table = cap.pool_of, self.rank, _RANK
-        spanning: set[str] = set()
-        eligible: list[RunningView] = []
-        sums: dict[str, list[int]] = {}  # per node, GPUs of its eligible victims per class
-        for r in running:
-            if r.stopping or (r.times_preempted and now - r.started_at < min_run_s):
-                continue  # not preemptable (see preemptable())
-            aid = r.attempt_id
-            if aid in demoted:
-                rank = NORMAL_RANK
-            else:
-                rank = rank_table[r.priority]
-                if aged_after is not None:
-                    rank = aged(r, rank, aged_after, aged_gangs_only)
-            if rank >= below:
+        self._kept = kept
+        # per node, GPUs of eligible victims below each class (index: the class; read at most
+        # at `below`, as the kept sums count attempts at or above it too), less those of
+        # victims chosen since: the kept sums, each list copied before it is changed
+        self._recl = dict(kept.below)
+        self._own: set[str] = set()
+        counts = list(kept.count)
+        ranks = kept.rank
+        gone: set[int] = set()  # protected by the minimum run time
+        for aid, r in kept.restarted.items():
+            if now - r.started_at < min_run_s:
+                gone.add(aid)
+                rank = ranks[aid]
+                counts[rank] -= 1
+                self._move(r.alloc, rank, RANKS)
+        self._gone = gone
+        live = kept.live
+        for aid in demoted:
+            rv = live.get(aid)
+            if rv is None or aid in gone:
                 continue
-            ranks[aid] = rank
-            eligible.append(r)
-            alloc = r.alloc
-            for node, g in alloc:
-                by = sums.get(node)
-                if by is None:
-                    if node not in pool_of:  # a node no longer in any pool: nothing to free there
-                        continue
-                    by = sums[node] = [0] * RANKS
-                by[rank] += g
-            if len(alloc) > 1:
-                spanning.update(pool_of[node] for node, _ in alloc if node in pool_of)
-        self._eligible = eligible
-        self.spanning = spanning  # pools with a victim on several nodes (gangs search greedily)
-        self._per_pool: dict[str, list[OnNode]] = {}
-        # per node with eligible victims, their GPUs below each class (index: the class), less
-        # those of victims chosen since
-        recl: dict[str, list[int]] = {}
-        for node, by in sums.items():
-            b0 = by[0]
-            b1 = b0 + by[1]
-            b2 = b1 + by[2]
-            recl[node] = [0, b0, b1, b2, b2 + by[3]]
-        self._recl = recl
-        lowest = min(ranks.values(), default=None)
-        self.lowest = lowest
+            rank = ranks[aid]
+            if rank != NORMAL_RANK:
+                counts[rank] -= 1
+                counts[NORMAL_RANK] += 1
+                self._move(rv.alloc, rank, NORMAL_RANK)
+        self.lowest = next((c for c in range(min(below, RANKS)) if counts[c] > 0), None)
+        pool_of = cap.pool_of
+        spanning: set[str] = set()  # pools with a victim on several nodes (gangs search greedily)
+        for aid, r in kept.wide.items():
+            if aid not in gone and self.rank_of(aid) < below:
+                spanning.update(pool_of[node] for node, _ in r.alloc if node in pool_of)
+        self.spanning = spanning
+        self._per_pool: dict[str, list[OnNode]] = {p: [] for p in cap.nodes}
+        self._done = 0  # classes below this one are in `_per_pool` (see _upto)
         self.cursor: dict[tuple[str, int], int] = {}
         # per pool and class (list index), the nodes by what they could offer (see _bucket)
         self.buckets: dict[str, list[list[dict[str, None]] | None]] = {}
@@ -216,43 +190,82 @@ class VictimIndex:
         self.cache: dict[tuple[str, int, int], tuple[int, Victims | None]] = {}
         cap.listener = self.touch
 
+    def rank_of(self, aid: int) -> int:
+        """An indexed attempt's effective class in this plan (demoted: normal)."""
+        return NORMAL_RANK if aid in self.demoted else self._kept.rank[aid]
+
+    def _move(self, alloc: Alloc, rank: int, to: int) -> None:
+        """Move the GPUs of `alloc` from class `rank` to class `to` (RANKS: out of the index)
+        in the per-node sums, copying a node's kept list before its first change."""
+        recl, own = self._recl, self._own
+        for node, g in alloc:
+            rc = recl.get(node)
+            if rc is None:
+                continue
+            if node not in own:
+                rc = recl[node] = rc.copy()
+                own.add(node)
+            if to > rank:
+                for c in range(rank + 1, to + 1):
+                    rc[c] -= g
+            else:
+                for c in range(to + 1, rank + 1):
+                    rc[c] += g
+
     @property
     def by_node(self) -> dict[str, list[OnNode]]:
         """Per node, its eligible victims as (key, attempt, GPUs there, node), in victim order."""
         got = self._by_node
         if got is None:  # (not `self._by_node` again: mypyc keeps the narrowed None type)
-            self._order()
-            got = self._by_node
-            assert got is not None
+            self._upto(RANKS)
+            got = {}
+            for lst in self._per_pool.values():  # a node's entries: in its pool's order
+                for e in lst:
+                    on = got.get(e[3])
+                    if on is None:
+                        got[e[3]] = [e]
+                    else:
+                        on.append(e)
+            self._by_node = got
         return got
 
-    def _order(self) -> None:
-        """Sort the eligible victims once (keys are unique: they end with the job id), then
-        fill `by_node` and every pool's `per_pool` list from that one order."""
-        now, youngest, ranks = self.now, self.mode == "youngest", self.rank
-        eligible = self._eligible
-        keys = [_key(r, ranks[r.attempt_id], now, youngest) for r in eligible]
+    def _upto(self, rank: int) -> None:
+        """Extend every pool's `per_pool` list, in victim order, with the eligible victims of
+        each class below `rank` not yet there. The victim key starts with the class, so the
+        lists grow one class at a time; within one, the kept order is by the key's last two
+        fields already, and a stable sort by lost work finishes it."""
+        end = min(rank, self.below_rank, RANKS)
+        if self._done >= end:
+            return
+        now, youngest = self.now, self.mode == "youngest"
+        gone, demoted, kept = self._gone, self.demoted, self._kept
         pool_of, pos = self.cap.pool_of, self.pos
-        by_node: dict[str, list[OnNode]] = {nd: [] for nd in self._recl}
-        per_pool: dict[str, list[OnNode]] = {p: [] for p in self.cap.nodes}
-        order = list(range(len(keys)))
-        for c in range(len(keys[0]) - 1, -1, -1) if keys else ():
-            # stable sorts by one key field each, last field first: the keys' order, faster
-            # than comparing tuples
-            order.sort(key=[k[c] for k in keys].__getitem__)
-        for i in order:
-            r = eligible[i]
-            k = keys[i]
-            alloc = r.alloc
-            if len(alloc) > 1:
-                alloc = tuple(sorted((a for a in alloc if a[0] in pool_of), key=lambda a: pos[a[0]]))
-            for nd, g in alloc:
-                if nd in pool_of:
-                    e = (k, r, g, nd)
-                    by_node[nd].append(e)
-                    per_pool[pool_of[nd]].append(e)
-        self._by_node = by_node
-        self._per_pool = per_pool
+        per_pool = self._per_pool
+        for c in range(self._done, end):
+            cls: list[RunningView] = [r for r in kept.order[c] if r.attempt_id not in gone
+                                      and r.attempt_id not in demoted]
+            if c == NORMAL_RANK and demoted:  # demoted high/urgent attempts count as normal
+                extra = [r for aid in demoted for r in (kept.live.get(aid),)
+                         if r is not None and aid not in gone and kept.rank[aid] != c]
+                if extra:
+                    cls.extend(extra)
+                    cls.sort(key=age_key)
+            keys = [index_key(r, c, now, youngest) for r in cls]
+            order = list(range(len(cls)))
+            if not youngest:  # stable: the kept order breaks ties
+                order.sort(key=[k[1] for k in keys].__getitem__)
+            for i in order:
+                r = cls[i]
+                k = keys[i]
+                alloc = r.alloc
+                if len(alloc) > 1:
+                    alloc = tuple(sorted((a for a in alloc if a[0] in pool_of),
+                                         key=lambda a: pos[a[0]]))
+                for nd, g in alloc:
+                    p = pool_of.get(nd)
+                    if p is not None:
+                        per_pool[p].append((k, r, g, nd))
+        self._done = end
 
     @property
     def pos(self) -> dict[str, int]:
@@ -264,8 +277,7 @@ class VictimIndex:
     def per_pool(self, pool: str) -> list[OnNode]:
         """Every (key, attempt, GPUs there, node) of the pool, in victim order (an attempt on
         several nodes: by their place in the pool)."""
-        if self._by_node is None:
-            self._order()
+        self._upto(RANKS)
         return self._per_pool[pool]
 
     # -- reclaimable GPUs per node and class ----------------------------------------------------
@@ -283,9 +295,10 @@ class VictimIndex:
             b = per[rank] = [{} for _ in range(gpn + 1)]
             vals = self.value[pool][rank] = {}
             free, held, recl = cap.free, cap.held, self._recl
+            c = min(rank, self.below_rank)  # every victim is below `below_rank`
             for nd in cap.nodes[pool]:
                 rc = recl.get(nd)
-                v = free[nd] - held.get(nd, 0) + (rc[rank] if rc is not None else 0)
+                v = free[nd] - held.get(nd, 0) + (rc[c] if rc is not None else 0)
                 if v > gpn:
                     v = gpn
                 if v:
@@ -310,7 +323,7 @@ class VictimIndex:
             if vals is None:
                 continue
             old = vals.get(node, 0)
-            new = avail + rc[rank] if rc is not None else avail
+            new = avail + rc[min(rank, self.below_rank)] if rc is not None else avail
             if new > gpn:
                 new = gpn
             if new != old:
@@ -342,17 +355,9 @@ class VictimIndex:
             if aid in self.chosen:
                 continue
             self.chosen.add(aid)
-            rank = self.rank[aid]
-            for node, g in r.alloc:
-                rc = self._recl.get(node)
-                if rc is not None:  # cumulative: every class above the victim's loses g
-                    if rank < 1:
-                        rc[1] -= g
-                    if rank < 2:
-                        rc[2] -= g
-                    if rank < 3:
-                        rc[3] -= g
-                    rc[4] -= g
+            # cumulative: every class above the victim's loses its GPUs
+            self._move(r.alloc, self.rank_of(aid), RANKS)
+            for node, _ in r.alloc:
                 if node in self.cap.pool_of:
                     self.touch(node)
 
@@ -371,8 +376,7 @@ class VictimIndex:
 
     def _one_victim(self, pool: str, rank: int, g: int) -> tuple[VictimKey, str, RunningView] | None:
         """The earliest victim in order that alone makes its node fit g GPUs."""
-        if self._by_node is None:
-            self._order()
+        self._upto(rank)  # only classes below `rank` can offer one
         lst = self._per_pool[pool]
         if not lst:
             return None
@@ -545,20 +549,4 @@ class VictimIndex:
             left = n - len(picked)
         keys = sorted(k for k, _ in mine.values())
         return (len(mine), keys), pool, picked, {aid: r for aid, (_, r) in mine.items()}
-
-
-def _key(r: RunningView, rank: int, now: float, youngest: bool) -> VictimKey:
-    """victim_key(), inlined for the index (it runs over every eligible attempt)."""
-    if youngest:
-        return (rank, -r.started_at, r.job_id)
-    since = r.started_at
-    ck = r.last_checkpoint_at
-    if ck is not None and ck > since:
-        since = ck
-    period = r.checkpoint_period_s
-    if period and now >= r.checkpoint_origin + period:
-        ck = r.checkpoint_origin + ((now - r.checkpoint_origin) // period) * period
-        if ck > since:
-            since = ck
-    return (rank, (now - since) * r.gpus if now > since else 0.0, -r.started_at, r.job_id)
 

@@ -51,6 +51,7 @@ from broker.policy.fairshare import decay
 from broker.policy.free_index import FreeIndex
 from broker.policy.pools import capped, closed_until, could_ever_run
 from broker.policy.rebalance import RebalanceConfig
+from broker.policy.reclaim_index import ReclaimIndex
 from broker.sim.metrics import Recorder
 from broker.sim.policies import SimPolicy
 from broker.sim.rebalance import SimRebalancer
@@ -91,6 +92,9 @@ class Simulator:
         # each running attempt's current view, per scope (in start order): the snapshot's
         # `running` without walking the attempts (see set_view)
         self.scope_views: dict[str, dict[int, RunningView]] = {}
+        # the same views per scope, indexed for preemption (broker.policy.reclaim_index),
+        # kept current with scope_views and handed to plan()
+        self.reclaim: dict[str, ReclaimIndex] = {}
         self.scope_pending: dict[str, dict[int, PendingView]] = {}
         self.queues: dict[str, PendingQueue] = {}
         self.next_aid = 1
@@ -118,6 +122,9 @@ class Simulator:
         for scope in self.scope_pools:
             self.scope_views[scope], self.scope_pending[scope] = {}, {}
             self.queues[scope] = PendingQueue()
+            self.reclaim[scope] = ReclaimIndex(
+                (), self.cfg.promote_after_s if self.cfg.classes else None,
+                self.cfg.promote_gangs_only)
         self.jobs = [sim_job(sc, i + 1, t, self.team_of) for i, t in enumerate(trace)]
         self.usage = {t.name: 0.0 for t in self.teams}
         self.team_gpus = {t.name: 0 for t in self.teams}
@@ -284,6 +291,7 @@ class Simulator:
             config=self.cfg,
             queue=self.queues[scope],
             free_index=self.free_index[scope],
+            reclaim_index=self.reclaim[scope],
         )
         if self.budgets:
             snap = restrict(snap, {t: team_budget_state(a, self.spend[t], low)
@@ -382,6 +390,7 @@ class Simulator:
         a = SimAttempt(j, rv, pl.pool, ps, ps + j.remaining)
         self.running[aid] = a
         self.scope_views[scope][aid] = rv
+        self.reclaim[scope].add(rv)
         pool = self.pools[pl.pool]
         end = math.inf if rv.expected_end is None else rv.expected_end
         for node_id, g in pl.alloc:
@@ -402,8 +411,10 @@ class Simulator:
 
     def set_view(self, a: SimAttempt, view: RunningView) -> None:
         """Change a running attempt's view (every change goes through here: scope_views)."""
+        scope = self.scope_of(a.job.team)
+        self.reclaim[scope].update(a.view, view)
         a.view = view
-        self.scope_views[self.scope_of(a.job.team)][view.attempt_id] = view
+        self.scope_views[scope][view.attempt_id] = view
 
     def _stop(self, a: SimAttempt, cause: str, save_s: float, deadline_s: float) -> None:
         """Signal/notice at now: a job that checkpoints on the signal exits after the save;
@@ -430,6 +441,7 @@ class Simulator:
         j, pool, gpus = a.job, self.pools[a.pool], a.view.gpus
         scope = self.scope_of(j.team)
         del self.scope_views[scope][a.view.attempt_id]
+        self.reclaim[scope].remove(a.view)
         self.dirty.add(scope)
         for node_id, g in a.view.alloc:
             node = pool.nodes.get(node_id)
