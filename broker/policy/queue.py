@@ -139,7 +139,7 @@ class _Seg:
 class QueueWalk:
     """Yields (effective class, job, source) in queue order. `kill(source, reason)` drops the
     rest of a source (its jobs keep `reason`); `rest()` yields what was not walked, with the
-    reason of its source (None: not reached). `demoted` lists the job ids anti-capture
+    reason of its source (None: not reached), in runs. `demoted` lists the job ids anti-capture
     schedules as normal, in queue order, all of them (computed up front)."""
 
     def __init__(self, queue: PendingQueue, teams: Mapping[str, TeamView], cfg: PolicyConfig,
@@ -266,15 +266,13 @@ class QueueWalk:
     def key_of(self, sid: int) -> ListKey | None:
         return self.segs[sid].key
 
-    def rest(self) -> Iterator[tuple[PendingView, str | None]]:
-        """Jobs not walked: dropped sources' remainders (with their reason), then everything
-        not reached, in no particular order."""
+    def rest(self) -> Iterator[tuple[list[PendingView], str | None]]:
+        """The jobs not walked, in runs that share a reason: dropped sources' remainders
+        (with their reason), then everything not reached (None), in no particular order."""
         for sid, pos in self.dropped:
             sg = self.segs[sid]
-            for j in sg.entries[pos:sg.end]:
-                yield j, self.reasons[sid]
-        for _r, j in self.top[self.top_pos:]:
-            yield j, None
+            yield sg.entries[pos:sg.end], self.reasons[sid]
+        yield [j for _r, j in self.top[self.top_pos:]], None
         for sg in self.segs:
-            for j in sg.entries[sg.pos:sg.end]:
-                yield j, None
+            if sg.pos < sg.end:
+                yield sg.entries[sg.pos:sg.end], None

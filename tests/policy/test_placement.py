@@ -243,3 +243,30 @@ def test_impossible_shape_does_not_use_the_reservation():
     assert held(p) == {6: {"a-0": 4}}
     assert p.placements == ()
     assert set(waiting(p)) == {5, 6, 7}
+
+
+# -- reasons of the jobs the walk never reaches -------------------------------------------
+# One FIFO list (class, team, shape) whose jobs differ in the GPU types they accept: each
+# unreached job gets its own reason, no pool or its list's.
+BEHIND = "behind a blocked job (backfill is off)"
+NO_ROOM = "no free GPUs of an acceptable type"
+UNREACHED = [job(2, gpus=8, submit=1), job(3, gpus=8, submit=2, types=("H100",)),
+             job(4, gpus=8, submit=3, types=("V100", "H100")), job(5, gpus=8, submit=4, types=("A100",))]
+UNREACHED_CASES = [
+    pytest.param({"backfill": False}, {2: BEHIND, 3: NO_POOL, 4: NO_POOL, 5: BEHIND},
+                 id="walk-stopped"),
+    pytest.param({"reservations": 0}, {2: NO_ROOM, 3: NO_POOL, 4: NO_POOL, 5: NO_ROOM},
+                 id="list-dropped"),
+]
+
+
+@pytest.mark.parametrize(("config", "want"), UNREACHED_CASES)
+def test_unreached_jobs_wait_each_with_its_own_reason(config, want):
+    busy = running(1, 1, prio="urgent", alloc={"a-0": 8})
+    p = plan(snap([pool("a", "A100", nodes=1)], running=[busy],
+                  pending=[job(1, gpus=8), *UNREACHED], **config))
+    got = waiting(p)
+    assert set(got) == {1, 2, 3, 4, 5} and p.placements == ()
+    for jid, why in want.items():
+        assert got[jid].startswith(why), (jid, got[jid])
+    assert [jid for jid, _ in p.waiting] == sorted(jid for jid, _ in p.waiting)
