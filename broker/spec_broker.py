@@ -119,6 +119,10 @@ class PolicySettings(_Strict):
       while the attempt it then starts runs; aging grants no right to preempt or to rent on
       demand (an aged low job preempts nothing). Default 6 h; None: off
     - promote_gangs_only: age only multi-node jobs (false: every low job ages)
+    - oldest_gangs_first: with aging on, multi-node jobs that have waited promote_after_s
+      are walked first in their class, oldest first whatever their team (fair share orders
+      the rest). A gang needs whole nodes at once; behind lighter teams' work it only ever
+      sees them taken piecemeal, so fair share alone starves heavier teams' gangs
     - preempt_after_s: a job below high preempts only once it has waited this long since it
       was submitted (most find capacity meanwhile; high/urgent preempt at once); 0: at once
     - checkpoint_align_s: a job below high waits up to this long for its victims' next
@@ -134,6 +138,7 @@ class PolicySettings(_Strict):
     reservations: int = Field(default=0, ge=0, le=10_000)
     promote_after_s: float | None = Field(default=21600.0, gt=0.0)
     promote_gangs_only: bool = False
+    oldest_gangs_first: bool = True
     preempt_after_s: float = Field(default=900.0, ge=0.0)
     checkpoint_align_s: float = Field(default=900.0, ge=0.0)
 

@@ -69,6 +69,9 @@ class PolicyConfig:
       losing work).
       None: off
     - promote_gangs_only: age only multi-node jobs (the ones backfill starves)
+    - oldest_gangs_first: with aging on, multi-node jobs that have waited promote_after_s
+      (aged or not, demoted by anti-capture or not) are walked first in their class, oldest
+      first whatever their team; fair share orders the rest (broker.policy.queue)
     """
 
     classes: bool = True
@@ -95,6 +98,7 @@ class PolicyConfig:
     rent_horizon_s: float = 3600.0
     promote_after_s: float | None = _D.promote_after_s
     promote_gangs_only: bool = _D.promote_gangs_only
+    oldest_gangs_first: bool = _D.oldest_gangs_first
 
     @classmethod
     def from_settings(cls, settings: PolicySettings, source: str = "policy",

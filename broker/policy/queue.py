@@ -5,6 +5,12 @@ by its weight, lighter first (a team of weight 0 is best effort: it comes after 
 weighted team, lighter usage first); then submit time (a requeued job keeps its original
 one); then job id. Without classes the order is submit time, then job id (FIFO).
 
+Oldest gangs first (PolicyConfig.oldest_gangs_first, with aging on): within its class, a
+multi-node job that has waited `promote_after_s` since submission comes before every team's
+share, oldest first. Without backfill reservations a gang starts only when whole nodes are
+free at once, and whoever comes before it then takes them piecemeal: behind lighter teams'
+work, a heavier team's gang would wait for as long as that team stays heavier.
+
 Effective class: aging first (a job that has waited `promote_after_s` since submission is
 scheduled one class higher, never above high), then anti-capture (per team, high/urgent GPUs
 beyond its allowance are scheduled as normal; pending jobs take what the team's running
@@ -41,6 +47,7 @@ Entry = PendingView  # lists hold the views, sorted by _TIME
 ListKey = tuple[int, str, int, int]  # (class rank, team, GPUs per node, nodes)
 ShareKey = tuple[int, float]
 UNKILLABLE = -1
+OLDEST: ShareKey = (-1, 0.0)  # the share group of the gangs that waited (walked first)
 
 
 _RANK = {p: p.rank for p in Priority}
@@ -152,7 +159,9 @@ class QueueWalk:
         self.top_pos = 0
         self.order: list[tuple[int, list[list[int]]]] = []  # (class, groups of source ids)
         lists = queue.lists
-        self.next_promotion: float | None = None  # when the next waiting job is aged up
+        # when the next waiting job is aged up, or its gang goes first
+        self.next_promotion: float | None = None
+        self.gang_cut = -math.inf
         if not cfg.classes:
             ids = [self._seg(lst, 0, len(lst), -1, k) for k, lst in lists.items()]
             self.order = [(-1, [ids])]
@@ -161,17 +170,22 @@ class QueueWalk:
         by_class: dict[int, dict[ShareKey, list[int]]] = defaultdict(lambda: defaultdict(list))
         age = cfg.promote_after_s
         cut = now - age if age is not None else -math.inf
+        # submitted at or before this: a gang that goes first (see the module docstring)
+        self.gang_cut = cut if age is not None and cfg.oldest_gangs_first else -math.inf
         for k, lst in lists.items():
             r, team, _g, n = k
             split = 0
-            if age is not None and r < AGE_LIMIT and (not cfg.promote_gangs_only or n > 1):
+            ages = age is not None and r < AGE_LIMIT and (not cfg.promote_gangs_only or n > 1)
+            goes_first = n > 1 and self.gang_cut > -math.inf
+            if (ages or goes_first) and age is not None:
                 split = bisect_right(lst, (cut, math.inf), key=_TIME)
                 if split < len(lst):
                     t = lst[split].submit_time + age
                     if self.next_promotion is None or t < self.next_promotion:
                         self.next_promotion = t
             if split:
-                by_class[r + 1][share[team]].append(self._seg(lst, 0, split, r + 1, k))
+                by_class[r + 1 if ages else r][OLDEST if goes_first else share[team]].append(
+                    self._seg(lst, 0, split, r + 1 if ages else r, k))
             if split < len(lst):
                 by_class[r][share[team]].append(self._seg(lst, split, len(lst), r, k))
         first = 1 if cfg.anti_capture else 3
@@ -204,10 +218,17 @@ class QueueWalk:
                     else:
                         self.demoted.append(j.job_id)
                         demoted[j.team].append(j)
+        cut = self.gang_cut
         for team, entries in demoted.items():
             _sort(entries)
-            by_class[NORMAL_RANK][share[team]].append(self._seg(entries, 0, len(entries),
-                                                                NORMAL_RANK, None))
+            waited = [j for j in entries if j.nodes > 1 and j.submit_time <= cut]
+            if waited:  # gangs that waited go first at normal too
+                by_class[NORMAL_RANK][OLDEST].append(self._seg(waited, 0, len(waited),
+                                                               NORMAL_RANK, None))
+                entries = [j for j in entries if not (j.nodes > 1 and j.submit_time <= cut)]
+            if entries:
+                by_class[NORMAL_RANK][share[team]].append(self._seg(entries, 0, len(entries),
+                                                                    NORMAL_RANK, None))
 
     def _merged(self, sids: list[int], c: int) -> Iterator[tuple[int, PendingView, int]]:
         """(class, job, source) of these sources in (submit, id) order, advancing their

@@ -214,3 +214,57 @@ def test_aging_wakes_the_planner_only_when_order_can_change_the_plan(config, wak
              pending=[job(1, prio="low", gpus=1, submit=500)],
              promote_after_s=900, promote_gangs_only=False, **config)
     assert plan(s).wake_at == wake
+
+
+# Oldest gangs first: within its class, a gang that has waited promote_after_s (900 here; NOW
+# 1000) comes before every team's share, oldest first; without it, a heavier team's gang is
+# behind lighter teams' work whenever whole nodes free up. Two free nodes of 8 GPUs; team h
+# is far heavier than l and has no priority allowance (its high work is demoted to normal).
+H, L = team("h", usage=1e6, allowance=0), team("l", usage=0.0)
+OLD_GANG = job(1, team="h", prio="normal", gpus=8, nodes=2, submit=0)
+FRESH_SMALL = job(2, team="l", prio="normal", gpus=1, submit=900)
+GANGS_FIRST = [
+    # (pending, config, placed with the rule, placed without it)
+    pytest.param([OLD_GANG, FRESH_SMALL], {}, {1}, {2}, id="waited-gang-of-heavier-team-first"),
+    pytest.param([job(1, team="h", prio="normal", gpus=8, nodes=2, submit=500), FRESH_SMALL],
+                 {}, {2}, {2}, id="gang-that-waited-less-keeps-fair-share-order"),
+    pytest.param([job(1, team="h", prio="normal", gpus=8, submit=0),
+                  job(3, team="h", prio="normal", gpus=8, submit=0),
+                  job(2, team="l", prio="normal", gpus=8, submit=900)],
+                 {}, {1, 2}, {1, 2}, id="single-node-jobs-keep-fair-share-order"),
+    pytest.param([job(1, team="l", prio="normal", gpus=8, nodes=2, submit=50), OLD_GANG],
+                 {}, {1}, {1}, id="oldest-gang-first-whatever-its-team"),
+    pytest.param([job(1, team="l", prio="normal", gpus=8, nodes=2, submit=0),
+                  job(3, team="h", prio="normal", gpus=8, nodes=2, submit=50)],
+                 {}, {1}, {1}, id="lighter-and-older-gang-first"),
+    pytest.param([job(3, team="l", prio="normal", gpus=8, nodes=2, submit=50),
+                  job(1, team="h", prio="normal", gpus=8, nodes=2, submit=0)],
+                 {}, {1}, {3}, id="older-gang-of-heavier-team-first"),
+    pytest.param([OLD_GANG, job(2, team="l", prio="high", gpus=1, submit=900)],
+                 {}, {2}, {2}, id="class-still-comes-first"),
+    pytest.param([job(1, team="h", prio="low", gpus=8, nodes=2, submit=0), FRESH_SMALL],
+                 {}, {1}, {2}, id="aged-low-gang-first-at-normal"),
+    pytest.param([job(1, team="h", prio="high", gpus=8, nodes=2, submit=0), FRESH_SMALL],
+                 {}, {1}, {2}, id="gang-demoted-by-anti-capture-first-at-normal"),
+    pytest.param([OLD_GANG, FRESH_SMALL], {"promote_after_s": None}, {2}, {2},
+                 id="aging-off-fair-share-only"),
+]
+
+
+@pytest.mark.parametrize(("pending", "config", "first", "without"), GANGS_FIRST)
+def test_gangs_that_waited_go_first_in_their_class(pending, config, first, without):
+    for rule, want in ((True, first), (False, without)):
+        s = snap([pool("a", nodes=2)], pending=pending, teams=[H, L], oldest_gangs_first=rule,
+                 promote_gangs_only=False, **{"promote_after_s": 900, **config})
+        assert set(placed(plan(s))) == want, rule
+
+
+@pytest.mark.parametrize(("rule", "wake"), [
+    pytest.param(True, 1400.0, id="a-gang-going-first-may-take-the-reservation"),
+    pytest.param(False, None, id="normal-work-does-not-age"),
+])
+def test_a_gang_going_first_wakes_the_planner_when_order_can_change_the_plan(rule, wake):
+    s = snap([pool("a", nodes=2)], running=[running(10, 110, prio="high", alloc={"a-0": 8})],
+             pending=[job(1, prio="normal", gpus=8, nodes=2, submit=500)],
+             promote_after_s=900, oldest_gangs_first=rule, reservations=1, preempt_after_s=0)
+    assert plan(s).wake_at == wake
