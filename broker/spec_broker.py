@@ -112,8 +112,8 @@ class PolicySettings(_Strict):
       holds GPUs only against jobs that would not finish before its estimated start (EASY).
       Default 0: held GPUs idle on the estimates' errors, and aging bounds starvation instead
       (bench/results/sweep.*: at both capacities of the shared trace, no reservations with
-      aging gave low work 0.1-0.4x the p95 completion time of one reservation without, and
-      multi-node jobs a p99 wait near FIFO's instead of 0.65-0.76x it)
+      aging and oldest gangs first gave low work 0.2-0.4x the p95 completion time of one
+      reservation without, and multi-node jobs 0.78-1.26x its p99 wait)
     - promote_after_s: aging; a low job waiting this long since submission is scheduled as
       normal (nothing ages into high or urgent), and keeps that class as a possible victim
       while the attempt it then starts runs; aging grants no right to preempt or to rent on
