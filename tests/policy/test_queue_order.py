@@ -232,8 +232,6 @@ GANGS_FIRST = [
                   job(3, team="h", prio="normal", gpus=8, submit=0),
                   job(2, team="l", prio="normal", gpus=8, submit=900)],
                  {}, {1, 2}, {1, 2}, id="single-node-jobs-keep-fair-share-order"),
-    pytest.param([job(1, team="l", prio="normal", gpus=8, nodes=2, submit=50), OLD_GANG],
-                 {}, {1}, {1}, id="oldest-gang-first-whatever-its-team"),
     pytest.param([job(1, team="l", prio="normal", gpus=8, nodes=2, submit=0),
                   job(3, team="h", prio="normal", gpus=8, nodes=2, submit=50)],
                  {}, {1}, {1}, id="lighter-and-older-gang-first"),
