@@ -154,8 +154,12 @@ class SlurmPools:
             assert spec.slurm is not None
             gres_type = spec.slurm.gres_type
             try:
-                nodes = self.cluster(pool).nodes()
+                # squeue before sinfo: a job of ours that ends between the two reads is then
+                # still ours in `jobs`, and its GPUs are either still in use (and ours) or
+                # already free in `nodes`. The other order saw them in use by a job already
+                # listed as ended: held by someone else, for one cycle.
                 jobs = self.jobs(pool)
+                nodes = self.cluster(pool).nodes()
             except (ProviderError, SlurmParseError) as e:
                 self._unreachable(pool, now, str(e))
                 continue

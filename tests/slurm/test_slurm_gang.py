@@ -53,8 +53,9 @@ def test_gang_job_is_one_allocation_with_a_rank_per_node_and_resumes_with_every_
     assert store.fs.exists(f"{store.root}/{step_name(k)}/rank-00001/arrays.npz")
     drive(eng, lambda: c.get(gang).status == "SUCCEEDED" and c.get(urgent).status == "SUCCEEDED", timeout=120)
     info = c.get(gang)
-    assert [x.end_reason for x in info.attempt_list] == ["PREEMPTED", "COMPLETED"], [
-        (x.end_reason, x.preempted_by, x.status) for x in info.attempt_list]
+    assert [x.end_reason for x in info.attempt_list] == ["PREEMPTED", "COMPLETED"], (
+        [(x.end_reason, x.preempted_by, x.cause) for x in info.attempt_list],
+        [(e.job_id, e.kind, e.message) for e in c.events() if e.job_id in (gang, urgent)])
     second = info.attempt_list[1]
     assert second.restored_step == k
     for r in (0, 1):
