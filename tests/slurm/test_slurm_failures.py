@@ -56,7 +56,7 @@ def test_unreachable_pool_takes_no_work_and_says_so(slurm_site):
         eng.cycle()
     assert c.get(j).status == "PENDING" and c.get(j).attempts == 0
     events = [e for e in c.events() if e.kind == "slurm_unreachable"]
-    assert len(events) == 1 and "`sinfo` is not installed" in events[0].message
+    assert len(events) == 1 and "`squeue` is not installed" in events[0].message
 
 
 def test_a_submission_slurm_rejects_goes_back_to_the_queue_and_closes_the_pool(slurm_site):
