@@ -41,8 +41,8 @@ class EndsDuringSync(SlurmCluster):
 
 
 @pytest.mark.parametrize("ends_after", [0, 1, 2])
-def test_our_job_ending_mid_sync_never_shows_its_gpus_as_held_elsewhere(tmp_path: Path, ends_after: int):
-    clock = FakeClock()
+def test_our_job_ending_mid_sync_never_shows_its_gpus_as_held_elsewhere(tmp_path: Path, clock: FakeClock,
+                                                                          ends_after: int):
     c = Client(tmp_path / "home", clock=clock)
     c.apply(parse_config(config(pools=[slurm_pool()])))
     pools = SlurmPools(c.store, clock)
