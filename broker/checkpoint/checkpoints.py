@@ -51,6 +51,13 @@ What each guarantee rests on:
 - *A crash anywhere is harmless*: before step 5 it leaves a folder without a manifest
   (ignored; deleted by retention after a safety delay); after it, a committed checkpoint.
 
+Names are data (broker.checkpoint.names): every file name read from a manifest or a shard
+marker is checked before it becomes a path, and on a local disk the path must not pass
+through a symbolic link. A manifest with a bad name, a forged size or too many files is
+damaged (`Manifest.problems` names the entry) and readers fall back to the previous step.
+The broker's copies write each file aside and make it visible only once its size and
+sha256 match (`put_verified`).
+
 Filesystem objects are cached by fsspec; listings here always bypass the cache, so a
 checkpoint written by another process is seen at once.
 """
@@ -61,8 +68,9 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,12 +78,21 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from broker.checkpoint.localdisk import confine, link_or_create
+from broker.checkpoint.names import (
+    ASIDE_PREFIX,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    PENDING_PREFIX,
+    BadName,
+    check_files,
+    check_name,
+)
 from broker.errors import CheckpointError
 
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-PENDING_PREFIX = ".manifest-"
 STEP_PREFIX = "step-"
+_STEP_RE = re.compile(r"step-([0-9]+)")
 ATTEMPTS_DIR = "_attempts"
 CHUNK = 1 << 20
 
@@ -127,6 +144,7 @@ class Manifest:
     writer: str = ""
     copied_from: str | None = None
     uri: str = field(default="", compare=False)  # the step folder (not stored)
+    problems: tuple[str, ...] = field(default=(), compare=False)  # why it is damaged (not stored)
 
     @property
     def bytes(self) -> int:
@@ -135,21 +153,50 @@ class Manifest:
     def to_json(self) -> str:
         d = asdict(self)
         d.pop("uri")
+        d.pop("problems")
         return json.dumps(d, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str, uri: str) -> Manifest:
-        d = json.loads(text)
-        if d.get("format") != FORMAT_VERSION:
-            raise CheckpointError(f"{uri}: unknown manifest format {d.get('format')!r}")
+        """Parse a manifest. Raises CheckpointError/ValueError if it is not one (garbled: the
+        step counts as not committed); a manifest whose file list breaks the rules of
+        broker.checkpoint.names is returned with no files and `problems` naming the entry."""
+        d = json.loads(text, object_pairs_hook=_Pairs)
+        if not isinstance(d, dict) or d.get("format") != FORMAT_VERSION:
+            raise CheckpointError(f"{uri}: unknown manifest format {d.get('format')!r}"
+                                  if isinstance(d, dict) else f"{uri}: not a manifest")
+        files: dict[str, FileEntry] = {}
+        problems: tuple[str, ...] = ()
+        try:
+            files = _entries(d["files"])
+        except BadName as e:
+            problems = (str(e),)
         return cls(step=int(d["step"]), time=float(d["time"]), job_id=d.get("job_id"),
                    attempt=d.get("attempt"), written_by=dict(d.get("written_by", {})),
-                   files=_entries(d["files"]), world_size=int(d.get("world_size", 1)),
-                   writer=str(d.get("writer", "")), copied_from=d.get("copied_from"), uri=uri)
+                   files=files, world_size=int(d.get("world_size", 1)),
+                   writer=str(d.get("writer", "")), copied_from=d.get("copied_from"), uri=uri,
+                   problems=problems)
 
 
-def _entries(d: Mapping[str, Any]) -> dict[str, FileEntry]:
-    return {k: FileEntry(int(v["size"]), str(v["sha256"])) for k, v in d.items()}
+class _Pairs(dict[str, Any]):
+    """A JSON object that remembers its pairs as written (json keeps only a repeated key's last)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(pairs)
+        self.pairs = pairs
+
+
+def _entries(d: Any) -> dict[str, FileEntry]:
+    """A file list (name -> {size, sha256}) checked by broker.checkpoint.names. Raises BadName."""
+    if not isinstance(d, dict):
+        raise BadName("the file list must be an object of name -> {size, sha256}")
+    pairs = d.pairs if isinstance(d, _Pairs) else list(d.items())
+    return {k: FileEntry(*v) for k, v in check_files(pairs).items()}
+
+
+class NotAsDeclared(CheckpointError):
+    """A file written aside does not match the size and sha256 it was declared with; nothing
+    was made visible under its name."""
 
 
 class CheckpointStore:
@@ -173,6 +220,15 @@ class CheckpointStore:
     def step_uri(self, step: int) -> str:
         return f"{self.uri}/{step_name(step)}"
 
+    def file_path(self, step: int, name: str) -> str:
+        """The path of file `name` of `step`, a name that came from a job: checked (see
+        broker.checkpoint.names) and, on a local disk, refused if the path would pass through
+        a symbolic link. Raises BadName."""
+        path = self.step_path(step, check_name(name))
+        if self.local:
+            confine(self.root, path)
+        return path
+
     def _exists(self, path: str) -> bool:
         self.fs.invalidate_cache(path)
         return bool(self.fs.exists(path))
@@ -187,18 +243,28 @@ class CheckpointStore:
             return []
         out = []
         for n in names:
-            base = posixpath.basename(n.rstrip("/"))
-            if base.startswith(STEP_PREFIX) and base[len(STEP_PREFIX):].isdigit():
-                out.append(int(base[len(STEP_PREFIX):]))
-        return sorted(out)
+            hit = _STEP_RE.fullmatch(posixpath.basename(n.rstrip("/")))
+            if hit:
+                out.append(int(hit.group(1)))
+        return sorted(set(out))
 
     def manifest(self, step: int) -> Manifest | None:
-        """The step's manifest, or None if it has none (not committed) or it is unreadable."""
+        """The step's manifest, or None if it has none (not committed) or it is unreadable.
+
+        A manifest larger than MAX_MANIFEST_BYTES, or whose step is not its folder's, or whose
+        file list breaks the rules, is returned damaged: no files, `problems` saying why."""
+        uri = self.step_uri(step)
         try:
-            text = self.fs.cat_file(self.step_path(step, MANIFEST)).decode()
-            return Manifest.from_json(text, self.step_uri(step))
+            with self.fs.open(self.step_path(step, MANIFEST), "rb") as f:
+                text = f.read(MAX_MANIFEST_BYTES + 1)
+            if len(text) > MAX_MANIFEST_BYTES:
+                return _damaged(step, uri, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
+            m = Manifest.from_json(text.decode(), uri)
         except (FileNotFoundError, ValueError, KeyError, TypeError, CheckpointError):
             return None
+        if m.step != step:
+            return _damaged(step, uri, f"{MANIFEST} says step {m.step} in the folder of step {step}")
+        return m
 
     def committed(self, after: int | None = None) -> list[Manifest]:
         """Committed manifests, newest first (optionally only steps > after). Not verified."""
@@ -223,10 +289,15 @@ class CheckpointStore:
 
     def verify(self, m: Manifest) -> list[str]:
         """Problems with a committed checkpoint's files (empty list: intact)."""
+        if m.problems:
+            return list(m.problems)
         problems = []
         for name, entry in sorted(m.files.items()):
             try:
-                got = self.hash_file(self.step_path(m.step, name))
+                got = self.hash_file(self.file_path(m.step, name))
+            except BadName as e:
+                problems.append(str(e))
+                continue
             except FileNotFoundError:
                 problems.append(f"{name}: missing")
                 continue
@@ -250,8 +321,8 @@ class CheckpointStore:
         return None, skipped
 
     def read(self, step: int, name: str) -> bytes:
-        _check_name(name)
-        return self.fs.cat_file(self.step_path(step, name))
+        """The bytes of one file. Raises BadName (see file_path) or FileNotFoundError."""
+        return bytes(self.fs.cat_file(self.file_path(step, name)))
 
     # -- writing ----------------------------------------------------------------------------
     def write(self, step: int, files: Mapping[str, Source], *, job_id: int | None = None,
@@ -274,10 +345,36 @@ class CheckpointStore:
         """Upload files into the step folder (optionally under a sub-folder); their entries."""
         entries: dict[str, FileEntry] = {}
         for name in sorted(files):
-            _check_name(name)
             rel = posixpath.join(under, name) if under else name
-            entries[rel] = self._put(files[name], self.step_path(step, rel))
+            entries[rel] = self._put(files[name], self.file_path(step, check_name(rel)))
         return entries
+
+    def put_verified(self, step: int, name: str, entry: FileEntry, fill: Callable[[str], None]) -> None:
+        """Write file `name` of `step` so that it becomes visible only with the size and sha256
+        of `entry`: `fill(path)` writes the bytes to a path aside (a `.onepool-` name in the
+        same folder, on this store), which is read back and checked, then renamed (a local
+        disk) or copied server-side (an object store) to its name. Raises BadName,
+        NotAsDeclared (nothing is left under the name or aside) or what `fill` raises."""
+        final = self.file_path(step, name)
+        folder = posixpath.dirname(final)
+        aside = posixpath.join(folder, f"{ASIDE_PREFIX}{uuid.uuid4().hex}.part")
+        self.fs.makedirs(folder, exist_ok=True)
+        try:
+            if self.local:
+                confine(self.root, aside)
+            fill(aside)
+            got = self.hash_file(aside)
+            if got != entry:
+                raise NotAsDeclared(f"{name}: wrote {got.size} bytes (sha256 {got.sha256[:12]}...), "
+                                    f"expected {entry.size} (sha256 {entry.sha256[:12]}...)")
+            if self.local:
+                confine(self.root, final)
+                os.replace(aside, final)
+            else:
+                self.fs.cp_file(aside, final)
+        finally:
+            if self._exists(aside):
+                self.fs.rm_file(aside)
 
     def _put(self, src: Source, dest: str) -> FileEntry:
         h = hashlib.sha256()
@@ -305,6 +402,7 @@ class CheckpointStore:
         """
         if not entries:
             raise CheckpointError("a checkpoint needs at least one file")
+        check_files((k, asdict(v)) for k, v in entries.items())
         m = Manifest(step=step, time=now, job_id=job_id, attempt=attempt,
                      written_by=dict(written_by or {}), files=dict(entries),
                      world_size=world_size, writer=new_writer_token(job_id, attempt),
@@ -337,7 +435,7 @@ class CheckpointStore:
     def _create_only(self, pending: str, final: str, data: bytes) -> None:
         try:
             if self.local:
-                _link_or_create(pending, final, data)
+                link_or_create(pending, final, data)
             else:
                 self.fs.pipe_file(final, data, mode="create")
         except FileExistsError:
@@ -367,10 +465,15 @@ class CheckpointStore:
         for r in range(world_size):
             try:
                 text = self.fs.cat_file(self.step_path(step, f"{shard_dir(r)}.json"))
-                out.update(_entries(json.loads(text)))
+                got = _entries(json.loads(text, object_pairs_hook=_Pairs))
             except (FileNotFoundError, ValueError, KeyError, TypeError):
                 raise CheckpointError(f"step {step}: rank {r} has no complete shard; "
                                       "not committing") from None
+            outside = [n for n in got if not n.startswith(f"{shard_dir(r)}/")]
+            if outside:
+                raise BadName(f"step {step}: rank {r}'s marker lists {outside[0]!r}, outside "
+                              f"its shard folder {shard_dir(r)}/; not committing")
+            out.update(got)
         return out
 
     # -- attempts' first step ---------------------------------------------------------------
@@ -411,8 +514,11 @@ class CheckpointStore:
 
     # -- deleting ---------------------------------------------------------------------------
     def delete(self, step: int) -> None:
-        """Delete a step folder (manifest first, so it is never seen half-deleted)."""
+        """Delete a step folder (manifest first, so it is never seen half-deleted). On a local
+        disk, refuses (BadName) a step folder reached through a symbolic link."""
         final = self.step_path(step, MANIFEST)
+        if self.local:
+            confine(self.root, self.step_path(step))
         if self._exists(final):
             self.fs.rm_file(final)
         d = self.step_path(step)
@@ -421,12 +527,10 @@ class CheckpointStore:
         self.fs.invalidate_cache(d)
 
 
-def _check_name(name: str) -> None:
-    base = posixpath.basename(name)
-    if (not name or name.startswith("/") or ".." in name.split("/") or name == MANIFEST
-            or base.startswith(PENDING_PREFIX)):
-        raise CheckpointError(f"bad checkpoint file name {name!r}: use a relative path without "
-                              f"'..', not {MANIFEST!r}")
+def _damaged(step: int, uri: str, why: str) -> Manifest:
+    """A committed step whose manifest cannot be trusted: no files, and why."""
+    return Manifest(step=step, time=0.0, job_id=None, attempt=None, written_by={}, files={},
+                    uri=uri, problems=(f"{why}: refused",))
 
 
 def _chunks(src: Source) -> Iterable[bytes]:
@@ -436,28 +540,3 @@ def _chunks(src: Source) -> Iterable[bytes]:
     with open(src, "rb") as f:
         while chunk := f.read(CHUNK):
             yield chunk
-
-
-def _link_or_create(pending: str, final: str, data: bytes) -> None:
-    """Create `final` with `data`, failing with FileExistsError if it exists: a hard link of
-    the fsynced pending file (atomic), or, on filesystems without hard links, an exclusive
-    create (a reader may then catch it half-written: it fails to parse and counts as not
-    committed until complete)."""
-    try:
-        os.link(pending, final)
-    except FileExistsError:
-        raise
-    except OSError:
-        with open(final, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    _fsync_dir(Path(final).parent)
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -64,7 +64,8 @@ def refresh_attempt(s: Session, job: Job, a: Attempt, now: float) -> list[Manife
     """Index what the attempt's store holds now; returns the newly committed manifests.
 
     New commits whose manifest names this attempt (or no attempt) advance the attempt's and
-    the job's newest step and last-checkpoint time. A step folder without a manifest gets a
+    the job's newest step and last-checkpoint time; a manifest that breaks the rules of
+    broker.checkpoint.names is indexed DAMAGED and advances nothing. A step folder without a manifest gets a
     PARTIAL row stamped with when it was first seen. The attempt's first new step (its
     progress marker, or its first new commit) sets its restart overhead.
     """
@@ -85,6 +86,11 @@ def refresh_attempt(s: Session, job: Job, a: Attempt, now: float) -> list[Manife
                                  store=root, state=CheckpointState.PARTIAL))
             continue
         row = row or Checkpoint(job_id=job.id, step=step, uri=m.uri, observed_at=now, store=root)
+        if m.problems:  # a manifest that breaks the rules on names and sizes: never progress
+            row.state, row.observed_at, row.written_at = CheckpointState.DAMAGED, now, m.time
+            s.add(row)
+            log.warning("job %s: step %s at %s is damaged: %s", job.id, step, root, "; ".join(m.problems))
+            continue
         mine = m.attempt in (None, a.number)
         row.state, row.observed_at, row.written_at, row.bytes = (
             CheckpointState.COMMITTED, now, m.time, m.bytes)

@@ -2,16 +2,20 @@
 
 `copy_checkpoint(src, manifest, dst)` promises: when it returns, `dst` holds the same step,
 committed with the same files, and every file there matches the source manifest's size and
-sha256 (read back after the copy). Files go server-side when both stores are one
-filesystem (S3 to S3, GCS to GCS, disk to disk), else streamed through this process in
-1 MiB chunks, hashing on the way so a damaged source is caught without a second read.
-Transient failures (OSError: resets, timeouts, throttling) are retried per file with
-exponential backoff (tenacity). The destination manifest is committed last, with the
-checkpoints module's protocol, so a copy cut off midway is just an uncommitted folder.
+sha256. The manifest was written by a job, so it is untrusted: a manifest whose names or
+sizes break the rules of broker.checkpoint.names is refused as damaged before anything is
+written. Files go server-side when both stores are one filesystem (S3 to S3, GCS to GCS,
+disk to disk), else streamed through this process in 1 MiB chunks, hashing on the way (a
+source larger than declared is cut off at once). Each file is written aside and becomes
+visible under its name only once its size and sha256, read back at the destination, match
+(`CheckpointStore.put_verified`). Transient failures (OSError: resets, timeouts,
+throttling) are retried per file with exponential backoff (tenacity). The destination
+manifest is committed last, once every file verified, with the checkpoints module's
+protocol, so a copy cut off midway is just an uncommitted folder.
 
-Raises SourceDamaged (the source does not match its manifest: fall back to an older
-checkpoint) or CopyFailed (the destination could not be written or verified after the
-retries; the destination folder is removed).
+Raises SourceDamaged (the source does not match its manifest, or the manifest breaks the
+rules: fall back to an older checkpoint) or CopyFailed (the destination could not be
+written or verified after the retries; the destination folder is removed).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from dataclasses import dataclass
 
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from broker.checkpoint.checkpoints import CHUNK, CheckpointStore, FileEntry, Manifest
+from broker.checkpoint.checkpoints import CHUNK, CheckpointStore, FileEntry, Manifest, NotAsDeclared
+from broker.checkpoint.names import BadName
 from broker.crashpoints import crash_point
 from broker.errors import CheckpointError
 
@@ -54,6 +59,8 @@ def same_filesystem(a: CheckpointStore, b: CheckpointStore) -> bool:
 def copy_checkpoint(src: CheckpointStore, m: Manifest, dst: CheckpointStore, *, now: float,
                     tries: int = TRIES) -> CopyResult:
     """Copy step `m.step` from `src` to `dst` (see the module docstring)."""
+    if m.problems:
+        raise SourceDamaged(f"step {m.step} at {src.uri}: " + "; ".join(m.problems))
     there = dst.manifest(m.step)
     if there is not None:
         if there.files == m.files and not dst.verify(there):
@@ -68,7 +75,6 @@ def copy_checkpoint(src: CheckpointStore, m: Manifest, dst: CheckpointStore, *, 
             copy_one(src, dst, m.step, name, entry)
         out = dst.commit(m.step, m.files, now=now, job_id=m.job_id, attempt=m.attempt,
                          written_by=m.written_by, world_size=m.world_size, copied_from=m.uri)
-        problems = dst.verify(out)
     except SourceDamaged:
         dst.delete(m.step)
         raise
@@ -76,11 +82,6 @@ def copy_checkpoint(src: CheckpointStore, m: Manifest, dst: CheckpointStore, *, 
         dst.delete(m.step)
         raise CopyFailed(f"copying step {m.step} from {src.uri} to {dst.uri} failed after "
                          f"{tries} tries: {e}") from e
-    if problems:
-        dst.delete(m.step)
-        cls = SourceDamaged if server_side else CopyFailed
-        raise cls(f"step {m.step} copied from {src.uri} does not verify at {dst.uri}: "
-                  + "; ".join(problems))
     return CopyResult(m.step, m.bytes, server_side, out)
 
 
@@ -91,28 +92,46 @@ def _retrying(tries: int):  # type: ignore[no-untyped-def]
 
 def _server_copy(src: CheckpointStore, dst: CheckpointStore, step: int, name: str,
                  entry: FileEntry) -> None:
-    target = dst.step_path(step, name)
-    dst.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+    """Copy one file within one filesystem; a copy that does not match the manifest means the
+    source does not (the copy is exact)."""
+    source = _source_path(src, step, name)
     try:
-        dst.fs.copy(src.step_path(step, name), target)
+        dst.put_verified(step, name, entry, lambda aside: dst.fs.cp_file(source, aside))
     except FileNotFoundError:
         raise SourceDamaged(f"step {step}: {name} is missing at {src.uri}") from None
+    except NotAsDeclared as e:
+        raise SourceDamaged(f"step {step} at {src.uri} does not match its manifest: {e}") from None
 
 
 def _stream_copy(src: CheckpointStore, dst: CheckpointStore, step: int, name: str,
                  entry: FileEntry) -> None:
-    h = hashlib.sha256()
-    size = 0
-    target = dst.step_path(step, name)
-    dst.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
-    try:
-        with src.fs.open(src.step_path(step, name), "rb") as r, dst.fs.open(target, "wb") as w:
+    """Stream one file through this process, hashing the source on the way; a read-back that
+    then differs is the destination's fault (CopyFailed after the retries)."""
+    source = _source_path(src, step, name)
+
+    def fill(aside: str) -> None:
+        h = hashlib.sha256()
+        size = 0
+        with src.fs.open(source, "rb") as r, dst.fs.open(aside, "wb") as w:
             while chunk := r.read(CHUNK):
-                h.update(chunk)
                 size += len(chunk)
+                if size > entry.size:
+                    raise SourceDamaged(f"step {step}: {name} at {src.uri} is larger than the "
+                                        f"{entry.size} bytes its manifest says")
+                h.update(chunk)
                 w.write(chunk)
+        if size != entry.size or h.hexdigest() != entry.sha256:
+            raise SourceDamaged(f"step {step}: {name} at {src.uri} does not match its manifest "
+                                f"({size} bytes, expected {entry.size})")
+
+    try:
+        dst.put_verified(step, name, entry, fill)
     except FileNotFoundError:
         raise SourceDamaged(f"step {step}: {name} is missing at {src.uri}") from None
-    if size != entry.size or h.hexdigest() != entry.sha256:
-        raise SourceDamaged(f"step {step}: {name} at {src.uri} does not match its manifest "
-                            f"({size} bytes, expected {entry.size})")
+
+
+def _source_path(src: CheckpointStore, step: int, name: str) -> str:
+    try:
+        return src.file_path(step, name)
+    except BadName as e:
+        raise SourceDamaged(f"step {step} at {src.uri}: {e}") from None
