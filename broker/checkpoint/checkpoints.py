@@ -255,11 +255,15 @@ class CheckpointStore:
         file list breaks the rules, is returned damaged: no files, `problems` saying why."""
         uri = self.step_uri(step)
         try:
+            if self.local:
+                confine(self.root, self.step_path(step, MANIFEST))
             with self.fs.open(self.step_path(step, MANIFEST), "rb") as f:
                 text = f.read(MAX_MANIFEST_BYTES + 1)
             if len(text) > MAX_MANIFEST_BYTES:
                 return _damaged(step, uri, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
             m = Manifest.from_json(text.decode(), uri)
+        except BadName as e:
+            return _damaged(step, uri, str(e))
         except (FileNotFoundError, ValueError, KeyError, TypeError, CheckpointError):
             return None
         if m.step != step:

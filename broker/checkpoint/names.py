@@ -82,7 +82,7 @@ def _why_bad(name: str) -> str | None:
     if bad:
         return f"holds {bad.group()!r}"
     if name.startswith("/"):
-        return "absolute"
+        return "is absolute"
     if _DRIVE.match(name):
         return "has a drive part"
     parts = name.split("/")

@@ -61,28 +61,39 @@ def copy_checkpoint(src: CheckpointStore, m: Manifest, dst: CheckpointStore, *, 
     """Copy step `m.step` from `src` to `dst` (see the module docstring)."""
     if m.problems:
         raise SourceDamaged(f"step {m.step} at {src.uri}: " + "; ".join(m.problems))
+    for name in m.files:  # every source name checked before anything is written
+        _source_path(src, m.step, name)
     there = dst.manifest(m.step)
     if there is not None:
         if there.files == m.files and not dst.verify(there):
             return CopyResult(m.step, 0, False, there)
         log.info("step %s at %s is damaged or differs; replacing it", m.step, dst.uri)
-    dst.delete(m.step)  # a partial or damaged earlier copy: start clean
     server_side = same_filesystem(src, dst)
     copy_one = _retrying(tries)(_server_copy if server_side else _stream_copy)
     try:
+        dst.delete(m.step)  # a partial or damaged earlier copy: start clean
         for name, entry in sorted(m.files.items()):
             crash_point("checkpoint_copy")
             copy_one(src, dst, m.step, name, entry)
         out = dst.commit(m.step, m.files, now=now, job_id=m.job_id, attempt=m.attempt,
                          written_by=m.written_by, world_size=m.world_size, copied_from=m.uri)
     except SourceDamaged:
-        dst.delete(m.step)
+        _clean(dst, m.step)
         raise
     except (OSError, CheckpointError) as e:
-        dst.delete(m.step)
+        _clean(dst, m.step)
         raise CopyFailed(f"copying step {m.step} from {src.uri} to {dst.uri} failed after "
                          f"{tries} tries: {e}") from e
     return CopyResult(m.step, m.bytes, server_side, out)
+
+
+def _clean(dst: CheckpointStore, step: int) -> None:
+    """Remove what a failed copy left; a failure to do so is logged (retention retries it), as
+    the copy's own error is the one to raise."""
+    try:
+        dst.delete(step)
+    except (OSError, CheckpointError) as e:
+        log.warning("cannot remove the failed copy of step %s at %s (%s)", step, dst.uri, e)
 
 
 def _retrying(tries: int):  # type: ignore[no-untyped-def]
