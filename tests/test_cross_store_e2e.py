@@ -156,3 +156,74 @@ def test_multi_node_job_with_a_missing_shard_has_no_such_checkpoint(make_cluster
             "ONEPOOL_WORLD_SIZE": "2"})])
         r = runtime.restore()
         assert r is not None and r.step == 3 and r.arrays["who"].tolist() == [rank, 3]
+
+
+HOSTILE = """
+import hashlib, json, sys, time
+import fsspec
+from broker import runtime
+restored = runtime.restore()
+if restored is not None:
+    print(f"resumed from step {restored.step}", flush=True)
+    sys.exit(0)
+runtime.save(1, arrays={"x": [1]}, block=True)
+name = "../" * 40 + sys.argv[1].lstrip("/")
+data = b"the job's bytes"
+fs, root = fsspec.core.url_to_fs(runtime.context().checkpoint_uri)
+step = f"{root}/step-000000000002"
+fs.pipe_file(f"{step}/{name}", data)  # an object whose key holds the traversal
+fs.pipe_file(f"{step}/manifest.json", json.dumps({
+    "format": 1, "step": 2, "time": time.time(), "written_by": {}, "world_size": 1, "writer": "x",
+    "files": {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}}}).encode())
+print("planted", flush=True)
+while not runtime.preempted():
+    time.sleep(0.02)
+runtime.exit_preempted()
+"""
+
+
+def attack_pools(s3: str, onprem_nodes: int) -> list[dict[str, Any]]:
+    return [{"name": "aws", "gpu_type": "A10G", "gpus_per_node": 2, "nodes": 1, "store": s3},
+            {"name": "onprem", "gpu_type": "A100", "gpus_per_node": 2, "nodes": onprem_nodes}]
+
+
+def test_a_manifest_naming_a_path_outside_is_damaged_and_writes_nothing_on_the_server(
+        make_cluster, s3_bucket, tmp_path):
+    """Issue 24's critical finding, end to end: a job on an S3-store pool writes a manifest
+    naming `../` x 40 + a path on the server, is preempted and resumes on a pool with a file
+    store. The broker refuses that step as damaged (the event names the entry), resumes from
+    the step before, and the path never appears."""
+    target = tmp_path / "pwned.txt"
+    c, eng = make_cluster(pools=attack_pools(s3_bucket, onprem_nodes=0))
+    j = c.submit(name="hostile", team="research", command=[sys.executable, "-c", HOSTILE, str(target)],
+                 gpus_per_node=2, priority="low").id
+    drive(eng, lambda: "planted" in _log_or_empty(c, j))
+    c.apply(parse_config(config(pools=attack_pools(s3_bucket, onprem_nodes=1))))
+    go = tmp_path / "go"
+    u = c.submit(name="u", team="prod", command=gated(go), gpus_per_node=2, gpu_types=["A10G"],
+                 priority="urgent").id
+    drive(eng, lambda: c.get(j).status == "SUCCEEDED")
+    a1, a2 = c.get(j).attempt_list
+    assert (a1.pool, a1.end_reason, a2.pool) == ("aws", "PREEMPTED", "onprem")
+    assert a2.restored_step == 1 and "resumed from step 1" in out_log(c, a2.id)
+    assert not target.exists()
+    evs = {e.kind: e for e in c.events(j)}
+    assert evs["checkpoint_damaged"].data["step"] == 2
+    assert "bad checkpoint file name '../../" in evs["checkpoint_damaged"].message
+    assert "resuming from step 1 instead" in evs["checkpoint_fallback"].message
+    with c.store.session() as s:
+        rows = {r.step: r.state for r in s.exec(select(Checkpoint).where(
+            Checkpoint.job_id == j, Checkpoint.store == s3_bucket))}
+    assert rows == {1: "committed", 2: "damaged"}
+    home = CheckpointStore(a2.checkpoint_uri)
+    assert home.steps() == [1] and home.verify(home.manifest(1)) == []  # type: ignore[arg-type]
+    go.touch()
+    drive(eng, lambda: c.get(u).status == "SUCCEEDED")
+
+
+def _log_or_empty(c: Any, job_id: int) -> str:
+    atts = c.get(job_id).attempt_list
+    try:
+        return out_log(c, atts[-1].id) if atts else ""
+    except FileNotFoundError:
+        return ""

@@ -60,7 +60,7 @@ def copy_checkpoint(src: CheckpointStore, m: Manifest, dst: CheckpointStore, *, 
                     tries: int = TRIES) -> CopyResult:
     """Copy step `m.step` from `src` to `dst` (see the module docstring)."""
     if m.problems:
-        raise SourceDamaged(f"step {m.step} at {src.uri}: " + "; ".join(m.problems))
+        raise SourceDamaged("; ".join(m.problems))
     for name in m.files:  # every source name checked before anything is written
         _source_path(src, m.step, name)
     there = dst.manifest(m.step)
@@ -145,4 +145,4 @@ def _source_path(src: CheckpointStore, step: int, name: str) -> str:
     try:
         return src.file_path(step, name)
     except BadName as e:
-        raise SourceDamaged(f"step {step} at {src.uri}: {e}") from None
+        raise SourceDamaged(str(e)) from None
