@@ -43,6 +43,7 @@ class Case:
     want: str = ""  # in the checkpoint_damaged event
     step: int = 2  # the step the manifest claims
     max_files: int | None = None  # a lower MAX_FILES for the case
+    meta: dict[str, Any] = field(default_factory=dict)  # other manifest fields, overridden
 
 
 def cases(target: Path) -> dict[str, Case]:
@@ -81,17 +82,24 @@ def cases(target: Path) -> dict[str, Case]:
                          stored={f"f{i}": bad for i in range(4)}, want="more than 3 files",
                          max_files=3),
         "wrong_step": Case([("w", entry(b"1"))], step=1, want="says step 1 in the folder of step 2"),
+        "huge_field": Case([("w", entry(bad))], stored={"w": bad}, meta={"copied_from": "x" * 5000},
+                           want="field 'copied_from'"),
+        "nan_time": Case([("w", entry(bad))], stored={"w": bad}, meta={"time": float("nan")},
+                         want="field 'time'"),
+        "nested_written_by": Case([("w", entry(bad))], stored={"w": bad},
+                                  meta={"written_by": {"pool": {"a": 1}}}, want="field 'written_by'"),
     }
 
 
 CASES = list(cases(Path("/t")))
 
 
-def manifest_text(step: int, listed: list[tuple[str, dict[str, Any]]]) -> str:
+def manifest_text(step: int, listed: list[tuple[str, dict[str, Any]]],
+                  meta: dict[str, Any] | None = None) -> str:
     """A manifest as a job could write it (keys may repeat: written by hand)."""
     body = ", ".join(f"{json.dumps(n)}: {json.dumps(e)}" for n, e in listed)
     head = json.dumps({"format": 1, "step": step, "time": 2.0, "job_id": 1, "attempt": 1,
-                       "written_by": {}, "world_size": 1, "writer": "evil"})
+                       "written_by": {}, "world_size": 1, "writer": "evil", **(meta or {})})
     return head[:-1] + ', "files": {' + body + "}}"
 
 
@@ -102,7 +110,8 @@ def plant(st: CheckpointStore, case: Case) -> None:
     for name, data in case.stored.items():
         st.fs.makedirs(st.step_path(2, name).rsplit("/", 1)[0], exist_ok=True)
         st.fs.pipe_file(st.step_path(2, name), data)
-    st.fs.pipe_file(st.step_path(2, "manifest.json"), manifest_text(case.step, case.listed).encode())
+    text = manifest_text(case.step, case.listed, case.meta)
+    st.fs.pipe_file(st.step_path(2, "manifest.json"), text.encode())
 
 
 def everything(tmp_path: Path, buckets: list[str], opts: dict[str, Any]) -> set[str]:

@@ -71,7 +71,7 @@ import posixpath
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from broker.checkpoint.localdisk import confine, link_or_create
+from broker.checkpoint.manifest import FileEntry, Manifest, Pairs, damaged, entries_of
 from broker.checkpoint.names import (
     ASIDE_PREFIX,
     MANIFEST,
@@ -90,7 +91,6 @@ from broker.checkpoint.names import (
 )
 from broker.errors import CheckpointError
 
-FORMAT_VERSION = 1
 STEP_PREFIX = "step-"
 _STEP_RE = re.compile(r"step-([0-9]+)")
 ATTEMPTS_DIR = "_attempts"
@@ -123,75 +123,6 @@ def shard_dir(rank: int) -> str:
 def new_writer_token(*parts: object) -> str:
     """A token unique to one writer of one step."""
     return "-".join([*(str(p) for p in parts if p is not None), uuid.uuid4().hex[:12]])
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    size: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    step: int
-    time: float
-    job_id: int | None
-    attempt: int | None
-    written_by: dict[str, str]
-    files: dict[str, FileEntry]
-    format: int = FORMAT_VERSION
-    world_size: int = 1
-    writer: str = ""
-    copied_from: str | None = None
-    uri: str = field(default="", compare=False)  # the step folder (not stored)
-    problems: tuple[str, ...] = field(default=(), compare=False)  # why it is damaged (not stored)
-
-    @property
-    def bytes(self) -> int:
-        return sum(f.size for f in self.files.values())
-
-    def to_json(self) -> str:
-        d = asdict(self)
-        d.pop("uri")
-        d.pop("problems")
-        return json.dumps(d, indent=1, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str, uri: str) -> Manifest:
-        """Parse a manifest. Raises CheckpointError/ValueError if it is not one (garbled: the
-        step counts as not committed); a manifest whose file list breaks the rules of
-        broker.checkpoint.names is returned with no files and `problems` naming the entry."""
-        d = json.loads(text, object_pairs_hook=_Pairs)
-        if not isinstance(d, dict) or d.get("format") != FORMAT_VERSION:
-            raise CheckpointError(f"{uri}: unknown manifest format {d.get('format')!r}"
-                                  if isinstance(d, dict) else f"{uri}: not a manifest")
-        files: dict[str, FileEntry] = {}
-        problems: tuple[str, ...] = ()
-        try:
-            files = _entries(d["files"])
-        except BadName as e:
-            problems = (str(e),)
-        return cls(step=int(d["step"]), time=float(d["time"]), job_id=d.get("job_id"),
-                   attempt=d.get("attempt"), written_by=dict(d.get("written_by", {})),
-                   files=files, world_size=int(d.get("world_size", 1)),
-                   writer=str(d.get("writer", "")), copied_from=d.get("copied_from"), uri=uri,
-                   problems=problems)
-
-
-class _Pairs(dict[str, Any]):
-    """A JSON object that remembers its pairs as written (json keeps only a repeated key's last)."""
-
-    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
-        super().__init__(pairs)
-        self.pairs = pairs
-
-
-def _entries(d: Any) -> dict[str, FileEntry]:
-    """A file list (name -> {size, sha256}) checked by broker.checkpoint.names. Raises BadName."""
-    if not isinstance(d, dict):
-        raise BadName("the file list must be an object of name -> {size, sha256}")
-    pairs = d.pairs if isinstance(d, _Pairs) else list(d.items())
-    return {k: FileEntry(*v) for k, v in check_files(pairs).items()}
 
 
 class NotAsDeclared(CheckpointError):
@@ -260,14 +191,14 @@ class CheckpointStore:
             with self.fs.open(self.step_path(step, MANIFEST), "rb") as f:
                 text = f.read(MAX_MANIFEST_BYTES + 1)
             if len(text) > MAX_MANIFEST_BYTES:
-                return _damaged(step, uri, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
+                return damaged(step, uri, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
             m = Manifest.from_json(text.decode(), uri)
         except BadName as e:
-            return _damaged(step, uri, str(e))
+            return damaged(step, uri, str(e))
         except (FileNotFoundError, ValueError, KeyError, TypeError, CheckpointError):
             return None
         if m.step != step:
-            return _damaged(step, uri, f"{MANIFEST} says step {m.step} in the folder of step {step}")
+            return damaged(step, uri, f"{MANIFEST} says step {m.step} in the folder of step {step}")
         return m
 
     def committed(self, after: int | None = None) -> list[Manifest]:
@@ -469,7 +400,7 @@ class CheckpointStore:
         for r in range(world_size):
             try:
                 text = self.fs.cat_file(self.step_path(step, f"{shard_dir(r)}.json"))
-                got = _entries(json.loads(text, object_pairs_hook=_Pairs))
+                got = entries_of(json.loads(text, object_pairs_hook=Pairs))
             except (FileNotFoundError, ValueError, KeyError, TypeError):
                 raise CheckpointError(f"step {step}: rank {r} has no complete shard; "
                                       "not committing") from None
@@ -529,12 +460,6 @@ class CheckpointStore:
         if self._exists(d):
             self.fs.rm(d, recursive=True)
         self.fs.invalidate_cache(d)
-
-
-def _damaged(step: int, uri: str, why: str) -> Manifest:
-    """A committed step whose manifest cannot be trusted: no files, and why."""
-    return Manifest(step=step, time=0.0, job_id=None, attempt=None, written_by={}, files={},
-                    uri=uri, problems=(f"{why}: refused",))
 
 
 def _chunks(src: Source) -> Iterable[bytes]:
