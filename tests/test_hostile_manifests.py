@@ -21,10 +21,12 @@ from typing import Any
 import fsspec
 import pytest
 
+from broker.checkpoint import checkpoints as CHECKPOINTS
 from broker.checkpoint import names
 from broker.checkpoint.checkpoints import CheckpointStore, FileEntry, NotAsDeclared, job_prefix
 from broker.checkpoint.names import BadName, check_files, check_name
 from broker.checkpoint.resume import fetch_restore_point
+from broker.errors import CheckpointError
 from pricing.egress import Location, provider_of
 
 Backend = tuple[str, str, dict[str, Any]]
@@ -276,3 +278,23 @@ def test_an_oversized_manifest_is_damaged_not_read_whole(tmp_path: Path,
     m = st.manifest(2)
     assert m is not None and m.files == {} and f"larger than {limit} bytes" in m.problems[0]
     assert st.latest_valid()[0].step == 1  # type: ignore[union-attr]
+
+
+def test_markers_a_job_writes_are_read_only_when_small(tmp_path: Path) -> None:
+    """A job fills its progress marker (read every few seconds by the broker) and a shard
+    marker: neither is read whole."""
+    st = CheckpointStore(job_prefix(f"file://{tmp_path}", "t", "e", 1))
+    st.mark_progress(2, 5, 1.0)
+    assert st.progress(2) is not None and st.progress(2)["step"] == 5  # type: ignore[index]
+    big = b'{"step": 5, "time": 1, "pad": "' + b"x" * (CHECKPOINTS.MAX_MARKER_BYTES) + b'"}'
+    st.fs.pipe_file(st._path("_attempts", "attempt-00002.json"), big)
+    assert st.progress(2) is None
+    st.fs.pipe_file(st._path("_attempts", "attempt-00002.json"), b"[1, 2]")
+    assert st.progress(2) is None  # not an object
+    st.mark_done(2, 0, 1.0)
+    st.fs.pipe_file(st._path("_attempts", "attempt-00002-done-rank-00001.json"), big)
+    assert st.all_done(2, 2)  # a marker's presence is what counts
+    st.write_shard(4, 0, {"w": b"rank 0"})
+    st.fs.pipe_file(st.step_path(4, "rank-00001.json"), b" " * (CHECKPOINTS.MAX_MANIFEST_BYTES + 1))
+    with pytest.raises(CheckpointError, match="rank 1 has no complete shard"):
+        st.gather_shards(4, 2)

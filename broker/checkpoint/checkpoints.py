@@ -125,6 +125,14 @@ def new_writer_token(*parts: object) -> str:
     return "-".join([*(str(p) for p in parts if p is not None), uuid.uuid4().hex[:12]])
 
 
+MAX_MARKER_BYTES = 64 << 10
+"""The largest progress or done marker the broker reads (they hold a few numbers)."""
+
+
+class TooLarge(CheckpointError):
+    """A file a job wrote for the broker to read is larger than its limit: it is refused."""
+
+
 class NotAsDeclared(CheckpointError):
     """A file written aside does not match the size and sha256 it was declared with; nothing
     was made visible under its name."""
@@ -188,13 +196,12 @@ class CheckpointStore:
         try:
             if self.local:
                 confine(self.root, self.step_path(step, MANIFEST))
-            with self.fs.open(self.step_path(step, MANIFEST), "rb") as f:
-                text = f.read(MAX_MANIFEST_BYTES + 1)
-            if len(text) > MAX_MANIFEST_BYTES:
-                return damaged(step, uri, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
+            text = self._read_small(self.step_path(step, MANIFEST), MAX_MANIFEST_BYTES)
             m = Manifest.from_json(text.decode(), uri)
         except BadName as e:
             return damaged(step, uri, str(e))
+        except TooLarge:
+            return damaged(step, uri, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
         except (FileNotFoundError, ValueError, KeyError, TypeError, CheckpointError):
             return None
         if m.step != step:
@@ -399,9 +406,9 @@ class CheckpointStore:
         out: dict[str, FileEntry] = {}
         for r in range(world_size):
             try:
-                text = self.fs.cat_file(self.step_path(step, f"{shard_dir(r)}.json"))
+                text = self._read_small(self.step_path(step, f"{shard_dir(r)}.json"), MAX_MANIFEST_BYTES)
                 got = entries_of(json.loads(text, object_pairs_hook=Pairs))
-            except (FileNotFoundError, ValueError, KeyError, TypeError):
+            except (FileNotFoundError, ValueError, KeyError, TypeError, TooLarge):
                 raise CheckpointError(f"step {step}: rank {r} has no complete shard; "
                                       "not committing") from None
             outside = [n for n in got if not n.startswith(f"{shard_dir(r)}/")]
@@ -435,7 +442,10 @@ class CheckpointStore:
         cached listing)."""
         for rank in range(world_size):
             try:
-                self.fs.cat_file(self._path(ATTEMPTS_DIR, f"attempt-{attempt:05d}-done-rank-{rank:05d}.json"))
+                self._read_small(self._path(ATTEMPTS_DIR, f"attempt-{attempt:05d}-done-rank-{rank:05d}.json"),
+                                 MAX_MARKER_BYTES)
+            except TooLarge:
+                continue  # present: its content does not matter
             except FileNotFoundError:
                 return False
         return True
@@ -443,9 +453,20 @@ class CheckpointStore:
     def progress(self, attempt: int) -> dict[str, Any] | None:
         """What mark_progress wrote for `attempt`, or None."""
         try:
-            return json.loads(self.fs.cat_file(self._path(ATTEMPTS_DIR, f"attempt-{attempt:05d}.json")))
-        except (FileNotFoundError, ValueError):
+            got = json.loads(self._read_small(self._path(ATTEMPTS_DIR, f"attempt-{attempt:05d}.json"),
+                                              MAX_MARKER_BYTES))
+            return got if isinstance(got, dict) else None
+        except (FileNotFoundError, ValueError, TooLarge):
             return None
+
+    def _read_small(self, path: str, limit: int) -> bytes:
+        """A file a job wrote, read whole only if it holds at most `limit` bytes (a job cannot
+        make the broker read without end). Raises TooLarge or FileNotFoundError."""
+        with self.fs.open(path, "rb") as f:
+            data = bytes(f.read(limit + 1))
+        if len(data) > limit:
+            raise TooLarge(f"{path} is larger than {limit} bytes")
+        return data
 
     # -- deleting ---------------------------------------------------------------------------
     def delete(self, step: int) -> None:
