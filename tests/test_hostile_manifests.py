@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -298,3 +299,38 @@ def test_markers_a_job_writes_are_read_only_when_small(tmp_path: Path) -> None:
     st.fs.pipe_file(st.step_path(4, "rank-00001.json"), b" " * (CHECKPOINTS.MAX_MANIFEST_BYTES + 1))
     with pytest.raises(CheckpointError, match="rank 1 has no complete shard"):
         st.gather_shards(4, 2)
+
+
+FORGED_NUMBERS = """
+import json, sys
+import fsspec
+from broker import runtime
+ctx = runtime.context()
+runtime.save(3, arrays={"x": [1]}, block=True)
+fs, root = fsspec.core.url_to_fs(ctx.checkpoint_uri)
+fs.makedirs(f"{root}/step-{'9' * 25}", exist_ok=True)
+fs.pipe_file(f"{root}/step-{'9' * 25}/w", b"x")  # a step no database column holds
+fs.makedirs(f"{root}/_attempts", exist_ok=True)
+fs.pipe_file(f"{root}/_attempts/attempt-{ctx.attempt:05d}.json",
+             json.dumps({"step": 2 ** 70, "time": 1.0, "total": 2 ** 70}).encode())
+open(sys.argv[1], "w").close()
+"""
+
+
+def test_numbers_a_job_writes_that_no_column_holds_are_ignored(make_cluster: Any, tmp_path: Path) -> None:
+    """A step folder numbered beyond int64 and a progress marker at 2**70: the broker indexes
+    neither (it used to fail every cycle trying to store them) and the job ends normally."""
+    from tests.conftest import drive
+
+    c, eng = make_cluster()
+    flag = tmp_path / "written"
+    j = c.submit(name="forger", team="research", command=[sys.executable, "-c", FORGED_NUMBERS, str(flag)],
+                 gpus_per_node=1).id
+    drive(eng, lambda: c.get(j).status in ("SUCCEEDED", "FAILED"))
+    assert c.get(j).status == "SUCCEEDED", c.events(j)
+    info = c.get(j)
+    assert flag.exists() and info.last_step == 3 and info.progress_step is None
+    st = CheckpointStore(info.checkpoint_uri)
+    assert st.steps() == [3]
+    with pytest.raises(CheckpointError, match="step must be from 0 to"):
+        st.step_path(10**18)

@@ -92,7 +92,8 @@ from broker.checkpoint.names import (
 from broker.errors import CheckpointError
 
 STEP_PREFIX = "step-"
-_STEP_RE = re.compile(r"step-([0-9]+)")
+MAX_STEP = 10**18 - 1  # a step folder with a larger number is not a checkpoint (int64 columns)
+_STEP_RE = re.compile(r"step-([0-9]{1,18})")
 ATTEMPTS_DIR = "_attempts"
 CHUNK = 1 << 20
 
@@ -111,8 +112,8 @@ def store_root_of(prefix: str) -> str:
 
 
 def step_name(step: int) -> str:
-    if step < 0:
-        raise CheckpointError(f"step must be >= 0 (got {step})")
+    if not 0 <= step <= MAX_STEP:
+        raise CheckpointError(f"step must be from 0 to {MAX_STEP} (got {step})")
     return f"{STEP_PREFIX}{step:012d}"
 
 

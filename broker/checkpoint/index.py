@@ -10,11 +10,12 @@ store is a second row.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 from sqlmodel import Session, col, select
 
-from broker.checkpoint.checkpoints import CheckpointStore, Manifest, job_prefix, store_root_of
+from broker.checkpoint.checkpoints import MAX_STEP, CheckpointStore, Manifest, job_prefix, store_root_of
 from broker.spec import ClusterConfig
 from broker.state.model import Attempt, AttemptState, Checkpoint, CheckpointState, Job
 from pricing.egress import Location, provider_of
@@ -134,8 +135,11 @@ def _read_progress(st: CheckpointStore, a: Attempt, now: float) -> None:
         step, at = int(m["step"]), float(m["time"])
         total = None if m.get("total") is None else int(m["total"])
         first_step, first_time = int(m.get("first_step", step)), float(m.get("first_time", at))
-    except (KeyError, TypeError, ValueError):  # written by a job, not by us: ignore garbage
+    except (KeyError, TypeError, ValueError, OverflowError):  # written by a job: ignore garbage
         return
+    if not (all(0 <= n <= MAX_STEP for n in (step, first_step, total or 0))
+            and math.isfinite(at) and math.isfinite(first_time)):
+        return  # a number no database column holds, or NaN: garbage too
     a.progress_step, a.progress_total, a.progress_at = step, total, at
     if step > first_step and at > first_time:
         a.progress_rate = (step - first_step) / (at - first_time)
