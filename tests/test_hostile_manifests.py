@@ -334,3 +334,27 @@ def test_numbers_a_job_writes_that_no_column_holds_are_ignored(make_cluster: Any
     assert st.steps() == [3]
     with pytest.raises(CheckpointError, match="step must be from 0 to"):
         st.step_path(10**18)
+
+
+def test_retention_marks_a_late_hostile_manifest_damaged(make_cluster: Any, clock: Any) -> None:
+    """An upload seen without a manifest gets one later, naming a path outside: retention
+    indexes the step damaged (kept for a look, never resumed from), not committed."""
+    from sqlmodel import select
+
+    from broker.state.model import Checkpoint
+    from tests.conftest import drive, train
+
+    c, eng = make_cluster(keep_checkpoints=2, checkpoint_delete_delay_s=100)
+    j = c.submit(name="r", team="research", command=train(6, 0.02, 2), gpus_per_node=1).id
+    drive(eng, lambda: c.get(j).last_step is not None)
+    st = CheckpointStore(c.get(j).checkpoint_uri)
+    st.fs.makedirs(st.step_path(1000), exist_ok=True)
+    st.fs.pipe_file(st.step_path(1000, "w"), b"x")  # seen without a manifest first
+    drive(eng, lambda: c.get(j).status == "SUCCEEDED")
+    st.fs.pipe_file(st.step_path(1000, "manifest.json"),
+                    manifest_text(1000, [("../../../../x", entry(b"x"))]).encode())
+    clock.advance(100)
+    eng.cycle()
+    with c.store.session() as s:
+        row = s.exec(select(Checkpoint).where(Checkpoint.job_id == j, Checkpoint.step == 1000)).one()
+    assert row.state == "damaged" and 1000 in st.steps()

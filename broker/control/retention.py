@@ -109,6 +109,9 @@ def _delete(row: Checkpoint, now: float) -> bool:
     st = CheckpointStore(prefix)
     if row.state == P:
         m = st.manifest(row.step)
+        if m is not None and m.problems:  # committed, but breaking the rules on names: damaged
+            row.state, row.observed_at = D, now
+            return False
         if m is not None:  # a slow upload finished after all: index it, keep it
             row.state, row.observed_at, row.written_at, row.bytes = C, now, m.time, m.bytes
             return False
