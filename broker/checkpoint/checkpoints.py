@@ -289,7 +289,7 @@ class CheckpointStore:
         entries: dict[str, FileEntry] = {}
         for name in sorted(files):
             rel = posixpath.join(under, name) if under else name
-            entries[rel] = self._put(files[name], self.file_path(step, check_name(rel)))
+            entries[rel] = self._put(files[name], self.file_path(step, rel))
         return entries
 
     def put_verified(self, step: int, name: str, entry: FileEntry, fill: Callable[[str], None]) -> None:
