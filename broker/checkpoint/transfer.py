@@ -107,6 +107,10 @@ def _server_copy(src: CheckpointStore, dst: CheckpointStore, step: int, name: st
     source does not (the copy is exact)."""
     source = _source_path(src, step, name)
     try:
+        size = src.fs.size(source)
+        if size != entry.size:  # caught before copying, so a forged size copies nothing
+            raise SourceDamaged(f"step {step}: {name} at {src.uri} does not match its manifest "
+                                f"({size} bytes, expected {entry.size})")
         dst.put_verified(step, name, entry, lambda aside: dst.fs.cp_file(source, aside))
     except FileNotFoundError:
         raise SourceDamaged(f"step {step}: {name} is missing at {src.uri}") from None
