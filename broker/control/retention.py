@@ -13,7 +13,8 @@ Rules (`due`, pure):
 - Never deleted: the step a running or launching attempt restored from.
 
 `run` applies it: it re-checks a "partial" folder for a manifest before deleting it (a
-slow upload that finished is indexed instead), deletes the manifest first, and records one
+slow upload that finished is indexed instead: damaged if its manifest breaks the rules of
+broker.checkpoint.names), deletes the manifest first, and records one
 event per job and sweep. Store errors are logged and retried on the next cycle.
 """
 
