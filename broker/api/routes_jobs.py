@@ -10,9 +10,9 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from broker.api.context import bearer, client, ctx, verify
-from broker.client.sdk import MAX_ID, MAX_PAGE, Client
+from broker.client.sdk import MAX_PAGE, Client
 from broker.control.budgets import TeamBudget
-from broker.spec import JobSpec
+from broker.spec import MAX_ID, MAX_LOG_OFFSET, JobSpec
 from broker.state.costs import CostRow
 from broker.state.tokens import NotVerifiedHere
 from broker.state.views import EventInfo, JobInfo, LogChunk, LostWorkRow
@@ -97,7 +97,8 @@ def events(c: ClientDep) -> list[EventInfo]:
 
 @router.get("/jobs/{job_id}/logs", response_model=LogChunk, tags=["jobs"])
 def logs(c: ClientDep, job_id: JobId, attempt: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
-         rank: Annotated[int, Query(ge=0, le=4096)] = 0, offset: Count = 0) -> LogChunk:
+         rank: Annotated[int, Query(ge=0, le=4096)] = 0,
+         offset: Annotated[int, Query(ge=0, le=MAX_LOG_OFFSET)] = 0) -> LogChunk:
     """A rank's output from byte `offset` (at most 1 MiB); continue at `next_offset`."""
     return c.logs(job_id, attempt, rank, offset)
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from sqlmodel import Session, col, or_, select
 
 from broker.errors import NotFound, Unauthorized
+from broker.spec import MAX_PID, DbId, LogOffset
 from broker.state import ledger
 from broker.state.events import record
 from broker.state.model import Node, NodeState, Notice, Pool
@@ -50,16 +51,17 @@ class JoinReply(BaseModel):
 
 
 class RankReport(BaseModel):
-    assignment_id: int
+    assignment_id: DbId
     state: str = Field(pattern="^(running|exited|lost)$")
-    pid: int | None = None
+    pid: int | None = Field(default=None, ge=0, le=MAX_PID)
     exit_code: int | None = Field(default=None, ge=-255, le=255)
 
 
 class SyncRequest(BaseModel):
     ranks: list[RankReport] = Field(default_factory=list, max_length=4096)
-    acked: dict[int, int] = Field(default_factory=dict)  # assignment id -> highest signal seq done
-    known: list[int] = Field(default_factory=list, max_length=4096)  # assignment ids it runs
+    # assignment id -> highest signal seq done
+    acked: dict[DbId, DbId] = Field(default_factory=dict, max_length=4096)
+    known: list[DbId] = Field(default_factory=list, max_length=4096)  # assignment ids it runs
     wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
     info: dict[str, Any] = Field(default_factory=dict)
 
@@ -94,14 +96,14 @@ class SyncReply(BaseModel):
 
 
 class LogPiece(BaseModel):
-    assignment_id: int
-    offset: int = Field(ge=0)
+    assignment_id: DbId
+    offset: LogOffset
     data_b64: str = Field(max_length=2 * 1024 * 1024)
 
 
 class NoticeRequest(BaseModel):
     kind: str = Field(pattern="^(" + "|".join(NOTICE_KINDS) + ")$")
-    deadline: float | None = None
+    deadline: float | None = Field(default=None, allow_inf_nan=False)
     detail: dict[str, Any] = Field(default_factory=dict)
 
 
