@@ -23,9 +23,24 @@ JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="a job id")]
 Count = Annotated[int, Query(ge=0, le=MAX_ID)]
 
 
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    """`node` with every `{"$ref": "#/$defs/NAME"}` replaced by that definition (JobSpec's
+    enums: Priority, SpotPolicy), so the request body's schema stands alone in the OpenAPI
+    document instead of naming components it does not define."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            return _inline({**defs[ref.removeprefix("#/$defs/")],
+                            **{k: v for k, v in node.items() if k != "$ref"}}, defs)
+        return {k: _inline(v, defs) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_inline(v, defs) for v in node]
+    return node
+
+
 def _job_schema() -> dict[str, Any]:
-    schema = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
-    schema.pop("$defs", None)
+    schema = JobSpec.model_json_schema()
+    schema = _inline(schema, schema.pop("$defs", {}))
     schema["required"] = [r for r in schema.get("required", []) if r != "team"]
     schema["description"] = ("The job spec (see `onepool submit --help`); `team` defaults to "
                              "the token's team.")
