@@ -28,6 +28,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlmodel import Session, col, or_, select
 
+from broker import output_log
 from broker.checkpoint import telemetry
 from broker.checkpoint.index import default_store_root, stores_of
 from broker.client.filters import check_filters
@@ -312,7 +313,9 @@ class Client(AdminMixin):
     def logs(self, job_id: int, attempt: int | None = None, rank: int = 0,
              offset: int = 0) -> LogChunk:
         """Output of one rank of one attempt (default: the job's newest), from byte `offset`,
-        at most 1 MiB per call; `next_offset` continues it. Raises NotFound (no such job,
+        at most 1 MiB per call; `next_offset` continues it. Output over the attempt's cap
+        (broker.output_cap_bytes) was dropped, the tail kept: the chunk starts at the next byte
+        kept, and `dropped` counts what is gone. Raises NotFound (no such job,
         attempt or rank; not started), SpecError (an offset or rank out of range)."""
         if not (0 <= offset <= MAX_LOG_OFFSET and 0 <= rank <= 4096):
             raise SpecError("logs", [f"offset and rank: must be between 0 and {MAX_LOG_OFFSET} (16 TiB) "
@@ -329,16 +332,13 @@ class Client(AdminMixin):
             raise NotFound(f"job {job_id} has no attempt {attempt} (it has {len(atts)})")
         if rank >= len(a.alloc):
             raise NotFound(f"job {job_id} attempt {a.number} has ranks 0..{len(a.alloc) - 1}")
-        path = self.store.home / "runs" / f"attempt-{a.id}" / f"rank-{rank}" / "output.log"
-        raw = b""
-        if path.exists():
-            with open(path, "rb") as f:
-                f.seek(offset)
-                raw = f.read(LOG_CHUNK)
+        run_dir = self.store.home / "runs" / f"attempt-{a.id}" / f"rank-{rank}"
+        start, raw = output_log.read(run_dir, offset, LOG_CHUNK)
         return LogChunk(job_id=job_id, attempt=a.number, attempts=len(atts), rank=rank,
-                        offset=offset, next_offset=offset + len(raw),
+                        offset=start, next_offset=start + len(raw),
                         data=raw.decode("utf-8", errors="replace"),
-                        attempt_ended=a.ended_at is not None, job_status=status)
+                        attempt_ended=a.ended_at is not None, job_status=status,
+                        dropped=output_log.extent(run_dir).dropped)
 
     def lost_work(self, by: telemetry.By = "team") -> list[LostWorkRow]:
         """Lost GPU-hours, most first: by="team"/"job" charges preemptions to the preempting

@@ -23,10 +23,11 @@ from pydantic import BaseModel, Field
 from sqlmodel import Session, col, or_, select
 
 from broker.errors import NotFound, Unauthorized
+from broker.output_log import DEFAULT_CAP, CappedOutput, per_rank_cap
 from broker.spec import MAX_PID, DbId, LogOffset
 from broker.state import ledger
 from broker.state.events import record
-from broker.state.model import Node, NodeState, Notice, Pool
+from broker.state.model import Attempt, Node, NodeState, Notice, Pool
 from broker.state.model_access import NodeAgent, RankAssignment
 from broker.state.model_access import RankState as AState
 from broker.state.tokens import Verifier, redeem_join_token
@@ -214,23 +215,29 @@ def news_for(reply: SyncReply, known: set[int]) -> bool:
     return reply.has_news or any(a.assignment_id not in known for a in reply.assignments)
 
 
-def write_log(home: Path, s: Session, agent: NodeAgent, piece: LogPiece, data: bytes) -> int:
-    """Append shipped output at `offset` of the rank's log on the broker (the same place a
-    local rank writes). Returns the log's size after it: the offset the agent continues
-    from (a resend of bytes already written is skipped). Raises NotFound."""
+def write_log(home: Path, s: Session, agent: NodeAgent, piece: LogPiece, data: bytes,
+              cap: int = DEFAULT_CAP) -> int:
+    """Write shipped output at `offset` of the rank's log on the broker (the same place a
+    local rank writes), capped like a local rank's (broker.output_log: `cap` bytes per
+    attempt, shared by its ranks; the tail kept). Returns the log's end after it: the offset
+    the agent continues from (a resend of bytes already written is skipped; bytes the node
+    dropped before shipping count as dropped here too). Raises NotFound."""
     row = s.get(RankAssignment, piece.assignment_id)
     if row is None or row.node != agent.node:
         raise NotFound(f"no rank assignment {piece.assignment_id} on node {agent.node}")
-    path = home / "runs" / f"attempt-{row.attempt_id}" / f"rank-{row.rank}" / "output.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    size = path.stat().st_size if path.exists() else 0
-    if piece.offset <= size < piece.offset + len(data):
-        with open(path, "ab") as f:
-            f.write(data[size - piece.offset:])
-        size = piece.offset + len(data)
-        row.log_bytes = size
+    att = s.get(Attempt, row.attempt_id)
+    run_dir = home / "runs" / f"attempt-{row.attempt_id}" / f"rank-{row.rank}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = CappedOutput(run_dir, per_rank_cap(cap, len(att.alloc) if att is not None else 1))
+    try:
+        before = out.end
+        end = out.write_at(piece.offset, data)
+    finally:
+        out.close()
+    if end != before:
+        row.log_bytes = end
         s.add(row)
-    return size
+    return end
 
 
 def notice(s: Session, agent: NodeAgent, req: NoticeRequest, now: float) -> Notice | None:
