@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from broker.control.engine import Engine
+from broker.errors import SpecError
 from providers.local import LocalProcesses
 from tests.api.conftest import Api
 from tests.conftest import kill_leftovers
@@ -76,6 +77,9 @@ def test_a_200kb_argument_is_refused_at_submit_naming_the_field(api: Api) -> Non
     assert err["type"] == "SpecError"
     assert err["problems"] == ["command: item 1 is 200000 bytes; one argument may be at most 64 KiB "
                                "(pass large data in a file the job reads, not on its command line)"]
+    with pytest.raises(SpecError) as embedded:  # the SDK on the home: the same refusal
+        api.local.submit({**JOB, "team": "research", "command": ["echo", "x" * 200_000]})
+    assert embedded.value.problems == err["problems"]
     assert api.http.get("/v1/jobs", headers=api.as_(api.admin)).json()["jobs"] == []
 
 
