@@ -124,9 +124,11 @@ def set_job_budget(c: ClientDep, job_id: JobId, b: BudgetBody) -> Message:
     return Message(message=c.set_budget(b.usd, job_id=job_id))
 
 
+Time = Annotated[float | None, Query(allow_inf_nan=False, description="unix seconds")]
+
+
 @router.get("/costs", response_model=list[CostRow], tags=["money"])
-def costs(c: ClientDep, by: str = "experiment", since: float | None = None,
-          until: float | None = None) -> list[CostRow]:
+def costs(c: ClientDep, by: str = "experiment", since: Time = None, until: Time = None) -> list[CostRow]:
     return c.costs(by, since, until)  # type: ignore[arg-type]
 
 

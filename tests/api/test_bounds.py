@@ -138,3 +138,10 @@ def test_members_see_only_their_teams_jobs_on_nodes(api: Api, running_pair: tupl
     member = Client(store=api.local.store, clock=api.clock,
                     principal=Principal(kind="member", team="prod", id="t"))
     assert {j for p in member.pools() for n in p.nodes for j in n.jobs} == {prod_job}
+
+
+@pytest.mark.parametrize("query", ["since=nan", "since=inf", "until=-inf"])
+def test_cost_windows_must_be_finite_times(api: Api, query: str) -> None:
+    r = api.http.get(f"/v1/costs?{query}", headers=api.as_(api.admin))
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["problems"] == [f"{query.split('=')[0]}: Input should be a finite number"]
