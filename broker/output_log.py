@@ -22,9 +22,10 @@ Standard library only: the rank's supervisor imports this.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
+from io import RawIOBase
 from pathlib import Path
-from typing import BinaryIO
 
 SEGMENT = "output.log"
 DEFAULT_CAP = 64 * 1024 * 1024  # bytes per attempt (broker.output_cap_bytes)
@@ -105,14 +106,16 @@ def read(run_dir: Path, offset: int, limit: int) -> tuple[int, bytes]:
 
 
 class CappedOutput:
-    """Appends to the output in `run_dir`, keeping at most `cap` bytes (see the module)."""
+    """Appends to the output in `run_dir`, keeping at most `cap` bytes (see the module).
+    Thread-safe (the supervisor's copy thread and its own messages share one)."""
 
     def __init__(self, run_dir: Path, cap: int) -> None:
         self.dir = run_dir
         self.segment_max = max(1, cap // 2)
         segs = segments(run_dir)
         self._cur = segs[-1] if segs else Segment(run_dir / SEGMENT, 0, 0)
-        self._f: BinaryIO | None = None
+        self._f: RawIOBase | None = None
+        self._lock = threading.Lock()
 
     @property
     def end(self) -> int:
@@ -126,7 +129,12 @@ class CappedOutput:
     def write_at(self, offset: int, data: bytes) -> int:
         """Write `data`, which starts at logical `offset` of the stream: bytes before the end
         are skipped (a resend of what is here), bytes past the end leave a gap, counted as
-        dropped (the sender dropped them). Returns the new end."""
+        dropped (the sender dropped them). Returns the new end. Raises OSError when the disk
+        refuses the bytes (what did land is accounted for)."""
+        with self._lock:
+            return self._write_at(offset, data)
+
+    def _write_at(self, offset: int, data: bytes) -> int:
         if offset + len(data) <= self.end:
             return self.end
         if offset < self.end:
@@ -140,10 +148,11 @@ class CappedOutput:
                 self._start_segment(self._cur.end)
                 continue
             f = self._file()
-            f.write(view[:room])
-            f.flush()
-            self._cur = Segment(self._cur.path, self._cur.start, os.fstat(f.fileno()).st_size)
-            view = view[room:]
+            try:
+                written = f.write(view[:room]) or 0  # unbuffered: may write less
+            finally:  # the file's size, whatever landed
+                self._cur = Segment(self._cur.path, self._cur.start, os.fstat(f.fileno()).st_size)
+            view = view[written:]
         return self.end
 
     def close(self) -> None:
@@ -151,9 +160,9 @@ class CappedOutput:
             self._f.close()
             self._f = None
 
-    def _file(self) -> BinaryIO:
-        if self._f is None:
-            self._f = open(self._cur.path, "ab")  # noqa: SIM115  (kept open between writes)
+    def _file(self) -> RawIOBase:
+        if self._f is None:  # unbuffered: what write() returns is on the file
+            self._f = open(self._cur.path, "ab", buffering=0)  # noqa: SIM115  (kept open between writes)
         return self._f
 
     def _start_segment(self, start: int) -> None:

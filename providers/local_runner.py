@@ -4,10 +4,11 @@ It is the leader of the rank's process group (the broker signals the whole group
 child's output (stdout and stderr) goes through a pipe into the rank's capped log
 (broker.output_log: at most $ONEPOOL_OUTPUT_CAP_BYTES, the tail kept), so no job fills the
 disk it runs on. First it joins the rank's cgroup when the broker made one ($ONEPOOL_CGROUP)
-and becomes a child subreaper, so every descendant of the job stays findable (see providers.local). It records
-`handle.json` (pid, create time, group, cgroup) as soon as it starts and `exit.json` (the
-child's exit code) the moment the child ends, both by atomic rename, so a restarted broker
-can tell a finished rank (exit.json) from a running one (live pid) from a lost one (neither).
+and becomes a child subreaper, so every descendant of the job stays findable (see
+providers.local). It records `handle.json` (pid, create time, group, cgroup) as soon as it
+starts and `exit.json` (the child's exit code) the moment the child ends, both by atomic
+rename, so a restarted broker can tell a finished rank (exit.json) from a running one (live
+pid) from a lost one (neither).
 A rank it stopped itself because its node lost contact with the server (the fence, below)
 is recorded with `"cause": "fenced"`: the platform ended it, not the job.
 Then it ends whatever the job left behind (SIGTERM, 2 s, SIGKILL) before it exits itself:
@@ -120,15 +121,18 @@ def main(argv: list[str]) -> int:
 
 def copy_output(child: subprocess.Popen[bytes], out: CappedOutput) -> None:
     """Copy the child's output (stdout and stderr, and its descendants' that inherited them)
-    into the capped log until every writer has closed the pipe. A write that fails (the disk
-    is full) drops those bytes; the copy goes on, so the job never blocks on a full pipe."""
+    into the capped log until every writer has closed the pipe. Bytes a write cannot store
+    (the disk is full) are dropped and counted as dropped (a gap before the next bytes that
+    fit); the copy goes on, so the job never blocks on a full pipe."""
     assert child.stdout is not None
     fd = child.stdout.fileno()
+    refused = 0
     while data := os.read(fd, 1 << 16):
         try:
-            out.append(data)
-        except OSError as e:
-            print(f"onepool: {len(data)} bytes of output lost: {e}", file=sys.stderr)
+            out.write_at(out.end + refused, data)
+            refused = 0
+        except OSError:
+            refused += len(data)
     out.close()
 
 
