@@ -15,6 +15,7 @@ Notice table as the cloud's notice queues, and are acted on once there.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from sqlmodel import Session, col, or_, select
 
 from broker.errors import NotFound, Unauthorized
 from broker.output_log import DEFAULT_CAP, CappedOutput, per_rank_cap
-from broker.spec import MAX_PID, DbId, LogOffset
+from broker.spec import MAX_ID, MAX_PID, DbId, LogOffset
 from broker.state import ledger
 from broker.state.events import record
 from broker.state.model import Attempt, Node, NodeState, Notice, Pool
@@ -147,9 +148,12 @@ def join(s: Session, verifier: Verifier, req: JoinRequest, now: float, timing: T
 
 
 def _clean(info: dict[str, Any]) -> dict[str, Any]:
-    """What of the agent's self-description is kept: short scalars only."""
+    """What of the agent's self-description is kept: short strings and finite numbers a
+    database integer holds (a NaN or an infinity is not JSON PostgreSQL takes)."""
     return {str(k)[:40]: v if not isinstance(v, str) else v[:200] for k, v in list(info.items())[:20]
-            if isinstance(v, str | int | float | bool) or v is None}
+            if isinstance(v, str | bool) or v is None
+            or (isinstance(v, int) and -MAX_ID <= v <= MAX_ID)
+            or (isinstance(v, float) and math.isfinite(v))}
 
 
 def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Timing, *,
