@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -35,20 +35,30 @@ from broker.spec_broker import (
     store_uri,
 )
 from broker.spec_types import (
+    MAX_GPU_TYPES,
+    MAX_ID,
+    MAX_LOG_OFFSET,
+    MAX_PATH,
+    MAX_PID,
     NAME_HELP,
     NAME_RE,
     PRIORITIES_BY_RANK,
+    DbId,
+    LogOffset,
     Market,
     Name,
     Priority,
     SpotPolicy,
     _Strict,
+    check_argv,
+    check_env,
 )
 
 # broker.spec is the one config source the rest of the code imports, its parts included.
 __all__ = [
-    "LEGACY_TASK_KEYS", "NAME_HELP", "NAME_RE", "PRIORITIES_BY_RANK", "BrokerSettings",
-    "ClusterConfig", "JobSpec", "Market", "Name", "OnpremCost", "PolicySettings", "PoolSpec",
+    "LEGACY_TASK_KEYS", "MAX_ID", "MAX_LOG_OFFSET", "MAX_PID", "NAME_HELP", "NAME_RE", "PRIORITIES_BY_RANK",
+    "BrokerSettings", "ClusterConfig", "DbId", "JobSpec", "LogOffset", "Market", "Name", "OnpremCost",
+    "PolicySettings", "PoolSpec",
     "Priority", "RebalanceSettings", "SlurmSpec", "SpotPolicy", "TaskIntervals", "TeamSpec",
     "check_job_fits", "load_config", "market_ok", "parse_config", "parse_job", "read_yaml",
     "store_uri", "validate",
@@ -281,17 +291,23 @@ class ClusterConfig(_Strict):
 
 
 class JobSpec(_Strict):
-    """What a user submits. `command` is an argv list (a string is split with shlex)."""
+    """What a user submits. `command` is an argv list (a string is split with shlex).
+
+    Sizes are bounded (broker.spec_types: MAX_ARG_BYTES, MAX_ARGV_BYTES, MAX_ENV_*, MAX_PATH,
+    MAX_GPU_TYPES), below what Linux can start, so a spec the broker stores can be run; a spec
+    over a limit is refused at submit, naming the field and the limit."""
 
     name: Name
     team: Name
     command: list[str] = Field(min_length=1)
     experiment: Name = "default"
     env: dict[str, str] = Field(default_factory=dict)
-    workdir: str | None = None  # where the command runs; default: where it was submitted from
+    # where the command runs; default: where it was submitted from
+    workdir: str | None = Field(default=None, max_length=MAX_PATH)
     gpus_per_node: int = Field(default=1, ge=1, le=64)
     nodes: int = Field(default=1, ge=1, le=1024)
-    gpu_types: list[str] = Field(default_factory=list)  # empty: any type
+    gpu_types: list[Annotated[str, Field(max_length=40)]] = Field(
+        default_factory=list, max_length=MAX_GPU_TYPES)  # empty: any type
     priority: Priority = Priority.NORMAL
     budget_usd: float | None = Field(default=None, ge=0.0)
     spot: SpotPolicy = SpotPolicy.ALLOWED
@@ -303,9 +319,15 @@ class JobSpec(_Strict):
     def _split(cls, v: Any) -> Any:
         return shlex.split(v) if isinstance(v, str) else v
 
+    @field_validator("command")
+    @classmethod
+    def _argv_size(cls, v: list[str]) -> list[str]:
+        return check_argv(v)
+
     @field_validator("env")
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        check_env(v)
         for k in v:
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
                 raise ValueError(f"variable name {k!r} is not a valid environment name")
@@ -335,11 +357,18 @@ def _format(err: ValidationError, prefix: str = "") -> list[str]:
         elif msg.startswith("Value error, "):
             msg = msg.removeprefix("Value error, ")
         got = e.get("input")
-        shown = "" if e["type"] in ("missing", "extra_forbidden") or "(got" in msg else f" (got {got!r})"
+        quiet = e["type"] in ("missing", "extra_forbidden") or "(got" in msg
+        shown = "" if quiet else f" (got {_short(got)})"
         if isinstance(got, dict | list):
             shown = ""
         out.append(f"{prefix}{loc}: {msg}{shown}")
     return out
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters (an error does not echo a 100 KB input back)."""
+    r = repr(value)
+    return r if len(r) <= limit else f"{r[:limit]}... ({len(r)} characters)"
 
 
 def parse_config(data: Any, source: str = "onepool.yaml") -> ClusterConfig:

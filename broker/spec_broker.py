@@ -12,6 +12,7 @@ from pydantic import (
     model_validator,
 )
 
+from broker.output_log import DEFAULT_CAP
 from broker.spec_types import _Strict
 
 
@@ -171,6 +172,10 @@ class BrokerSettings(PolicySettings):
     node_lost_after_s: float = Field(default=30.0, ge=3.0, le=3600.0)
     agent_heartbeat_s: float = Field(default=5.0, ge=0.5, le=600.0)
     agent_package: str | None = Field(default=None, min_length=1, max_length=500)
+    # Job output (broker.output_log): each attempt keeps at most this many bytes of output,
+    # shared by its ranks; the tail is kept, the rest counted as dropped (`onepool logs`
+    # says how much). Bounds what jobs can write to the disk that holds the database.
+    output_cap_bytes: int = Field(default=DEFAULT_CAP, ge=64 * 1024, le=1 << 40)
     # Periodic tasks (issue 12; broker.control.scheduled, run by the leader on APScheduler
     # with its job store in this database): refresh prices, rebalance (as `rebalance` says),
     # scale down idle rented nodes, sweep orphan instances (tagged with this broker, claimed

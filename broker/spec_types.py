@@ -53,6 +53,75 @@ class Market(StrEnum):
 
 Name = Annotated[str, Field(pattern=NAME_RE)]
 
+# Numbers a client sends that the database stores or compares: ids beyond what its integers
+# hold (2^63 - 1) do not exist, and an output offset past 16 TiB (ext4's largest file, far
+# beyond any capped log) cannot be read. Every id and offset of the API is one of these, so
+# a larger one is a 422 naming the field, not an overflow deep in a query.
+MAX_ID = 2**63 - 1
+MAX_LOG_OFFSET = 2**44  # 16 TiB
+MAX_PID = 2**22  # Linux's pid_max limit (PID_MAX_LIMIT)
+DbId = Annotated[int, Field(ge=0, le=MAX_ID)]
+LogOffset = Annotated[int, Field(ge=0, le=MAX_LOG_OFFSET)]
+
+
+# -- what a job may send ------------------------------------------------------------------------
+# A rank is started with execve(argv, env): Linux refuses one string over MAX_ARG_STRLEN
+# (128 KiB) and argv + env over ARG_MAX (2 MiB with the default 8 MiB stack) with E2BIG, and
+# the broker adds its own variables (and a local pool's or agent's environment) to the job's.
+# These limits keep a job's part well below both, so a spec the broker accepts can start.
+MAX_ARG_BYTES = 64 * 1024  # one argument (UTF-8)
+MAX_ARGS = 4096  # arguments in `command`
+MAX_ARGV_BYTES = 512 * 1024  # all of `command`: sum of each argument's bytes + 1 (its NUL)
+MAX_ENV_ENTRIES = 256  # variables in `env`
+MAX_ENV_NAME = 255  # characters of one variable name
+MAX_ENV_VALUE_BYTES = 64 * 1024  # one NAME=value string (UTF-8)
+MAX_ENV_BYTES = 256 * 1024  # all of `env`: sum of each NAME=value's bytes + 1
+MAX_PATH = 4096  # `workdir` (Linux PATH_MAX)
+MAX_GPU_TYPES = 64  # entries of `gpu_types`, each at most 40 characters like a pool's
+KIB = 1024
+
+
+def _size(n: int) -> str:
+    return f"{n // KIB} KiB" if n >= KIB and n % KIB == 0 else f"{n} bytes"
+
+
+def check_argv(argv: list[str]) -> list[str]:
+    """`argv` if it is within the limits above; raises ValueError naming the argument and the
+    limit otherwise (pydantic puts the field's name in front)."""
+    if len(argv) > MAX_ARGS:
+        raise ValueError(f"at most {MAX_ARGS} arguments (got {len(argv)})")
+    total = 0
+    for i, arg in enumerate(argv):
+        n = len(arg.encode("utf-8", "surrogatepass"))
+        if n > MAX_ARG_BYTES:
+            raise ValueError(f"item {i} is {n} bytes; one argument may be at most {_size(MAX_ARG_BYTES)} "
+                             "(pass large data in a file the job reads, not on its command line)")
+        total += n + 1
+    if total > MAX_ARGV_BYTES:
+        raise ValueError(f"the arguments total {total} bytes; at most {_size(MAX_ARGV_BYTES)} "
+                         "(pass large data in a file the job reads)")
+    return argv
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` if it is within the limits above; raises ValueError naming the variable and the
+    limit otherwise."""
+    if len(env) > MAX_ENV_ENTRIES:
+        raise ValueError(f"at most {MAX_ENV_ENTRIES} variables (got {len(env)})")
+    total = 0
+    for k, v in env.items():
+        if len(k) > MAX_ENV_NAME:
+            raise ValueError(f"variable name {k[:40]!r}... is {len(k)} characters; at most {MAX_ENV_NAME}")
+        n = len(k.encode()) + 1 + len(v.encode("utf-8", "surrogatepass"))
+        if n > MAX_ENV_VALUE_BYTES:
+            raise ValueError(f"{k} is {n} bytes (NAME=value); one variable may be at most "
+                             f"{_size(MAX_ENV_VALUE_BYTES)} (pass large data in a file the job reads)")
+        total += n + 1
+    if total > MAX_ENV_BYTES:
+        raise ValueError(f"the variables total {total} bytes (NAME=value each); at most "
+                         f"{_size(MAX_ENV_BYTES)}")
+    return env
+
 
 class _Strict(BaseModel):
     """Every input model: unknown fields, NUL bytes and non-finite numbers (inf, nan, 1e400)

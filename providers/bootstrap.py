@@ -51,7 +51,9 @@ if ! command -v onepool >/dev/null 2>&1; then
   export PATH=/opt/onepool/bin:$PATH
 fi
 mkdir -p "$ONEPOOL_AGENT_HOME"
-exec onepool agent --server {q(b.server_url)} --join-token {q(b.join_token)} \\
+# the join token goes in the environment, not the command line (which `ps` shows everyone)
+export ONEPOOL_JOIN_TOKEN={q(b.join_token)}
+exec onepool agent --server {q(b.server_url)} \\
   --state-dir "$ONEPOOL_AGENT_HOME" --gpus {b.gpus} --gpu-type {q(b.gpu_type)} \\
   --metadata {q(b.metadata)}
 """

@@ -1,11 +1,14 @@
 """The supervisor of one local rank: `python -m providers.local_runner RUN_DIR -- ARGV...`.
 
-It is the leader of the rank's process group (the broker signals the whole group). First it
-joins the rank's cgroup when the broker made one ($ONEPOOL_CGROUP) and becomes a child
-subreaper, so every descendant of the job stays findable (see providers.local). It records
-`handle.json` (pid, create time, group, cgroup) as soon as it starts and `exit.json` (the
-child's exit code) the moment the child ends, both by atomic rename, so a restarted broker
-can tell a finished rank (exit.json) from a running one (live pid) from a lost one (neither).
+It is the leader of the rank's process group (the broker signals the whole group). The
+child's output (stdout and stderr) goes through a pipe into the rank's capped log
+(broker.output_log: at most $ONEPOOL_OUTPUT_CAP_BYTES, the tail kept), so no job fills the
+disk it runs on. First it joins the rank's cgroup when the broker made one ($ONEPOOL_CGROUP)
+and becomes a child subreaper, so every descendant of the job stays findable (see
+providers.local). It records `handle.json` (pid, create time, group, cgroup) as soon as it
+starts and `exit.json` (the child's exit code) the moment the child ends, both by atomic
+rename, so a restarted broker can tell a finished rank (exit.json) from a running one (live
+pid) from a lost one (neither).
 A rank it stopped itself because its node lost contact with the server (the fence, below)
 is recorded with `"cause": "fenced"`: the platform ended it, not the job.
 Then it ends whatever the job left behind (SIGTERM, 2 s, SIGKILL) before it exits itself:
@@ -21,10 +24,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
+
+from broker.output_log import CAP_ENV, DEFAULT_CAP, CappedOutput
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
@@ -39,7 +45,7 @@ def write_json(path: Path, data: dict) -> None:
     tmp.replace(path)
 
 
-def _wait(child: subprocess.Popen[bytes]) -> tuple[int, bool]:
+def _wait(child: subprocess.Popen[bytes], out: CappedOutput) -> tuple[int, bool]:
     """The child's exit status, and whether the fence stopped it. Under a node agent
     (ONEPOOL_AGENT_LEASE names the lease file the agent touches after every sync with the
     server), a lease older than ONEPOOL_AGENT_FENCE_S stops the child (SIGTERM,
@@ -60,8 +66,8 @@ def _wait(child: subprocess.Popen[bytes]) -> tuple[int, bool]:
         except FileNotFoundError:
             age = float("inf")
         if age > fence_s:
-            print(f"onepool: no contact with the server for {age:.0f}s (fence {fence_s:g}s): "
-                  "stopping this rank", file=sys.stderr, flush=True)
+            out.append(f"onepool: no contact with the server for {age:.0f}s (fence {fence_s:g}s): "
+                       "stopping this rank\n".encode())
             child.send_signal(signal.SIGTERM)
             try:
                 return child.wait(timeout=grace_s), True
@@ -87,9 +93,14 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, lambda *_: None)
     signal.signal(signal.SIGUSR1, lambda *_: None)
     fenced = False
+    cap = os.environ.pop(CAP_ENV, "")
+    out = CappedOutput(run_dir, int(cap) if cap.isdigit() else DEFAULT_CAP)
+    copier: threading.Thread | None = None
     try:
-        child = subprocess.Popen(cmd)
-        code, fenced = _wait(child)
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        copier = threading.Thread(target=copy_output, args=(child, out), daemon=True)
+        copier.start()
+        code, fenced = _wait(child, out)
     except FileNotFoundError:
         print(f"onepool: command not found: {cmd[0]}", file=sys.stderr)
         code = 127
@@ -98,10 +109,31 @@ def main(argv: list[str]) -> int:
         code = 126
     if code < 0:  # killed by a signal: report it the way a shell does
         code = 128 - code
+    if copier is not None:  # what the child printed last is in the log before its status
+        copier.join(timeout=0.5)
     # at once: the status outlives us
     write_json(run_dir / "exit.json", {"code": code, "cause": "fenced"} if fenced else {"code": code})
     end_leftovers(me)
+    if copier is not None:  # leftovers that held the pipe are gone: the rest of their output
+        copier.join(timeout=2.0)
     return code
+
+
+def copy_output(child: subprocess.Popen[bytes], out: CappedOutput) -> None:
+    """Copy the child's output (stdout and stderr, and its descendants' that inherited them)
+    into the capped log until every writer has closed the pipe. Bytes a write cannot store
+    (the disk is full) are dropped and counted as dropped (a gap before the next bytes that
+    fit); the copy goes on, so the job never blocks on a full pipe."""
+    assert child.stdout is not None
+    fd = child.stdout.fileno()
+    refused = 0
+    while data := os.read(fd, 1 << 16):
+        try:
+            out.write_at(out.end + refused, data)
+            refused = 0
+        except OSError:
+            refused += len(data)
+    out.close()
 
 
 def join_cgroup(path: str | None) -> str | None:

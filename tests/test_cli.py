@@ -309,6 +309,8 @@ RAISES = [
                  ["gpus_per_node", "greater than or equal to 1"], id="gpus-zero"),
     pytest.param(["submit", "-f", "/nonexistent/job.yaml"], SpecError,
                  ["/nonexistent/job.yaml", "cannot read job spec"], id="job-file-missing"),
+    pytest.param([*SUBMIT, "--", "echo", "x" * 200_000], SpecError,
+                 ["command: item 1 is 200000 bytes", "at most 64 KiB"], id="argument-200kb"),
     pytest.param(["cancel", "99"], NotFound, ["no job with id 99"], id="cancel-unknown-job"),
     pytest.param(["events", "99"], NotFound, ["no job with id 99"], id="events-unknown-job"),
     pytest.param(["logs", "99"], NotFound, ["no job with id 99"], id="logs-unknown-job"),

@@ -77,12 +77,17 @@ def test_server_agent_and_tokens_through_the_cli(lab, tmp_path: Path) -> None:
     join = json.loads(cli(home, "node", "join-token", "onprem-0", "--json", token=admin["token"],
                           url=url).stdout)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_")}
+    token_file = tmp_path / "join-token"
+    token_file.write_text(join["join_token"] + "\n")
+    token_file.chmod(0o600)
     with open(tmp_path / "agent.log", "wb") as log:
         procs.insert(0, subprocess.Popen(
-            [sys.executable, "-m", "broker.client.cli", "agent", "--server", url, "--join-token",
-             join["join_token"], "--gpus", "2", "--gpu-type", "A100", "--state-dir",
+            [sys.executable, "-m", "broker.client.cli", "agent", "--server", url, "--join-token-file",
+             str(token_file), "--gpus", "2", "--gpu-type", "A100", "--state-dir",
              str(tmp_path / "agent")], env=env, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True))
+    # the token is not in the agent's command line, which every user of the host reads in `ps`
+    assert join["join_token"] not in Path(f"/proc/{procs[0].pid}/cmdline").read_bytes().decode()
     auth = {"Authorization": f"Bearer {member['token']}"}
     wait_for("agent joined",
              lambda: httpx.get(f"{url}/v1/nodes", headers=auth, timeout=5).json()[0]["state"] == "up")
@@ -106,3 +111,51 @@ def test_server_agent_and_tokens_through_the_cli(lab, tmp_path: Path) -> None:
     wrong_team = cli(home, "submit", "--name", "x", "--team", "prod", "--", "true", token=fresh,
                      url=url, check=False)
     assert wrong_team.returncode == 2 and "acts for team research only" in wrong_team.stderr
+
+
+# (file content or None for no file, --join-token / $ONEPOOL_JOIN_TOKEN, the token or the error)
+JOIN_TOKENS = [
+    pytest.param("opj_abc\n", None, "opj_abc", id="file"),
+    pytest.param("  opj_abc  \n# a note\n", None, "opj_abc", id="file-first-line-stripped"),
+    pytest.param(None, "opj_flag", "opj_flag", id="flag-or-env"),
+    pytest.param(None, None, None, id="none-once-joined"),
+    pytest.param("opj_abc", "opj_flag", "not both", id="both"),
+    pytest.param("\n  \n", None, "is empty", id="empty-file"),
+    pytest.param(b"\xff\xfe", None, "cannot read", id="not-text"),
+]
+
+
+@pytest.mark.parametrize(("content", "flag", "expected"), JOIN_TOKENS)
+def test_the_agent_reads_its_join_token_from_a_file_or_the_environment(
+        tmp_path: Path, content: str | bytes | None, flag: str | None, expected: str | None) -> None:
+    from broker.client.cli_remote import join_token_of
+    from broker.errors import SpecError
+
+    path = None
+    if content is not None:
+        path = tmp_path / "join-token"
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    if expected is None or expected.startswith("opj_"):
+        assert join_token_of(flag, path) == expected
+        return
+    with pytest.raises(SpecError) as e:
+        join_token_of(flag, path)
+    assert "--join-token-file" in str(e.value) and expected in str(e.value)
+
+
+def test_a_missing_join_token_file_is_named(tmp_path: Path) -> None:
+    from broker.client.cli_remote import join_token_of
+    from broker.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"cannot read .*nope"):
+        join_token_of(None, tmp_path / "nope")
+
+
+def test_a_rented_nodes_user_data_keeps_the_join_token_off_the_command_line() -> None:
+    from providers.bootstrap import Boot, user_data
+
+    script = user_data(Boot(server_url="http://s:8421", join_token="opj_secret", node_id="n-0",
+                            pool="p", provider="aws", gpus=1, gpu_type="A100"))
+    exec_line = script[script.index("exec onepool agent"):]
+    assert "opj_secret" not in exec_line and "--join-token" not in exec_line
+    assert "export ONEPOOL_JOIN_TOKEN=opj_secret\n" in script

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from broker import __version__
+from broker import __version__, output_log
 from broker.agent.hardware import Gpus
 from broker.agent.metadata import Watcher
 from providers.base import Handle, RankState
@@ -227,23 +227,20 @@ class Agent:
             raise AgentError(f"node {self.node} is no longer part of the broker: stopping")
 
     def ship(self, rk: Rank) -> None:
-        """Send the rank's new output (up to the end of its log file)."""
-        path = Path(rk.handle["run_dir"]) / "output.log"
-        if not path.exists():
-            return
-        with open(path, "rb") as f:
-            while not self.stop.is_set():
-                f.seek(rk.shipped)
-                data = f.read(LOG_PIECE)
-                if not data:
-                    return
-                r = self._post("/v1/agent/logs", {"assignment_id": rk.assignment_id,
-                                                   "offset": rk.shipped,
-                                                   "data_b64": base64.b64encode(data).decode()})
-                new = int(r.json()["offset"])
-                if new == rk.shipped:
-                    return
-                rk.shipped = new
+        """Send the rank's new output (up to the end of its capped log: broker.output_log).
+        Output the node's cap dropped before it was shipped is skipped; the server counts it
+        as dropped too."""
+        run_dir = Path(rk.handle["run_dir"])
+        while not self.stop.is_set():
+            start, data = output_log.read(run_dir, rk.shipped, LOG_PIECE)
+            if not data:
+                return
+            r = self._post("/v1/agent/logs", {"assignment_id": rk.assignment_id, "offset": start,
+                                               "data_b64": base64.b64encode(data).decode()})
+            new = int(r.json()["offset"])
+            if new == rk.shipped:
+                return
+            rk.shipped = new
 
     def notice(self, kind: str, deadline: float | None, detail: str) -> None:
         self._post("/v1/agent/notice", {"kind": kind, "deadline": deadline, "detail": {"text": detail}})

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
 from broker.client.sdk import Client
@@ -110,15 +111,28 @@ class SubmitBatcher:
         """Commit a batch and answer every submit in it. If the commit fails (a key another
         API process committed a moment ago, a lock timeout), one submit must not sink the
         others: each one not yet answered is tried again alone, and only a submit that fails
-        alone hears its own error."""
+        alone hears its own error. A lone submit whose key was raced is tried again too: it
+        then replays the other process's job."""
         answers = _Answers()
         failed = self._commit(batch, answers.add)
         if failed is not None:
             for item in [b for b in batch if not answers.has(b)]:
-                alone = failed if len(batch) == 1 else self._commit([item], answers.add)
+                raced = isinstance(failed, IntegrityError)
+                alone = failed if len(batch) == 1 and not raced else self._alone(item, answers.add)
                 if alone is not None:
                     answers.add(item, alone)
         answers.send()
+
+    def _alone(self, item: _Submit,
+               answer: Callable[[_Submit, JobInfo | BaseException], None]) -> Exception | None:
+        """Commit one submit by itself. A unique-constraint failure means another API process
+        committed the same Idempotency-Key since this one read the keys: the next try reads
+        that key and answers its job (as a retry would), so a raced key never answers 500."""
+        for _ in range(3):
+            failed = self._commit([item], answer)
+            if not isinstance(failed, IntegrityError):
+                return failed
+        return failed
 
     def _principal(self, s: Session, token: str | None,
                    seen: dict[str | None, Principal | Exception]) -> Principal:

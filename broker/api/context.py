@@ -17,6 +17,7 @@ from broker.clock import Clock
 from broker.control.agents import Timing
 from broker.control.config_apply import applied_config
 from broker.errors import NotConfigured
+from broker.output_log import DEFAULT_CAP
 from broker.state.store import Store
 from broker.state.tokens import Principal, Verifier
 
@@ -33,7 +34,7 @@ class ApiContext:
     # their next cycle.
     on_agent_report: Callable[[], None] = lambda: None
     check_s: float = 1.0  # long polls look at the database at least this often
-    _timing: tuple[float, Timing] | None = None
+    _settings: tuple[float, Timing, int] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -45,19 +46,26 @@ class ApiContext:
     def timing(self) -> Timing:
         """The agents' heartbeat and lost-after times from the applied config (re-read every
         few seconds; defaults while nothing is configured)."""
+        return self._applied()[0]
+
+    def output_cap(self) -> int:
+        """broker.output_cap_bytes of the applied config (re-read every few seconds)."""
+        return self._applied()[1]
+
+    def _applied(self) -> tuple[Timing, int]:
         with self._lock:
-            cached = self._timing
+            cached = self._settings
             if cached is not None and time.monotonic() - cached[0] < 5.0:
-                return cached[1]
+                return cached[1], cached[2]
         try:
             with self.store.session() as s:
                 b = applied_config(s).broker
-            t = Timing(b.agent_heartbeat_s, b.node_lost_after_s)
+            t, cap = Timing(b.agent_heartbeat_s, b.node_lost_after_s), b.output_cap_bytes
         except NotConfigured:
-            t = Timing()
+            t, cap = Timing(), DEFAULT_CAP
         with self._lock:
-            self._timing = (time.monotonic(), t)
-        return t
+            self._settings = (time.monotonic(), t, cap)
+        return t, cap
 
 
 def ctx(request: Request) -> ApiContext:

@@ -85,7 +85,7 @@ def nodes(c: ClientDep, pool: str | None = None) -> list[NodeInfo]:
 
 @router.post("/nodes/{node}/join-token", response_model=JoinTokenInfo, status_code=201, tags=["capacity"])
 def join_token(c: ClientDep, node: str, body: JoinTokenRequest | None = None) -> JoinTokenInfo:
-    """A one-time token for `onepool agent --join-token` (admins)."""
+    """A one-time token for `onepool agent --join-token-file` (admins)."""
     return c.join_token(node, (body or JoinTokenRequest()).ttl_s)
 
 

@@ -79,7 +79,7 @@ def ship_logs(c: Ctx, request: Request, piece: agents.LogPiece) -> LogAck:
         raise SpecError("logs", ["data_b64: must be base64"]) from None
     with c.store.session() as s:
         agent = c.verifier.node_of_credential(s, bearer(request))
-        return LogAck(offset=agents.write_log(c.store.home, s, agent, piece, data))
+        return LogAck(offset=agents.write_log(c.store.home, s, agent, piece, data, c.output_cap()))
 
 
 @router.post("/notice", status_code=202)

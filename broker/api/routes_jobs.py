@@ -10,9 +10,9 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from broker.api.context import bearer, client, ctx, verify
-from broker.client.sdk import MAX_ID, MAX_PAGE, Client
+from broker.client.sdk import MAX_PAGE, Client
 from broker.control.budgets import TeamBudget
-from broker.spec import JobSpec
+from broker.spec import MAX_ID, MAX_LOG_OFFSET, JobSpec
 from broker.state.costs import CostRow
 from broker.state.tokens import NotVerifiedHere
 from broker.state.views import EventInfo, JobInfo, LogChunk, LostWorkRow
@@ -23,9 +23,24 @@ JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="a job id")]
 Count = Annotated[int, Query(ge=0, le=MAX_ID)]
 
 
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    """`node` with every `{"$ref": "#/$defs/NAME"}` replaced by that definition (JobSpec's
+    enums: Priority, SpotPolicy), so the request body's schema stands alone in the OpenAPI
+    document instead of naming components it does not define."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            return _inline({**defs[ref.removeprefix("#/$defs/")],
+                            **{k: v for k, v in node.items() if k != "$ref"}}, defs)
+        return {k: _inline(v, defs) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_inline(v, defs) for v in node]
+    return node
+
+
 def _job_schema() -> dict[str, Any]:
-    schema = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
-    schema.pop("$defs", None)
+    schema = JobSpec.model_json_schema()
+    schema = _inline(schema, schema.pop("$defs", {}))
     schema["required"] = [r for r in schema.get("required", []) if r != "team"]
     schema["description"] = ("The job spec (see `onepool submit --help`); `team` defaults to "
                              "the token's team.")
@@ -97,7 +112,8 @@ def events(c: ClientDep) -> list[EventInfo]:
 
 @router.get("/jobs/{job_id}/logs", response_model=LogChunk, tags=["jobs"])
 def logs(c: ClientDep, job_id: JobId, attempt: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
-         rank: Annotated[int, Query(ge=0, le=4096)] = 0, offset: Count = 0) -> LogChunk:
+         rank: Annotated[int, Query(ge=0, le=4096)] = 0,
+         offset: Annotated[int, Query(ge=0, le=MAX_LOG_OFFSET)] = 0) -> LogChunk:
     """A rank's output from byte `offset` (at most 1 MiB); continue at `next_offset`."""
     return c.logs(job_id, attempt, rank, offset)
 
@@ -108,9 +124,11 @@ def set_job_budget(c: ClientDep, job_id: JobId, b: BudgetBody) -> Message:
     return Message(message=c.set_budget(b.usd, job_id=job_id))
 
 
+Time = Annotated[float | None, Query(allow_inf_nan=False, description="unix seconds")]
+
+
 @router.get("/costs", response_model=list[CostRow], tags=["money"])
-def costs(c: ClientDep, by: str = "experiment", since: float | None = None,
-          until: float | None = None) -> list[CostRow]:
+def costs(c: ClientDep, by: str = "experiment", since: Time = None, until: Time = None) -> list[CostRow]:
     return c.costs(by, since, until)  # type: ignore[arg-type]
 
 

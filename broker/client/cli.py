@@ -410,16 +410,22 @@ def logs(job: Annotated[int, typer.Argument(metavar="JOB", help="the job's id")]
          poll_s: Annotated[float, typer.Option(
              "--poll-s", metavar="S", min=0.05, help="with -f: seconds between looks for new output")]
          = 0.5) -> None:
-    """Print a job's output (its last attempt unless --attempt N); -f follows it."""
+    """Print a job's output (its last attempt unless --attempt N); -f follows it. Where output
+    over the attempt's cap was dropped (broker.output_cap_bytes), a line on stderr says how
+    many bytes."""
     import time
 
     c = _client()
-    chunk = c.logs(job, attempt, rank)
+    asked, chunk = 0, c.logs(job, attempt, rank)
     while True:
+        if chunk.offset > asked:
+            sys.stdout.flush()
+            _err().print(f"[onepool: {chunk.offset - asked} bytes of output dropped here (over the "
+                         "attempt's output cap; the tail is kept)]", highlight=False, markup=False)
         sys.stdout.write(chunk.data)
         sys.stdout.flush()
         if chunk.data:
-            chunk = c.logs(job, chunk.attempt, rank, chunk.next_offset)
+            asked, chunk = chunk.next_offset, c.logs(job, chunk.attempt, rank, chunk.next_offset)
             continue
         if not follow:
             return
@@ -427,12 +433,12 @@ def logs(job: Annotated[int, typer.Argument(metavar="JOB", help="the job's id")]
             info = c.get(job)
             if attempt is None and info.attempts > chunk.attempt:
                 _err().print(f"--- attempt {chunk.attempt + 1} ---", highlight=False)
-                chunk = c.logs(job, chunk.attempt + 1, rank)
+                asked, chunk = 0, c.logs(job, chunk.attempt + 1, rank)
                 continue
             if attempt is not None or info.status in FINAL_STATES:
                 return
         time.sleep(poll_s)
-        chunk = c.logs(job, chunk.attempt, rank, chunk.next_offset)
+        asked, chunk = chunk.next_offset, c.logs(job, chunk.attempt, rank, chunk.next_offset)
 
 
 @app.command()

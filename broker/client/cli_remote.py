@@ -18,6 +18,29 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
+def join_token_of(token: str | None, token_file: Path | None) -> str | None:
+    """The join token `onepool agent` joins with: from --join-token-file /
+    $ONEPOOL_JOIN_TOKEN_FILE (its first line; the form that keeps it out of `ps`), or from
+    $ONEPOOL_JOIN_TOKEN or --join-token (the flag is in the agent's command line, which every
+    user of the host can read in `ps`). None: neither (a joined agent needs none). Raises
+    SpecError for both at once, or a file that cannot be read or is empty."""
+    from broker.errors import SpecError
+
+    if token_file is None:
+        return token
+    if token is not None:
+        raise SpecError("agent", ["give the join token once: --join-token-file or "
+                                  "--join-token / ONEPOOL_JOIN_TOKEN, not both"])
+    try:
+        lines = token_file.read_text().strip().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError("agent", [f"--join-token-file: cannot read {token_file}: {e}"]) from None
+    if not lines or not lines[0].strip():
+        raise SpecError("agent", [f"--join-token-file: {token_file} is empty (put the token from "
+                                  "`onepool node join-token NODE` in it)"])
+    return lines[0].strip()
+
+
 def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[], Any],
              console: Callable[[], Console], print_json: Callable[[Any], None]) -> None:
     token_app = typer.Typer(no_args_is_help=True, help="API tokens: who may act, for which team.")
@@ -50,9 +73,14 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
     def agent(
         server: Annotated[str, typer.Option("--server", envvar="ONEPOOL_SERVER", metavar="URL",
                                             help="the onepool server's URL")],
+        join_token_file: Annotated[Path | None, typer.Option(
+            "--join-token-file", envvar="ONEPOOL_JOIN_TOKEN_FILE", metavar="FILE",
+            help="a file holding the one-time token from `onepool node join-token NODE` (not "
+                 "needed once joined); or set ONEPOOL_JOIN_TOKEN")] = None,
         join_token: Annotated[str | None, typer.Option(
             "--join-token", envvar="ONEPOOL_JOIN_TOKEN", metavar="TOKEN",
-            help="one-time token from `onepool node join-token NODE` (not needed once joined)")] = None,
+            help="the one-time token itself: visible to every user of this host in `ps` until "
+                 "it is used; prefer --join-token-file or ONEPOOL_JOIN_TOKEN")] = None,
         gpus: Annotated[int | None, typer.Option(
             metavar="N", help="GPUs to offer (default: nvidia-smi's count)", min=1, max=64)] = None,
         gpu_type: Annotated[str | None, typer.Option("--gpu-type", metavar="TYPE", help="GPU type to report "
@@ -74,12 +102,13 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        token = join_token_of(join_token, join_token_file)
         try:
             found = detect(gpus, gpu_type)
             w = watcher(metadata, metadata_url)
         except ValueError as e:
             raise SpecError("agent", [str(e)]) from None
-        sys.exit(agent_main(server, join_token, state_dir, found, w))
+        sys.exit(agent_main(server, token, state_dir, found, w))
 
     @token_app.command("create")
     def token_create(
@@ -127,14 +156,16 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
         ttl_s: Annotated[float, typer.Option("--ttl-s", help="seconds it stays valid")] = 3600.0,
         as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
     ) -> None:
-        """A one-time token for `onepool agent --join-token` on that node's host."""
+        """A one-time token for `onepool agent --join-token-file` on that node's host."""
         info = client().join_token(node, ttl_s)
         if as_json:
             print_json(info.model_dump())
         else:
             server = os.environ.get("ONEPOOL_URL", "http://SERVER:8421")
-            console().print(f"on the host of node {info.node} (pool {info.pool}), within {ttl_s:g}s:\n"
-                      f"onepool agent --server {server} --join-token {info.join_token}", markup=False)
+            console().print(f"on the host of node {info.node} (pool {info.pool}), within {ttl_s:g}s, put "
+                            f"this token in a file only the agent's user reads:\n{info.join_token}\n"
+                            f"then: onepool agent --server {server} --join-token-file FILE",
+                            markup=False)
 
     @node_app.command("list")
     def node_list(pool: Annotated[str | None, typer.Option(help="only this pool")] = None,

@@ -28,10 +28,11 @@ from typing import Any
 from sqlalchemy import update
 from sqlmodel import Session, col, or_, select
 
+from broker import output_log
 from broker.checkpoint import telemetry
 from broker.checkpoint.index import default_store_root, stores_of
 from broker.client.filters import check_filters
-from broker.client.sdk_admin import AdminMixin
+from broker.client.sdk_admin import AdminMixin, visible_nodes
 from broker.client.submits import StagedSubmit, SubmitBatch, write_submits
 from broker.client.waits import FINAL, wait_stopped
 from broker.clock import Clock, SystemClock
@@ -40,7 +41,15 @@ from broker.control.config_apply import applied_config, apply_config
 from broker.control.health import Health
 from broker.control.health import health as broker_health
 from broker.errors import InvalidState, NotFound, SpecError
-from broker.spec import ClusterConfig, JobSpec, check_job_fits, load_config, parse_job
+from broker.spec import (
+    MAX_ID,
+    MAX_LOG_OFFSET,
+    ClusterConfig,
+    JobSpec,
+    check_job_fits,
+    load_config,
+    parse_job,
+)
 from broker.state import costs as cost_queries
 from broker.state.events import acting_as, record
 from broker.state.model import Attempt, Event, Job, JobState
@@ -50,7 +59,6 @@ from broker.state.views import EventInfo, JobInfo, LogChunk, LostWorkRow, PoolIn
 
 STATES = [s.value for s in JobState]
 MAX_PAGE = 1000
-MAX_ID = 2**63 - 1  # ids and offsets beyond what a database integer holds do not exist
 LOG_CHUNK = 1 << 20
 
 
@@ -187,20 +195,21 @@ class Client(AdminMixin):
             batch.staged[slot] = staged
         return staged
 
-    def _job(self, s: Session, job_id: int, what: str) -> Job:
+    def _job(self, s: Session, job_id: int) -> Job:
+        """The job, if this principal may see it. Another team's job is NotFound with the very
+        message of a job that does not exist: a member cannot learn which ids other teams use."""
         j = s.get(Job, job_id) if 0 < job_id <= MAX_ID else None
-        if j is None:
+        if j is None or not self.principal.may_act_for(j.team):
             raise NotFound(f"no job with id {job_id}")
-        self.principal.require_team(j.team, f"{what} job {job_id}")
         return j
 
     def get(self, job_id: int) -> JobInfo:
-        """The job with its attempts. Raises NotFound, Forbidden (another team's job)."""
+        """The job with its attempts. Raises NotFound (also for another team's job)."""
         with self.store.session() as s:
             return self._info(s, job_id)
 
     def _info(self, s: Session, job_id: int) -> JobInfo:
-        j = self._job(s, job_id, "reading")
+        j = self._job(s, job_id)
         atts = list(s.exec(select(Attempt).where(Attempt.job_id == job_id)).all())
         return JobInfo.of(j, atts, self.clock.now(), stores=stores_of(s, [job_id]).get(job_id),
                           caused_lost_gpu_s=telemetry.caused_lost_gpu_s(s, [job_id]).get(job_id, 0.0))
@@ -258,11 +267,11 @@ class Client(AdminMixin):
         here and now; a running one is asked to stop (the broker sends SIGTERM, waits the grace
         period, then kills) and ends CANCELLED.
 
-        Raises NotFound, Forbidden, or InvalidState if the job already ended.
+        Raises NotFound (also another team's job), or InvalidState if the job already ended.
         """
         now = self.clock.now()
         with self.store.session() as s, acting_as(self.principal.actor):
-            j = self._job(s, job_id, "cancelling")
+            j = self._job(s, job_id)
             if j.state in FINAL:
                 raise InvalidState(f"job {job_id} already ended ({j.state}); nothing to cancel")
             # Pending: only if it is still pending when written (the broker may be starting it
@@ -291,11 +300,11 @@ class Client(AdminMixin):
 
     def events(self, job_id: int | None = None) -> list[EventInfo]:
         """The event log, oldest first: of one job, or every event the caller may see (a
-        member: its team's jobs). Raises NotFound, Forbidden."""
+        member: its team's jobs). Raises NotFound (also another team's job)."""
         with self.store.session() as s:
             q = select(Event).order_by(col(Event.id))
             if job_id is not None:
-                self._job(s, job_id, "reading events of")
+                self._job(s, job_id)
                 q = q.where(Event.job_id == job_id)
             elif not self.principal.is_admin:
                 q = q.join(Job, col(Job.id) == Event.job_id).where(Job.team == self.principal.team)
@@ -304,12 +313,15 @@ class Client(AdminMixin):
     def logs(self, job_id: int, attempt: int | None = None, rank: int = 0,
              offset: int = 0) -> LogChunk:
         """Output of one rank of one attempt (default: the job's newest), from byte `offset`,
-        at most 1 MiB per call; `next_offset` continues it. Raises NotFound (no such job,
-        attempt or rank; not started), Forbidden, SpecError (negative offset or rank)."""
-        if not (0 <= offset <= MAX_ID and 0 <= rank <= 4096):
-            raise SpecError("logs", [f"offset and rank: must be >= 0 (got {offset}, {rank})"])
+        at most 1 MiB per call; `next_offset` continues it. Output over the attempt's cap
+        (broker.output_cap_bytes) was dropped, the tail kept: the chunk starts at the next byte
+        kept, and `dropped` counts what is gone. Raises NotFound (no such job,
+        attempt or rank; not started), SpecError (an offset or rank out of range)."""
+        if not (0 <= offset <= MAX_LOG_OFFSET and 0 <= rank <= 4096):
+            raise SpecError("logs", [f"offset and rank: must be between 0 and {MAX_LOG_OFFSET} (16 TiB) "
+                                     f"and 0 and 4096 (got {offset}, {rank})"])
         with self.store.session() as s:
-            j = self._job(s, job_id, "reading logs of")
+            j = self._job(s, job_id)
             atts = list(s.exec(select(Attempt).where(Attempt.job_id == job_id)
                                .order_by(col(Attempt.number))).all())
             status = j.state
@@ -320,16 +332,13 @@ class Client(AdminMixin):
             raise NotFound(f"job {job_id} has no attempt {attempt} (it has {len(atts)})")
         if rank >= len(a.alloc):
             raise NotFound(f"job {job_id} attempt {a.number} has ranks 0..{len(a.alloc) - 1}")
-        path = self.store.home / "runs" / f"attempt-{a.id}" / f"rank-{rank}" / "output.log"
-        raw = b""
-        if path.exists():
-            with open(path, "rb") as f:
-                f.seek(offset)
-                raw = f.read(LOG_CHUNK)
+        run_dir = self.store.home / "runs" / f"attempt-{a.id}" / f"rank-{rank}"
+        start, raw = output_log.read(run_dir, offset, LOG_CHUNK)
         return LogChunk(job_id=job_id, attempt=a.number, attempts=len(atts), rank=rank,
-                        offset=offset, next_offset=offset + len(raw),
+                        offset=start, next_offset=start + len(raw),
                         data=raw.decode("utf-8", errors="replace"),
-                        attempt_ended=a.ended_at is not None, job_status=status)
+                        attempt_ended=a.ended_at is not None, job_status=status,
+                        dropped=output_log.extent(run_dir).dropped)
 
     def lost_work(self, by: telemetry.By = "team") -> list[LostWorkRow]:
         """Lost GPU-hours, most first: by="team"/"job" charges preemptions to the preempting
@@ -384,12 +393,16 @@ class Client(AdminMixin):
 
     def pools(self, *, include_inactive: bool = False) -> list[PoolInfo]:
         """Every pool now: market, the price in force (USD per node-hour, and per GPU-hour as
-        charged), its live nodes with their free GPUs, the jobs holding the rest, their age."""
+        charged), its live nodes with their free GPUs, the jobs holding the rest (a member: its
+        own team's only), their age."""
         from broker.state import inventory
 
         with self.store.session() as s:
-            return inventory.pools(s, applied_config(s), self.clock.now(),
-                                   include_inactive=include_inactive)
+            pools = inventory.pools(s, applied_config(s), self.clock.now(),
+                                    include_inactive=include_inactive)
+            if self.principal.is_admin:
+                return pools
+            return [p.model_copy(update={"nodes": visible_nodes(s, self.principal, p.nodes)}) for p in pools]
 
     def budgets(self) -> list[budget_rules.TeamBudget]:
         """Every team's window budget now (a member: its own team's): amount, spent, state."""

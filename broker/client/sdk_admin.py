@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from broker.control.config_apply import applied_config
 from broker.errors import InvalidState, NotFound, SpecError
 from broker.state.events import acting_as, record
-from broker.state.model import Node, Pool
+from broker.state.model import Job, Node, Pool
 from broker.state.model_access import ApiToken
 from broker.state.tokens import create_api_token, new_join_token, revoke_api_token
 from broker.state.views import JoinTokenInfo, NodeInfo, TokenInfo
@@ -22,6 +22,17 @@ if TYPE_CHECKING:
     from broker.state.store import Store
     from broker.state.tokens import Principal
 
+
+
+def visible_nodes(s: Session, principal: Principal, nodes: list[NodeInfo]) -> list[NodeInfo]:
+    """`nodes` as `principal` may see them: an admin sees every job holding GPUs; a member
+    sees only its own team's job ids there (other teams' work shows as used GPUs, no more)."""
+    if principal.is_admin:
+        return nodes
+    held = {j for n in nodes for j in n.jobs}
+    mine = set(s.exec(select(Job.id).where(col(Job.id).in_(held), Job.team == principal.team)).all())
+    return [n if set(n.jobs) <= mine else n.model_copy(update={"jobs": [j for j in n.jobs if j in mine]})
+            for n in nodes]
 
 
 def _token_info(row: ApiToken, token: str | None = None) -> TokenInfo:
@@ -94,8 +105,8 @@ class AdminMixin:
 
     def nodes(self, pool: str | None = None) -> list[NodeInfo]:
         """Nodes that are or may become schedulable (agent-served ones waiting for or having
-        lost their agent included), with their free GPUs and agents. Raises NotFound for an
-        unknown pool."""
+        lost their agent included), with their free GPUs and agents, and the jobs holding the
+        rest (a member: its own team's only). Raises NotFound for an unknown pool."""
         from broker.state import inventory
 
         with self.store.session() as s:
@@ -103,4 +114,5 @@ class AdminMixin:
             if pool is not None and pool not in {p.name for p in cfg.pools}:
                 raise NotFound(f"no pool {pool!r}; pools: {', '.join(p.name for p in cfg.pools)}")
             pools = inventory.pools(s, cfg, self.clock.now())
-        return [n for p in pools if pool is None or p.name == pool for n in p.nodes]
+            return visible_nodes(s, self.principal,
+                                 [n for p in pools if pool is None or p.name == pool for n in p.nodes])

@@ -15,6 +15,7 @@ Notice table as the cloud's notice queues, and are acted on once there.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,11 @@ from pydantic import BaseModel, Field
 from sqlmodel import Session, col, or_, select
 
 from broker.errors import NotFound, Unauthorized
+from broker.output_log import DEFAULT_CAP, CappedOutput, per_rank_cap
+from broker.spec import MAX_ID, MAX_PID, DbId, LogOffset
 from broker.state import ledger
 from broker.state.events import record
-from broker.state.model import Node, NodeState, Notice, Pool
+from broker.state.model import Attempt, Node, NodeState, Notice, Pool
 from broker.state.model_access import NodeAgent, RankAssignment
 from broker.state.model_access import RankState as AState
 from broker.state.tokens import Verifier, redeem_join_token
@@ -50,16 +53,17 @@ class JoinReply(BaseModel):
 
 
 class RankReport(BaseModel):
-    assignment_id: int
+    assignment_id: DbId
     state: str = Field(pattern="^(running|exited|lost)$")
-    pid: int | None = None
+    pid: int | None = Field(default=None, ge=0, le=MAX_PID)
     exit_code: int | None = Field(default=None, ge=-255, le=255)
 
 
 class SyncRequest(BaseModel):
     ranks: list[RankReport] = Field(default_factory=list, max_length=4096)
-    acked: dict[int, int] = Field(default_factory=dict)  # assignment id -> highest signal seq done
-    known: list[int] = Field(default_factory=list, max_length=4096)  # assignment ids it runs
+    # assignment id -> highest signal seq done
+    acked: dict[DbId, DbId] = Field(default_factory=dict, max_length=4096)
+    known: list[DbId] = Field(default_factory=list, max_length=4096)  # assignment ids it runs
     wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
     info: dict[str, Any] = Field(default_factory=dict)
 
@@ -94,14 +98,14 @@ class SyncReply(BaseModel):
 
 
 class LogPiece(BaseModel):
-    assignment_id: int
-    offset: int = Field(ge=0)
+    assignment_id: DbId
+    offset: LogOffset
     data_b64: str = Field(max_length=2 * 1024 * 1024)
 
 
 class NoticeRequest(BaseModel):
     kind: str = Field(pattern="^(" + "|".join(NOTICE_KINDS) + ")$")
-    deadline: float | None = None
+    deadline: float | None = Field(default=None, allow_inf_nan=False)
     detail: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -144,9 +148,12 @@ def join(s: Session, verifier: Verifier, req: JoinRequest, now: float, timing: T
 
 
 def _clean(info: dict[str, Any]) -> dict[str, Any]:
-    """What of the agent's self-description is kept: short scalars only."""
+    """What of the agent's self-description is kept: short strings and finite numbers a
+    database integer holds (a NaN or an infinity is not JSON PostgreSQL takes)."""
     return {str(k)[:40]: v if not isinstance(v, str) else v[:200] for k, v in list(info.items())[:20]
-            if isinstance(v, str | int | float | bool) or v is None}
+            if isinstance(v, str | bool) or v is None
+            or (isinstance(v, int) and -MAX_ID <= v <= MAX_ID)
+            or (isinstance(v, float) and math.isfinite(v))}
 
 
 def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Timing, *,
@@ -212,23 +219,29 @@ def news_for(reply: SyncReply, known: set[int]) -> bool:
     return reply.has_news or any(a.assignment_id not in known for a in reply.assignments)
 
 
-def write_log(home: Path, s: Session, agent: NodeAgent, piece: LogPiece, data: bytes) -> int:
-    """Append shipped output at `offset` of the rank's log on the broker (the same place a
-    local rank writes). Returns the log's size after it: the offset the agent continues
-    from (a resend of bytes already written is skipped). Raises NotFound."""
+def write_log(home: Path, s: Session, agent: NodeAgent, piece: LogPiece, data: bytes,
+              cap: int = DEFAULT_CAP) -> int:
+    """Write shipped output at `offset` of the rank's log on the broker (the same place a
+    local rank writes), capped like a local rank's (broker.output_log: `cap` bytes per
+    attempt, shared by its ranks; the tail kept). Returns the log's end after it: the offset
+    the agent continues from (a resend of bytes already written is skipped; bytes the node
+    dropped before shipping count as dropped here too). Raises NotFound."""
     row = s.get(RankAssignment, piece.assignment_id)
     if row is None or row.node != agent.node:
         raise NotFound(f"no rank assignment {piece.assignment_id} on node {agent.node}")
-    path = home / "runs" / f"attempt-{row.attempt_id}" / f"rank-{row.rank}" / "output.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    size = path.stat().st_size if path.exists() else 0
-    if piece.offset <= size < piece.offset + len(data):
-        with open(path, "ab") as f:
-            f.write(data[size - piece.offset:])
-        size = piece.offset + len(data)
-        row.log_bytes = size
+    att = s.get(Attempt, row.attempt_id)
+    run_dir = home / "runs" / f"attempt-{row.attempt_id}" / f"rank-{row.rank}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = CappedOutput(run_dir, per_rank_cap(cap, len(att.alloc) if att is not None else 1))
+    try:
+        before = out.end
+        end = out.write_at(piece.offset, data)
+    finally:
+        out.close()
+    if end != before:
+        row.log_bytes = end
         s.add(row)
-    return size
+    return end
 
 
 def notice(s: Session, agent: NodeAgent, req: NoticeRequest, now: float) -> Notice | None:

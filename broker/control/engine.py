@@ -38,6 +38,7 @@ from broker.control.lease import FencedStore, Lease, lease_row
 from broker.control.rebalancer import Rebalancer
 from broker.crashpoints import crash_point
 from broker.errors import NotLeader
+from broker.output_log import CAP_ENV, per_rank_cap
 from broker.policy import Placement, Plan, PolicyConfig, Preemption, plan
 from broker.state.events import record
 from broker.state.model import Attempt, AttemptState, EndReason, Job, JobState, Node, NodeState
@@ -477,6 +478,7 @@ class Engine(AttemptGuards, Duties):
                    "ONEPOOL_CHECKPOINT_INTERVAL_S": f"{job.checkpoint_interval_s:g}",
                    "ONEPOOL_POOL": pool.name, "ONEPOOL_PROVIDER": pool.provider,
                    "ONEPOOL_REGION": pool.region, "ONEPOOL_GPU_TYPE": pool.gpu_type,
+                   CAP_ENV: str(per_rank_cap(self.settings.output_cap_bytes, len(a.alloc))),
                    "CUDA_VISIBLE_DEVICES": ",".join(map(str, slots))}
             if job.workdir:
                 env["ONEPOOL_WORKDIR"] = job.workdir

@@ -71,9 +71,13 @@ class Principal:
             raise Forbidden(f"{what} needs an admin token (this token is a member of team "
                             f"{self.team})")
 
+    def may_act_for(self, team: str) -> bool:
+        """Whether this principal may see and act on `team`'s jobs."""
+        return self.is_admin or team == self.team
+
     def require_team(self, team: str, what: str) -> None:
         """Raises Forbidden unless this principal may act on `team`'s jobs."""
-        if not self.is_admin and team != self.team:
+        if not self.may_act_for(team):
             raise Forbidden(f"{what}: this token acts for team {self.team} only (not {team})")
 
 

@@ -165,17 +165,21 @@ class LostWorkRow(BaseModel):
 
 class LogChunk(BaseModel):
     """Output of one rank from byte `offset`; `next_offset` continues it. `attempt_ended` with
-    no more data means this attempt's output is complete (the job may have a newer attempt)."""
+    no more data means this attempt's output is complete (the job may have a newer attempt).
+    An `offset` past the one asked for means the bytes between were dropped (the cap)."""
 
     job_id: int
     attempt: int
     attempts: int
     rank: int
-    offset: int
+    offset: int  # where `data` starts: the offset asked for, or the next byte kept after it
     next_offset: int
     data: str
     attempt_ended: bool
     job_status: str
+    # bytes of this rank's output the server no longer has (over broker.output_cap_bytes:
+    # the tail is kept); bytes dropped between the offset asked for and `offset` are part of it
+    dropped: int = 0
 
 
 

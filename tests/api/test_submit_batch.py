@@ -5,15 +5,20 @@ batch makes one job. The batch is handed to the batcher directly, so its make-up
 from __future__ import annotations
 
 import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlmodel import select
 
+from broker.api.app import create_app
 from broker.api.batcher import _Submit
 from broker.api.context import ApiContext, verify
 from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.index import default_store_root
+from broker.client.sdk import Client
 from broker.errors import Forbidden, SpecError, Unauthorized
 from broker.state.model import Event, Job
 from broker.state.tokens import NotVerifiedHere
@@ -100,10 +105,12 @@ def test_a_bad_idempotency_key_is_refused_alone(api: Api, key: str):
     assert isinstance(good, JobInfo)
 
 
-def test_a_batch_whose_commit_fails_is_retried_one_submit_at_a_time(api: Api, monkeypatch):
+@pytest.mark.parametrize("alone", [False, True], ids=["with-another-submit", "alone"])
+def test_a_batch_whose_commit_fails_is_retried_one_submit_at_a_time(api: Api, monkeypatch, alone: bool):
     """Another API process commits the same Idempotency-Key between this batch's read and its
     write: the batch's commit fails, and each submit is tried again alone. The keyed one
-    replays the other process's job, the rest are written: nobody hears the other's error."""
+    replays the other process's job, the rest are written: nobody hears the other's error.
+    A batch of the keyed submit alone is tried again too (it answered 500 before)."""
     from broker.client import submits
 
     ctx: ApiContext = api.app.state.ctx
@@ -120,14 +127,41 @@ def test_a_batch_whose_commit_fails_is_retried_one_submit_at_a_time(api: Api, mo
     monkeypatch.setattr(submits.SubmitBatch, "read", classmethod(read_then_race))
     loop = asyncio.new_event_loop()
     try:
-        subs = [_Submit(api.research, body, key, loop, loop.create_future())
-                for body, key in [(JOB, "race"), ({**JOB, "name": "other"}, None)]]
+        items = [(JOB, "race")] if alone else [(JOB, "race"), ({**JOB, "name": "other"}, None)]
+        subs = [_Submit(api.research, body, key, loop, loop.create_future()) for body, key in items]
         ctx.batcher._handle(subs)
-        keyed, other = loop.run_until_complete(asyncio.gather(*(x.fut for x in subs), return_exceptions=True))
+        got = loop.run_until_complete(asyncio.gather(*(x.fut for x in subs), return_exceptions=True))
     finally:
         loop.close()
     (theirs,) = raced
-    assert isinstance(theirs, JobInfo) and isinstance(keyed, JobInfo) and isinstance(other, JobInfo)
-    assert keyed.id == theirs.id and other.id != theirs.id and other.name == "other"
+    assert all(isinstance(x, JobInfo) for x in [theirs, *got]), got
+    assert got[0].id == theirs.id
+    if not alone:
+        assert got[1].id != theirs.id and got[1].name == "other"
     with api.local.store.session() as s:
-        assert sorted(j.name for j in s.exec(select(Job)).all()) == ["j", "other"]
+        assert sorted(j.name for j in s.exec(select(Job)).all()) == ["j"] if alone else ["j", "other"]
+
+
+@pytest.mark.both_dbs
+def test_one_key_raced_across_two_api_processes_answers_one_job_to_both(api: Api) -> None:
+    """Two API apps on the same database (each its own Store, batcher and verifier: two
+    processes as far as the database can tell) get the same Idempotency-Key at once, key after
+    key: both answer 201 with the same job, and one job per key is stored."""
+    second = create_app(Client(api.local.store.home, clock=api.clock).store, api.clock)
+    keys = [f"k{i}" for i in range(24)]
+    with TestClient(second) as http2, ThreadPoolExecutor(2) as pool:
+        clients = (api.http, http2)
+        for c in clients:  # each process verifies the token once (off the race)
+            assert c.post("/v1/jobs", json=JOB, headers=api.as_(api.research)).status_code == 201
+        for key in keys:
+            gate = threading.Barrier(2)
+
+            def post(c: TestClient, key: str = key, gate: threading.Barrier = gate) -> Any:
+                gate.wait()
+                return c.post("/v1/jobs", json=JOB, headers={**api.as_(api.research), "Idempotency-Key": key})
+
+            a, b = pool.map(post, clients)
+            assert (a.status_code, b.status_code) == (201, 201), (key, a.text, b.text)
+            assert a.json()["id"] == b.json()["id"]
+    with api.local.store.session() as s:
+        assert len(s.exec(select(Job)).all()) == 2 + len(keys)
