@@ -171,6 +171,11 @@ class BrokerSettings(PolicySettings):
     node_lost_after_s: float = Field(default=30.0, ge=3.0, le=3600.0)
     agent_heartbeat_s: float = Field(default=5.0, ge=0.5, le=600.0)
     agent_package: str | None = Field(default=None, min_length=1, max_length=500)
+    # A job whose rank could not start (providers.start_errors) goes back to the queue to run
+    # on another node while the cause may be the node's (a missing working directory), and
+    # fails after this many start failures; a cause only the job can have (an exec format
+    # error of its own script) fails it at once. Preemptions and lost nodes do not count.
+    max_start_failures: int = Field(default=3, ge=1, le=100)
     # Periodic tasks (issue 12; broker.control.scheduled, run by the leader on APScheduler
     # with its job store in this database): refresh prices, rebalance (as `rebalance` says),
     # scale down idle rented nodes, sweep orphan instances (tagged with this broker, claimed
