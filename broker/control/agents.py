@@ -54,6 +54,8 @@ class RankReport(BaseModel):
     state: str = Field(pattern="^(running|exited|lost)$")
     pid: int | None = None
     exit_code: int | None = Field(default=None, ge=-255, le=255)
+    # why it could not start at all (providers.start_errors), with state "exited"
+    cause: str | None = Field(default=None, pattern=r"^start_failed:[a-z0-9_]{1,48}$")
 
 
 class SyncRequest(BaseModel):
@@ -187,6 +189,7 @@ def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Tim
             elif rep.state in ("exited", "lost"):
                 row.state = AState.EXITED if rep.state == "exited" else AState.LOST
                 row.exit_code, row.ended_at = rep.exit_code, now
+                row.cause = rep.cause if rep.state == "exited" else None
             s.add(row)
         elif rep.state == "running":
             kill.append(row.id or 0)  # the broker gave up on it (node was lost): stop it
