@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import errno as errnos
 import os
+import re
 import shutil
 
 PREFIX = "start_failed"
+PATTERN = r"^start_failed:[a-z0-9_]{1,48}$"  # what a cause may look like on the wire
 
 # kind -> (what the user reads, whether another node may succeed)
 KINDS: dict[str, tuple[str, bool]] = {
@@ -47,6 +49,12 @@ def kind_of(cause_: str | None) -> str | None:
 
 def is_start_failure(cause_: str | None) -> bool:
     return kind_of(cause_) is not None
+
+
+def well_formed(cause_: str | None) -> bool:
+    """Whether a cause read from a rank's folder (which the job could have written) is one
+    this vocabulary can produce: the agent reports no other."""
+    return cause_ is not None and re.fullmatch(PATTERN, cause_) is not None
 
 
 def job_at_fault(cause_: str | None) -> bool:

@@ -150,12 +150,16 @@ class Agent:
         """Take back the ranks a previous run of this agent started (still running or not yet
         reported), from their folders."""
         for f in sorted((self.state_dir / "runs").glob("attempt-*/rank-*/assignment.json")):
-            a = json.loads(f.read_text())
-            h = self.procs.adopt(a["attempt_id"], a["rank"])
+            try:
+                a = json.loads(f.read_text())
+                aid, attempt, rank = int(a["assignment_id"]), int(a["attempt_id"]), int(a["rank"])
+                h = self.procs.adopt(attempt, rank)
+            except (OSError, ValueError, KeyError, TypeError) as e:  # that rank's folder is damaged
+                log.error("agent: cannot adopt the rank of %s (%s); the server ends it", f, e)
+                continue
             if h is None:
                 continue
-            self.ranks[a["assignment_id"]] = Rank(a["assignment_id"], a["attempt_id"], a["rank"], h,
-                                                  shipped=a.get("shipped", 0))
+            self.ranks[aid] = Rank(aid, attempt, rank, h, shipped=int(a.get("shipped", 0) or 0))
             log.info("agent: adopted rank %s of attempt %s", a["rank"], a["attempt_id"])
 
     def _start(self, a: dict[str, Any]) -> None:
@@ -217,9 +221,12 @@ class Agent:
                      RankState.EXITED: "exited"}.get(st.state, "lost")
             if st.cause == "fenced":  # it stopped itself, cut off from the server: not the job's
                 state = "lost"        # failure; the broker requeues it
+            code = st.exit_code
+            if code is not None and not -255 <= code <= 255:  # its folder says so: the job wrote it
+                code = 255
             rep = {"assignment_id": r.assignment_id, "state": state, "pid": r.handle.get("pid"),
-                   "exit_code": st.exit_code}
-            if state == "exited" and start_errors.is_start_failure(st.cause):
+                   "exit_code": code}
+            if state == "exited" and start_errors.well_formed(st.cause):
                 rep["cause"] = st.cause
             out.append(rep)
         return out

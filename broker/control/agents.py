@@ -29,6 +29,7 @@ from broker.state.model import Node, NodeState, Notice, Pool
 from broker.state.model_access import NodeAgent, RankAssignment
 from broker.state.model_access import RankState as AState
 from broker.state.tokens import Verifier, redeem_join_token
+from providers import start_errors
 
 log = logging.getLogger("onepool.agents")
 LIVE = (AState.ASSIGNED, AState.RUNNING)
@@ -55,7 +56,7 @@ class RankReport(BaseModel):
     pid: int | None = None
     exit_code: int | None = Field(default=None, ge=-255, le=255)
     # why it could not start at all (providers.start_errors), with state "exited"
-    cause: str | None = Field(default=None, pattern=r"^start_failed:[a-z0-9_]{1,48}$")
+    cause: str | None = Field(default=None, pattern=start_errors.PATTERN)
 
 
 class SyncRequest(BaseModel):

@@ -119,3 +119,32 @@ def test_an_agent_whose_loop_thread_dies_exits_non_zero(site: Site, tmp_path: Pa
     finally:
         agent.stop.set()
         t.join(timeout=10)
+
+
+# What a rank's folder may hold once a job wrote into it: (name, exit.json text, the report)
+FORGED = [
+    ("code out of range", '{"code": 100000}', {"state": "exited", "exit_code": 255}),
+    ("cause the vocabulary cannot make", '{"code": 1, "start_error": {"cause": "start_failed:../../x"}}',
+     {"state": "exited", "exit_code": 1}),
+    ("a real start failure", '{"code": 126, "start_error": {"cause": "start_failed:exec_format_error"}}',
+     {"state": "exited", "exit_code": 126, "cause": "start_failed:exec_format_error"}),
+    ("not a number", '{"code": "x"}', {"state": "lost", "exit_code": None}),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "want"), FORGED, ids=[f[0] for f in FORGED])
+def test_the_agent_reports_only_what_the_server_accepts_whatever_a_rank_folder_holds(tmp_path, name, text,
+                                                                                     want):
+    """A report the server refuses (422) would fail every sync of the node: the agent reports
+    a rank's folder only as far as it is well formed."""
+    from broker.agent.agent import Rank
+    from broker.control.agents import RankReport
+
+    agent = Agent(server="http://127.0.0.1:9", state_dir=tmp_path / "agent", gpus=Gpus(2, "A100"))
+    d = agent.procs.run_dir(7, 0)
+    d.mkdir(parents=True)
+    (d / "exit.json").write_text(text)
+    agent.ranks[1] = Rank(1, 7, 0, {"rank": 0, "pid": -1, "create_time": 0.0, "pgid": -1, "run_dir": str(d)})
+    [rep] = agent._reports()
+    RankReport.model_validate(rep)  # the server accepts it
+    assert {k: v for k, v in rep.items() if k in ("state", "exit_code", "cause")} == want
