@@ -152,7 +152,7 @@ class AttemptGuards:
         else:
             verdict, retry = (f"start failure {n} of {limit}: back in the queue, to run on "
                               "another node where there is one"), True
-        record(s, now, "start_failed" if retry else "start_failed_final", f"{why}; {verdict}",
+        record(s, now, "start_retry" if retry else "start_failed_final", f"{why}; {verdict}",
                job_id=job.id, attempt_id=a.id, cause=cause, nodes=[nd for nd, _ in a.alloc],
                start_failures=n, max_start_failures=limit)
         return retry

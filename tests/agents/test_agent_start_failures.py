@@ -79,6 +79,38 @@ def test_jobs_that_cannot_start_fail_alone_and_the_agent_keeps_serving(site: Sit
         assert c.get(good).attempts == 1  # never lost, never restarted
 
 
+def test_a_job_that_cannot_start_tries_three_nodes_kills_no_agent_and_fails(tmp_path: Path, clock):
+    """The finding: a job with a typo in its workdir went from agent to agent, killing each.
+    Now it is tried on max_start_failures (3) different nodes, every agent keeps serving
+    (another team's job on the first node keeps running), and the job ends FAILED."""
+    site = make_site(tmp_path / "home", clock, pools=[{**POOL, "nodes": 3}], node_lost_after_s=6,
+                     agent_heartbeat_s=1, grace_s=10)
+    c = site.client
+    try:
+        with agents_cleanup() as agents:
+            for i in range(3):
+                token = c.join_token(f"onprem-{i}").join_token
+                agents.append(spawn_agent(site.url, tmp_path / f"agent-{i}", join_token=token))
+            wait_for("3 agents joined", lambda: sum(n.state == "up" for n in c.nodes()) == 3)
+            good = c.submit(name="good", team="prod", command=train(600, step_s=0.05), gpus_per_node=1).id
+            drive(site.engine, lambda: (c.get(good).last_step or -1) >= 1, timeout=60)
+            bad = c.submit(name="typo", team="research", command=["true"], workdir=workdir(tmp_path),
+                           gpus_per_node=1).id
+            vanish(tmp_path)
+            drive(site.engine, lambda: c.get(bad).status == "FAILED", timeout=60)
+            info = c.get(bad)
+            nodes = [a.alloc[0][0] for a in info.attempt_list]
+            assert len(nodes) == 3 and len(set(nodes)) == 3, nodes
+            assert {a.cause for a in info.attempt_list} == {"start_failed:workdir_missing"}
+            assert [e.kind for e in c.events(bad)].count("start_retry") == 2
+            assert all(a.proc.poll() is None for a in agents), "an agent died"
+            assert c.get(good).status == "RUNNING" and c.get(good).attempts == 1
+            assert sum(n.state == "up" for n in c.nodes()) == 3
+    finally:
+        site.close()
+        kill_leftovers(tmp_path / "home" / "runs")
+
+
 def test_an_agent_whose_state_folder_breaks_exits_non_zero(site: Site, tmp_path: Path):
     """Its lease cannot be written after a sync (here: a link into a folder that does not
     exist): after a few failures in a row the agent exits with status 4, for systemd to
