@@ -143,3 +143,15 @@ def test_preemptions_do_not_count_as_start_failures(make_cluster, tmp_path):
     drive(eng, lambda: c.get(j).status == "FAILED", advance=1.0)
     causes = [a.cause for a in c.get(j).attempt_list]
     assert causes[0] == "spot_interruption" and causes[1:] == ["start_failed:workdir_missing"] * 2
+
+
+def test_onepool_status_shows_the_cause(make_cluster, tmp_path):
+    from tests.test_cli import cli, cli_json, flat
+
+    c, eng = make_cluster()
+    j = c.submit(name="noshebang", team="research", command=[script(tmp_path, "run.sh", "echo hi\n")],
+                 gpus_per_node=1).id
+    drive(eng, lambda: c.get(j).status == "FAILED")
+    home = c.store.home
+    assert cli_json(home, "status", str(j))["attempt_list"][0]["cause"] == "start_failed:exec_format_error"
+    assert "start_failed:exec_format_error" in flat(cli(home, "status", str(j)).stdout)
