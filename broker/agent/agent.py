@@ -9,6 +9,13 @@ reads the cloud's metadata service for interruption notices. A restarted agent a
 ranks still running in `runs/` (nothing is started twice: starts are idempotent per rank
 folder), and reports those the broker has given up on, which it then kills.
 
+One job never stops the loops: a rank that cannot start (StartFailed, or any error of its
+own) is reported as that attempt's start failure with its cause (providers.start_errors),
+and an error handling one rank (a signal, its status, its log) is logged and that rank
+skipped. The agent exits instead of staying up with a dead loop: 3 when the server refuses
+it, 4 when a loop fails LOOP_FAILURES times in a row for a reason other than the server's,
+or a loop thread dies; its supervisor (systemd, Restart=always) starts it again.
+
 Fencing: every rank's supervisor stops the rank when the lease file is older than the
 fence time the server gave (two thirds of the time after which the broker declares the node
 lost), so a node cut off from the server stops its work before the broker places it again.
