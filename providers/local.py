@@ -149,11 +149,19 @@ class LocalProcesses:
             handle = {"rank": rank, "pid": p.pid, "create_time": _create_time(p.pid), "pgid": p.pid,
                       "attempt_id": attempt_id, "run_dir": str(d), "cgroup": None if cg is None else str(cg)}
             _write_json(d / "spawned.json", handle)  # found by a restarted broker, like handle.json
-        threading.Thread(target=self._reap, args=(p,), daemon=True).start()
+        threading.Thread(target=self._reap, args=(p, d), daemon=True).start()
         return handle
 
-    def _reap(self, p: subprocess.Popen[bytes]) -> None:
-        p.wait()
+    def _reap(self, p: subprocess.Popen[bytes], d: Path) -> None:
+        """Wait for a supervisor. One that exited by itself (not by a signal) without recording
+        anything never got to start the job (it failed to start itself): its rank ends as a
+        start failure, instead of LOST without a status (which would requeue it without end)."""
+        code = p.wait()
+        if code > 0 and not (d / "handle.json").exists() and not (d / "exit.json").exists():
+            why = f"its supervisor exited with status {code} before it could start the job (see its log)"
+            with contextlib.suppress(OSError):
+                _write_json(d / "exit.json", {"code": code, "start_error": start_errors.record(
+                    "supervisor_failed", None, why)})
         self._children.pop(p.pid, None)
         self._changed.set()
         if self._on_change is not None:
@@ -206,7 +214,7 @@ class LocalProcesses:
         d = handle["run_dir"]
         if d in self._final:
             return self._final[d]
-        if _alive(handle):
+        if _alive(handle) or handle.get("pid") in self._children:  # (not reaped yet: see _reap)
             return RankStatus(RankState.RUNNING)
         if self._leftovers(handle):
             return RankStatus(RankState.ORPHANED)

@@ -32,6 +32,7 @@ KINDS: dict[str, tuple[str, bool]] = {
     "too_large": ("its arguments or environment are too large to start a process "
                   "(E2BIG: one argument above 128 KiB, or all of them above the system limit)", False),
     "invalid_command": ("its command or environment holds a NUL byte", False),
+    "supervisor_failed": ("its supervisor could not start on this node", True),
 }
 
 

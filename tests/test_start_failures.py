@@ -155,3 +155,19 @@ def test_onepool_status_shows_the_cause(make_cluster, tmp_path):
     home = c.store.home
     assert cli_json(home, "status", str(j))["attempt_list"][0]["cause"] == "start_failed:exec_format_error"
     assert "start_failed:exec_format_error" in flat(cli(home, "status", str(j)).stdout)
+
+
+def test_a_supervisor_that_cannot_start_ends_the_rank_as_a_start_failure(make_cluster, monkeypatch):
+    """A supervisor that exits by itself before recording anything (its interpreter broken on
+    this node) ends its rank as start_failed:supervisor_failed, not LOST without a status (which
+    requeued the job without end)."""
+    import providers.local
+
+    monkeypatch.setattr(providers.local, "SUPERVISOR", ("-c", "import sys; sys.exit(3)"))
+    c, eng = make_cluster()
+    j = c.submit(name="j", team="research", command=["true"], gpus_per_node=1).id
+    drive(eng, lambda: c.get(j).status not in ("PENDING", "RUNNING"))
+    info = c.get(j)
+    assert info.status == "FAILED" and info.attempts == 1  # one node: nowhere else to try
+    assert info.attempt_list[0].cause == "start_failed:supervisor_failed"
+    assert info.attempt_list[0].exit_code == 3
