@@ -84,6 +84,8 @@ class Agent:
     http: httpx.Client | None = None
     poll_timeout_s: float = 60.0
     stop: threading.Event = field(default_factory=threading.Event)
+    retry_s: float = 0.5  # a loop's first wait after a failure, doubled up to retry_max_s
+    retry_max_s: float = 10.0
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -329,22 +331,24 @@ class Agent:
 
     # -- threads ----------------------------------------------------------------------------------
     def _loop(self, what: str, every: float, fn: Any) -> None:
-        """Run fn() until stopped. The server being unreachable or failing (transport errors,
-        5xx) is retried with backoff, without end (the ranks' fence covers a long outage).
-        AgentError (refused) stops the agent; so do LOOP_FAILURES failures in a row of anything
-        else (its state folder unwritable, a bug): it exits non-zero and its supervisor
-        (systemd) restarts it, which adopts the running ranks."""
-        backoff, failures = 0.5, 0
+        """Run fn() until stopped. The server being unreachable, failing or throttling
+        (transport errors, 5xx, 408, 429) is retried with backoff (from retry_s up to
+        retry_max_s), without end: the ranks' fence covers a long outage. AgentError (refused)
+        stops the agent; so do LOOP_FAILURES failures in a row of anything else (its state
+        folder unwritable, a bug): it exits non-zero and its supervisor (systemd) restarts it,
+        which adopts the running ranks."""
+        backoff, failures = self.retry_s, 0
         while not self.stop.is_set():
             try:
                 fn()
-                backoff, failures = 0.5, 0
+                backoff, failures = self.retry_s, 0
             except AgentError as e:
                 self._fatal(e)
                 return
             except Exception as e:
-                server = isinstance(e, httpx.TransportError) or (
-                    isinstance(e, httpx.HTTPStatusError) and e.response.status_code >= 500)
+                server = isinstance(e, httpx.TransportError) or (  # busy, down or throttling
+                    isinstance(e, httpx.HTTPStatusError) and (e.response.status_code >= 500
+                                                              or e.response.status_code in (408, 429)))
                 if not server:
                     failures += 1
                     log.exception("agent: %s failed (%d in a row)", what, failures)
@@ -355,7 +359,7 @@ class Agent:
                 else:
                     log.warning("agent: %s failed (%s); retrying in %.1fs", what, e, backoff)
                 self.stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+                backoff = min(backoff * 2, self.retry_max_s)
                 continue
             if every:
                 self.stop.wait(every)
@@ -427,6 +431,10 @@ class Agent:
                 self._fatal(AgentError(f"the {', '.join(dead)} loop is gone"))
         for t in threads:
             t.join(timeout=2.0)
+        return self.exit_status()
+
+    def exit_status(self) -> int:
+        """0 (stopped), 3 (the server refused this agent) or 4 (it cannot go on)."""
         if self.error is None:
             return 0
         return 3 if self.error.refused else 4

@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from broker.agent.agent import Agent
+from broker.agent.agent import Agent, AgentError
 from broker.agent.hardware import Gpus
 from tests.agents.harness import Site, agents_cleanup, make_site, spawn_agent, wait_for
 from tests.conftest import drive, kill_leftovers, train
@@ -180,3 +181,40 @@ def test_the_agent_reports_only_what_the_server_accepts_whatever_a_rank_folder_h
     [rep] = agent._reports()
     RankReport.model_validate(rep)  # the server accepts it
     assert {k: v for k, v in rep.items() if k in ("state", "exit_code", "cause")} == want
+
+
+def _http(status: int) -> httpx.HTTPStatusError:
+    req = httpx.Request("POST", "http://server/v1/agent/sync")
+    return httpx.HTTPStatusError(f"{status}", request=req, response=httpx.Response(status, request=req))
+
+
+# (case, what each call of the loop's function does in turn, how the agent ends: None = still
+# serving when the calls run out, else its exit status)
+LOOP_CASES: list[tuple[str, list[BaseException | None], int | None]] = [
+    ("server unreachable, without end", [httpx.ConnectError("refused")] * 12, None),
+    ("server failing", [_http(503)] * 12, None),
+    ("server throttling", [_http(429)] * 12, None),
+    ("state folder unwritable", [PermissionError(13, "Permission denied")] * 5, 4),
+    ("a bug", [KeyError("x")] * 5, 4),
+    ("answers it cannot use", [_http(422)] * 5, 4),
+    ("failures not in a row", [OSError("x")] * 4 + [None] + [OSError("x")] * 4, None),
+    ("refused", [_http(503), AgentError("revoked", refused=True)], 3),
+]
+
+
+@pytest.mark.parametrize(("case", "calls", "status"), LOOP_CASES, ids=[c[0] for c in LOOP_CASES])
+def test_a_loop_retries_the_servers_failures_and_gives_up_on_its_own(tmp_path, case, calls, status):
+    agent = Agent(server="http://127.0.0.1:9", state_dir=tmp_path / "agent", gpus=Gpus(2, "A100"),
+                  retry_s=0.001, retry_max_s=0.001)
+    left = list(calls)
+
+    def step() -> None:
+        if not left:
+            agent.stop.set()
+            return
+        e = left.pop(0)
+        if e is not None:
+            raise e
+
+    agent._loop("sync", 0.0, step)
+    assert (agent.exit_status(), left) == (status or 0, [])
