@@ -176,6 +176,11 @@ class BrokerSettings(PolicySettings):
     # shared by its ranks; the tail is kept, the rest counted as dropped (`onepool logs`
     # says how much). Bounds what jobs can write to the disk that holds the database.
     output_cap_bytes: int = Field(default=DEFAULT_CAP, ge=64 * 1024, le=1 << 40)
+    # A job whose rank could not start (providers.start_errors) goes back to the queue to run
+    # on another node while the cause may be the node's (a missing working directory), and
+    # fails after this many start failures; a cause only the job can have (an exec format
+    # error of its own script) fails it at once. Preemptions and lost nodes do not count.
+    max_start_failures: int = Field(default=3, ge=1, le=100)
     # Periodic tasks (issue 12; broker.control.scheduled, run by the leader on APScheduler
     # with its job store in this database): refresh prices, rebalance (as `rebalance` says),
     # scale down idle rented nodes, sweep orphan instances (tagged with this broker, claimed

@@ -48,7 +48,12 @@ class Fatal(ProviderError):
 
 class StartFailed(ProviderError):
     """A rank could not be started for a reason of its own (a working directory that does
-    not exist, a NUL byte in its command): that attempt fails; the broker goes on."""
+    not exist, a NUL byte in its command): that attempt fails; the broker goes on. `cause`
+    names why, as providers.start_errors does (`start_failed:<kind>`)."""
+
+    def __init__(self, message: str, cause: str = "start_failed") -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class RankState(StrEnum):

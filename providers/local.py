@@ -37,12 +37,18 @@ from pathlib import Path
 
 import psutil
 
+from providers import start_errors
 from providers.base import Handle, RankState, RankStatus, StartFailed
 
 ATTEMPT_ENV = "ONEPOOL_ATTEMPT_ID"
 RANK_ENV = "ONEPOOL_RANK"
 TAG_ENV = "ONEPOOL_RANK_DIR"  # the rank's run folder: unique across attempts and broker homes
 CGROUP_ENV = "ONEPOOL_CGROUP"  # the cgroup the supervisor joins (set by start())
+# The supervisor's interpreter ignores the PYTHON* variables of the job's environment (-E: a
+# job's PYTHONHOME must not kill its supervisor before it can record anything) and the job's
+# working directory (-P); it runs the code of this very checkout, wherever that is.
+SUPERVISOR = ("-E", "-P", "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent.parent)!r}); "
+              "from providers.local_runner import main; sys.exit(main(sys.argv[1:]))")
 
 
 def cgroup_root() -> Path | None:
@@ -103,9 +109,12 @@ class LocalProcesses:
 
         With recover=True (after a broker crash) it also looks for a live process carrying
         this attempt and rank in its environment, covering a crash between spawn and the
-        supervisor's first write. Raises StartFailed (with the reason) when the rank cannot
-        be started: a working directory that does not exist, a NUL byte in its command or
-        environment, an unusable interpreter.
+        supervisor's first write. Raises StartFailed (its `cause` from providers.start_errors)
+        when the rank cannot be started: a working directory that does not exist or is not a
+        directory, a NUL byte in its command or environment, arguments or environment too
+        large (E2BIG). A command that cannot be executed is the supervisor's to record (in
+        exit.json: status() then carries the cause). An OSError of this host's own (its runs
+        folder) propagates as is.
         """
         d = self.run_dir(attempt_id, rank)
         with self._start_lock:
@@ -117,31 +126,42 @@ class LocalProcesses:
                         TAG_ENV: str(d.resolve())}
             full_env.pop(CGROUP_ENV, None)
             cwd = env.get("ONEPOOL_WORKDIR") or None
+            d.mkdir(parents=True, exist_ok=True)  # an OSError here is this host's, not the job's
+            if cwd is not None and (kind := start_errors.workdir_kind(cwd)) is not None:
+                raise StartFailed(f"rank {rank} could not start: {start_errors.describe(kind)}: {cwd!r}",
+                                  cause=start_errors.cause(kind))
             try:
-                d.mkdir(parents=True, exist_ok=True)
                 if cg is not None:
                     cg.mkdir(exist_ok=True)
                     full_env[CGROUP_ENV] = str(cg)
-                if cwd is not None and not os.path.isdir(cwd):
-                    raise FileNotFoundError(f"working directory {cwd!r} does not exist")
                 with open(d / "output.log", "ab") as log:
                     p = subprocess.Popen(
-                        [sys.executable, "-m", "providers.local_runner", str(d), "--", *argv],
+                        [sys.executable, *SUPERVISOR, str(d), "--", *argv],
                         env=full_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                         start_new_session=True, cwd=cwd)
             except (OSError, ValueError, subprocess.SubprocessError) as e:
                 if cg is not None:
                     _rmdir(cg)
-                raise StartFailed(f"rank {rank} could not start: {e}") from e
+                kind = start_errors.classify(e, sys.executable)
+                raise StartFailed(f"rank {rank} could not start: {start_errors.describe(kind)}: {e}",
+                                  cause=start_errors.cause(kind)) from e
             self._children[p.pid] = p
             handle = {"rank": rank, "pid": p.pid, "create_time": _create_time(p.pid), "pgid": p.pid,
                       "attempt_id": attempt_id, "run_dir": str(d), "cgroup": None if cg is None else str(cg)}
             _write_json(d / "spawned.json", handle)  # found by a restarted broker, like handle.json
-        threading.Thread(target=self._reap, args=(p,), daemon=True).start()
+        threading.Thread(target=self._reap, args=(p, d), daemon=True).start()
         return handle
 
-    def _reap(self, p: subprocess.Popen[bytes]) -> None:
-        p.wait()
+    def _reap(self, p: subprocess.Popen[bytes], d: Path) -> None:
+        """Wait for a supervisor. One that exited by itself (not by a signal) without recording
+        anything never got to start the job (it failed to start itself): its rank ends as a
+        start failure, instead of LOST without a status (which would requeue it without end)."""
+        code = p.wait()
+        if code > 0 and not (d / "handle.json").exists() and not (d / "exit.json").exists():
+            why = f"its supervisor exited with status {code} before it could start the job (see its log)"
+            with contextlib.suppress(OSError):
+                _write_json(d / "exit.json", {"code": code, "start_error": start_errors.record(
+                    "supervisor_failed", None, why)})
         self._children.pop(p.pid, None)
         self._changed.set()
         if self._on_change is not None:
@@ -189,11 +209,12 @@ class LocalProcesses:
         code the supervisor recorded, or LOST. A job that declared itself done
         (runtime.done()) EXITED 0 if its supervisor recorded no code or a death by a signal
         that came after (its node's fence, a stop): its work is finished. A rank the
-        supervisor's fence stopped carries the cause "fenced" (the platform ended it)."""
+        supervisor's fence stopped carries the cause "fenced" (the platform ended it); one that
+        could not be started at all, its `start_failed:<kind>` (providers.start_errors)."""
         d = handle["run_dir"]
         if d in self._final:
             return self._final[d]
-        if _alive(handle):
+        if _alive(handle) or handle.get("pid") in self._children:  # (not reaped yet: see _reap)
             return RankStatus(RankState.RUNNING)
         if self._leftovers(handle):
             return RankStatus(RankState.ORPHANED)
@@ -203,8 +224,9 @@ class LocalProcesses:
         ex = _read_json(Path(d) / "exit.json")
         if (ex is None or int(ex["code"]) > 128) and (Path(d) / "done.json").exists():
             ex = {"code": 0}  # the job said it finished (runtime.done()); then it was killed
+        cause = ex.get("cause") or (ex.get("start_error") or {}).get("cause") if ex else None
         final = (RankStatus(RankState.LOST) if ex is None else
-                 RankStatus(RankState.EXITED, int(ex["code"]), cause=ex.get("cause")))
+                 RankStatus(RankState.EXITED, int(ex["code"]), cause=cause))
         self._final[d] = final
         return final
 

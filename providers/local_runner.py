@@ -10,7 +10,9 @@ starts and `exit.json` (the child's exit code) the moment the child ends, both b
 rename, so a restarted broker can tell a finished rank (exit.json) from a running one (live
 pid) from a lost one (neither).
 A rank it stopped itself because its node lost contact with the server (the fence, below)
-is recorded with `"cause": "fenced"`: the platform ended it, not the job.
+is recorded with `"cause": "fenced"`: the platform ended it, not the job. A child that cannot
+be started at all (no such command, exec format error, E2BIG, ...) is recorded with exit code
+126/127 and a `start_error` ({cause, errno, message}, see providers.start_errors).
 Then it ends whatever the job left behind (SIGTERM, 2 s, SIGKILL) before it exits itself:
 no process outlives its rank. It survives the broker: it runs in its own session.
 """
@@ -31,11 +33,12 @@ from pathlib import Path
 import psutil
 
 from broker.output_log import CAP_ENV, DEFAULT_CAP, CappedOutput
+from providers import start_errors
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
-def write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict[str, object]) -> None:
     """Write JSON atomically (temp file, fsync, rename)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w") as f:
@@ -92,27 +95,32 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, lambda *_: None)
     signal.signal(signal.SIGUSR1, lambda *_: None)
-    fenced = False
+    fenced, failed = False, None
     cap = os.environ.pop(CAP_ENV, "")
     out = CappedOutput(run_dir, int(cap) if cap.isdigit() else DEFAULT_CAP)
     copier: threading.Thread | None = None
     try:
         child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except (OSError, ValueError) as e:  # any failure to start it: recorded with its cause
+        kind = start_errors.classify(e, cmd[0])
+        why = f"{start_errors.describe(start_errors.cause(kind))}: {cmd[0]!r}: {e}"
+        print(f"onepool: cannot start the rank: {why}", file=sys.stderr, flush=True)
+        code, failed = start_errors.exit_code(kind), start_errors.record(kind, e, why)
+    else:
         copier = threading.Thread(target=copy_output, args=(child, out), daemon=True)
         copier.start()
         code, fenced = _wait(child, out)
-    except FileNotFoundError:
-        print(f"onepool: command not found: {cmd[0]}", file=sys.stderr)
-        code = 127
-    except PermissionError:
-        print(f"onepool: permission denied: {cmd[0]}", file=sys.stderr)
-        code = 126
     if code < 0:  # killed by a signal: report it the way a shell does
         code = 128 - code
     if copier is not None:  # what the child printed last is in the log before its status
         copier.join(timeout=0.5)
     # at once: the status outlives us
-    write_json(run_dir / "exit.json", {"code": code, "cause": "fenced"} if fenced else {"code": code})
+    status: dict[str, object] = {"code": code}
+    if fenced:
+        status["cause"] = "fenced"
+    if failed is not None:
+        status["start_error"] = failed
+    write_json(run_dir / "exit.json", status)
     end_leftovers(me)
     if copier is not None:  # leftovers that held the pipe are gone: the rest of their output
         copier.join(timeout=2.0)

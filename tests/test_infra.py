@@ -78,6 +78,8 @@ def test_the_systemd_units_call_flags_the_cli_has(unit: str, command: str, env_f
     for flag in [a for a in argv[2:] if a.startswith("--")]:
         assert flag in helptext, f"{unit}: `onepool {command}` has no {flag}"
     assert "KillMode=process" in text  # a restart does not kill the jobs it would adopt
+    # a process that exits non-zero (an agent that cannot go on: exit 3 or 4) is started again
+    assert re.search(r"^Restart=(always|on-failure)$", text, re.M), f"{unit}: no Restart="
     names = re.findall(r"^([A-Z_]+)=", (INFRA / "systemd" / env_file).read_text(), re.M)
     for name in [n for n in names if n.startswith("ONEPOOL_") and n != "ONEPOOL_DATABASE_URL"]:
         assert f"env var: {name}" in helptext, f"{env_file}: `onepool {command}` does not read {name}"

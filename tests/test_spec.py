@@ -103,6 +103,8 @@ BAD_CONFIGS = [
                  id="broker-grace-too-big"),
     pytest.param(cfg(broker={"cycle": 1}), "broker.cycle", ["unknown field"],
                  id="broker-typo-field"),
+    pytest.param(cfg(broker={"max_start_failures": 0}), "broker.max_start_failures",
+                 ["greater than or equal to 1"], id="broker-start-failures-zero"),
     pytest.param(cfg(pool_list=[]), "pool_list", ["unknown field"], id="top-level-typo"),
     pytest.param(cfg(pool={"price_per_node_hour": float("inf")}), "pools.0.price_per_node_hour",
                  ["finite number", "inf"], id="price-inf"),

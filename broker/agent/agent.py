@@ -9,6 +9,13 @@ reads the cloud's metadata service for interruption notices. A restarted agent a
 ranks still running in `runs/` (nothing is started twice: starts are idempotent per rank
 folder), and reports those the broker has given up on, which it then kills.
 
+One job never stops the loops: a rank that cannot start (StartFailed, or any error of its
+own) is reported as that attempt's start failure with its cause (providers.start_errors),
+and an error handling one rank (a signal, its status, its log) is logged and that rank
+skipped. The agent exits instead of staying up with a dead loop: 3 when the server refuses
+it, 4 when a loop fails LOOP_FAILURES times in a row for a reason other than the server's,
+or a loop thread dies; its supervisor (systemd, Restart=always) starts it again.
+
 Fencing: every rank's supervisor stops the rank when the lease file is older than the
 fence time the server gave (two thirds of the time after which the broker declares the node
 lost), so a node cut off from the server stops its work before the broker places it again.
@@ -17,12 +24,15 @@ lost), so a node cut off from the server stops its work before the broker places
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
 import json
 import logging
 import os
 import signal
 import socket
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,16 +42,23 @@ import httpx
 from broker import __version__, output_log
 from broker.agent.hardware import Gpus
 from broker.agent.metadata import Watcher
-from providers.base import Handle, RankState
+from providers import start_errors
+from providers.base import Handle, RankState, RankStatus, StartFailed
 from providers.local import LocalProcesses
 from providers.local_runner import write_json
 
 log = logging.getLogger("onepool.agent")
 LOG_PIECE = 512 * 1024
+LOOP_FAILURES = 5  # failures in a row of one loop, other than the server's, before the agent exits
 
 
 class AgentError(Exception):
-    """The agent cannot go on (bad or used join token, credential revoked, node retired)."""
+    """The agent cannot go on (bad or used join token, credential revoked, node retired:
+    `refused`; or its own loops keep failing)."""
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 @dataclass
@@ -52,6 +69,7 @@ class Rank:
     handle: Handle
     shipped: int = 0
     acked: int = 0
+    failed: RankStatus | None = None  # it could not start: how it ended (providers.start_errors)
 
 
 @dataclass
@@ -66,6 +84,8 @@ class Agent:
     http: httpx.Client | None = None
     poll_timeout_s: float = 60.0
     stop: threading.Event = field(default_factory=threading.Event)
+    retry_s: float = 0.5  # a loop's first wait after a failure, doubled up to retry_max_s
+    retry_max_s: float = 10.0
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -129,7 +149,7 @@ class Agent:
         r = self.http.post(path, json=body, headers=headers,
                            timeout=timeout if timeout is not None else self.http.timeout)
         if r.status_code == 401:
-            raise AgentError(f"the server refused this agent: {_message(r)}")
+            raise AgentError(f"the server refused this agent: {_message(r)}", refused=True)
         if r.status_code >= 400:
             raise httpx.HTTPStatusError(f"{r.status_code}: {_message(r)}", request=r.request, response=r)
         return r
@@ -139,50 +159,95 @@ class Agent:
         """Take back the ranks a previous run of this agent started (still running or not yet
         reported), from their folders."""
         for f in sorted((self.state_dir / "runs").glob("attempt-*/rank-*/assignment.json")):
-            a = json.loads(f.read_text())
-            h = self.procs.adopt(a["attempt_id"], a["rank"])
+            try:
+                a = json.loads(f.read_text())
+                aid, attempt, rank = int(a["assignment_id"]), int(a["attempt_id"]), int(a["rank"])
+                h = self.procs.adopt(attempt, rank)
+            except (OSError, ValueError, KeyError, TypeError) as e:  # that rank's folder is damaged
+                log.error("agent: cannot adopt the rank of %s (%s); the server ends it", f, e)
+                continue
             if h is None:
                 continue
-            self.ranks[a["assignment_id"]] = Rank(a["assignment_id"], a["attempt_id"], a["rank"], h,
-                                                  shipped=a.get("shipped", 0))
+            self.ranks[aid] = Rank(aid, attempt, rank, h, shipped=int(a.get("shipped", 0) or 0))
             log.info("agent: adopted rank %s of attempt %s", a["rank"], a["attempt_id"])
 
     def _start(self, a: dict[str, Any]) -> None:
-        env = {**a["env"], "ONEPOOL_AGENT_LEASE": str(self.lease),
-               "ONEPOOL_AGENT_FENCE_S": f"{self.fence_s:g}", "ONEPOOL_NODE_ID": self.node}
-        d = self.procs.run_dir(a["attempt_id"], a["rank"])
-        d.mkdir(parents=True, exist_ok=True)
-        keep = {k: a[k] for k in ("assignment_id", "attempt_id", "rank")}
-        (d / "assignment.json").write_text(json.dumps(keep))
+        """Start one assigned rank. Whatever goes wrong with it (StartFailed: its working
+        directory, its command, its size; or any other error, e.g. of its folder) ends that
+        rank as failed to start, with its cause, reported at the next sync; never the loop."""
+        aid, attempt, rank = int(a["assignment_id"]), int(a["attempt_id"]), int(a["rank"])
+        d = self.procs.run_dir(attempt, rank)
         try:
-            h = self.procs.start(a["attempt_id"], a["rank"], list(a["argv"]), env, recover=True)
-        except OSError as e:  # e.g. its working directory does not exist on this host
+            env = {**a["env"], "ONEPOOL_AGENT_LEASE": str(self.lease),
+                   "ONEPOOL_AGENT_FENCE_S": f"{self.fence_s:g}", "ONEPOOL_NODE_ID": self.node}
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "assignment.json").write_text(json.dumps({"assignment_id": aid, "attempt_id": attempt,
+                                                           "rank": rank}))
+            h = self.procs.start(attempt, rank, list(a["argv"]), env, recover=True)
+        except StartFailed as e:  # its working directory, its command, its size: its own
+            self._failed_start(aid, attempt, rank, e.cause, str(e))
+            return
+        except Exception as e:  # anything else with this one rank: it fails alone
+            log.exception("agent: rank %s of attempt %s: cannot start it", rank, attempt)
+            self._failed_start(aid, attempt, rank, start_errors.cause(_kind(e)), f"{type(e).__name__}: {e}")
+            return
+        self.ranks[aid] = Rank(aid, attempt, rank, h)
+        log.info("agent: rank %s of attempt %s started (pid %s)", rank, attempt, h["pid"])
+
+    def _failed_start(self, aid: int, attempt: int, rank: int, cause: str, why: str) -> None:
+        """Record a rank that could not start: reported as exited with its `cause`. Its folder
+        gets the reason (output.log, shipped as its log) and the status (exit.json), if it can
+        be written; the status is kept in memory either way."""
+        log.warning("agent: rank %s of attempt %s could not start (%s): %s", rank, attempt, cause, why)
+        kind = start_errors.kind_of(cause) or ""
+        status = {"code": start_errors.exit_code(kind), "start_error": {"cause": cause, "message": why[:500]}}
+        d = self.procs.run_dir(attempt, rank)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
             with open(d / "output.log", "a") as f:
-                f.write(f"onepool agent: cannot start the rank on node {self.node}: {e}\n")
-            write_json(d / "exit.json", {"code": 127})
-            h = {"rank": a["rank"], "pid": -1, "create_time": 0.0, "run_dir": str(d)}
-        self.ranks[a["assignment_id"]] = Rank(a["assignment_id"], a["attempt_id"], a["rank"], h)
-        log.info("agent: rank %s of attempt %s started (pid %s)", a["rank"], a["attempt_id"], h["pid"])
+                f.write(f"onepool agent: cannot start the rank on node {self.node}: {why}\n")
+            write_json(d / "exit.json", status)
+        except OSError as e:
+            log.error("agent: cannot record the failed start of rank %s of attempt %s in %s: %s",
+                      rank, attempt, d, e)
+        self.ranks[aid] = Rank(aid, attempt, rank, {"rank": rank, "pid": -1, "create_time": 0.0,
+                                                    "pgid": -1, "run_dir": str(d)},
+                               failed=RankStatus(RankState.EXITED, int(status["code"]), cause=cause))
 
     def _reports(self) -> list[dict[str, Any]]:
         out = []
         for r in self.ranks.values():
-            st = self.procs.status(r.handle)
-            if st.state == RankState.ORPHANED:  # its supervisor died; what it left dies first
-                self.procs.kill(r.handle)
-                log.warning("agent: the supervisor of rank %s of attempt %s died; its processes "
-                            "were killed", r.rank, r.attempt_id)
-                st = self.procs.status(r.handle)
+            try:
+                st = r.failed or self._status(r)
+            except Exception:  # its folder cannot be read: it is killed and reported lost
+                log.exception("agent: rank %s of attempt %s: cannot read its state", r.rank, r.attempt_id)
+                st = RankStatus(RankState.LOST)
+                with contextlib.suppress(Exception):
+                    self.procs.kill(r.handle)
             # ORPHANED still: reported running, so the broker starts no other attempt while a
             # process of this one lives (it is killed again at the next report)
             state = {RankState.RUNNING: "running", RankState.ORPHANED: "running",
                      RankState.EXITED: "exited"}.get(st.state, "lost")
             if st.cause == "fenced":  # it stopped itself, cut off from the server: not the job's
                 state = "lost"        # failure; the broker requeues it
-
-            out.append({"assignment_id": r.assignment_id, "state": state,
-                        "pid": r.handle.get("pid"), "exit_code": st.exit_code})
+            code = st.exit_code
+            if code is not None and not -255 <= code <= 255:  # its folder says so: the job wrote it
+                code = 255
+            rep = {"assignment_id": r.assignment_id, "state": state, "pid": r.handle.get("pid"),
+                   "exit_code": code}
+            if state == "exited" and start_errors.well_formed(st.cause):
+                rep["cause"] = st.cause
+            out.append(rep)
         return out
+
+    def _status(self, r: Rank) -> RankStatus:
+        st = self.procs.status(r.handle)
+        if st.state == RankState.ORPHANED:  # its supervisor died; what it left dies first
+            self.procs.kill(r.handle)
+            log.warning("agent: the supervisor of rank %s of attempt %s died; its processes "
+                        "were killed", r.rank, r.attempt_id)
+            st = self.procs.status(r.handle)
+        return st
 
     # -- the protocol ---------------------------------------------------------------------------
     def sync(self, wait_s: float) -> None:
@@ -204,27 +269,31 @@ class Agent:
             for sig in reply["signals"]:
                 rk = self.ranks.get(sig["assignment_id"])
                 if rk is not None and sig["seq"] > rk.acked:
-                    self.procs.signal(rk.handle, sig["signal"])
+                    with self._one(rk, f"signal {sig['signal']}"):
+                        self.procs.signal(rk.handle, sig["signal"])
                     rk.acked = sig["seq"]
                     log.info("agent: signal %s to rank %s of attempt %s", sig["signal"], rk.rank,
                              rk.attempt_id)
             for aid in reply["kill"]:
                 rk = self.ranks.get(aid)
                 if rk is not None:
-                    self.procs.signal(rk.handle, signal.SIGKILL)
+                    with self._one(rk, "kill"):
+                        self.procs.signal(rk.handle, signal.SIGKILL)
                     log.info("agent: killed rank %s of attempt %s (ended on the broker)", rk.rank,
                              rk.attempt_id)
             forget = [self.ranks[a] for a in reply["forget"] if a in self.ranks]
         for rk in forget:
-            self.ship(rk)
+            with self._one(rk, "ship its last output"):
+                self.ship(rk)
             with self.lock:
                 self.ranks.pop(rk.assignment_id, None)
-            (self.procs.run_dir(rk.attempt_id, rk.rank) / "assignment.json").unlink(missing_ok=True)
+            with self._one(rk, "forget"):
+                (self.procs.run_dir(rk.attempt_id, rk.rank) / "assignment.json").unlink(missing_ok=True)
         if reply["retire"]:
             with self.lock:
                 for rk in self.ranks.values():
                     self.procs.signal(rk.handle, signal.SIGKILL)
-            raise AgentError(f"node {self.node} is no longer part of the broker: stopping")
+            raise AgentError(f"node {self.node} is no longer part of the broker: stopping", refused=True)
 
     def ship(self, rk: Rank) -> None:
         """Send the rank's new output (up to the end of its capped log: broker.output_log).
@@ -242,30 +311,72 @@ class Agent:
                 return
             rk.shipped = new
 
+    @contextlib.contextmanager
+    def _one(self, rk: Rank, what: str) -> Iterator[None]:
+        """Handle one rank: an error of its own (a handle or folder it broke, an answer the
+        server gave about it) is logged and that rank skipped; the loop goes on. The agent's
+        own failures (refused, server unreachable) propagate."""
+        try:
+            yield
+        except (AgentError, httpx.TransportError):
+            raise
+        except Exception:
+            log.exception("agent: rank %s of attempt %s: %s failed; going on", rk.rank, rk.attempt_id, what)
+
     def notice(self, kind: str, deadline: float | None, detail: str) -> None:
         self._post("/v1/agent/notice", {"kind": kind, "deadline": deadline, "detail": {"text": detail}})
 
     # -- threads ----------------------------------------------------------------------------------
     def _loop(self, what: str, every: float, fn: Any) -> None:
-        """Run fn() until stopped; a failure is logged and retried with backoff; AgentError
-        stops the agent."""
-        backoff = 0.5
+        """Run fn() until stopped. The server being unreachable, failing or throttling
+        (transport errors, 5xx, 408, 429) is retried with backoff (from retry_s up to
+        retry_max_s), without end: the ranks' fence covers a long outage. AgentError (refused)
+        stops the agent; so do LOOP_FAILURES failures in a row of anything else (its state
+        folder unwritable, a bug): it exits non-zero and its supervisor (systemd) restarts it,
+        which adopts the running ranks."""
+        backoff, failures = self.retry_s, 0
         while not self.stop.is_set():
             try:
                 fn()
-                backoff = 0.5
+                backoff, failures = self.retry_s, 0
             except AgentError as e:
-                log.error("agent: %s", e)
-                self.error = e
-                self.stop.set()
+                self._fatal(e)
                 return
-            except (httpx.HTTPError, OSError, ValueError) as e:
-                log.warning("agent: %s failed (%s); retrying in %.1fs", what, e, backoff)
+            except Exception as e:
+                server = isinstance(e, httpx.TransportError) or (  # busy, down or throttling
+                    isinstance(e, httpx.HTTPStatusError) and (e.response.status_code >= 500
+                                                              or e.response.status_code in (408, 429)))
+                if not server:
+                    failures += 1
+                    log.exception("agent: %s failed (%d in a row)", what, failures)
+                    if failures >= LOOP_FAILURES:
+                        self._fatal(AgentError(f"{what} failed {failures} times in a row (last: "
+                                               f"{type(e).__name__}: {e}): exiting, to be restarted"))
+                        return
+                else:
+                    log.warning("agent: %s failed (%s); retrying in %.1fs", what, e, backoff)
                 self.stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+                backoff = min(backoff * 2, self.retry_max_s)
                 continue
             if every:
                 self.stop.wait(every)
+
+    def _fatal(self, e: AgentError) -> None:
+        log.error("agent: %s", e)
+        self.error = self.error or e
+        self.stop.set()
+
+    def _thread(self, what: str, every: float, fn: Any) -> None:
+        """A loop's thread: if it ends while the agent runs (an error escaped the loop itself),
+        the agent stops with an error: never a process that stays up with a dead loop."""
+        try:
+            self._loop(what, every, fn)
+        except BaseException as e:
+            log.critical("agent: the %s loop died", what, exc_info=True)
+            self._fatal(AgentError(f"the {what} loop died ({type(e).__name__}: {e})"))
+            return
+        if not self.stop.is_set():
+            self._fatal(AgentError(f"the {what} loop ended"))
 
     def _report_on_change(self) -> None:
         if self.changed.wait(1.0):
@@ -276,7 +387,8 @@ class Agent:
         with self.lock:
             ranks = list(self.ranks.values())
         for rk in ranks:
-            self.ship(rk)
+            with self._one(rk, "ship its output"):
+                self.ship(rk)
 
     def _watch(self) -> None:
         assert self.watcher is not None
@@ -288,8 +400,8 @@ class Agent:
 
     def run(self) -> int:
         """Join, adopt, then serve until stopped (SIGTERM/SIGINT: ranks keep running and are
-        adopted by the next agent). Returns the exit status: 0, or 3 when the server refused
-        this agent."""
+        adopted by the next agent). Returns the exit status: 0; 3 when the server refused this
+        agent; 4 when it cannot go on (a loop failed LOOP_FAILURES times in a row, or died)."""
         backoff = 0.5
         while not self.stop.is_set() and not self.node:
             try:
@@ -304,7 +416,7 @@ class Agent:
         if not self.node:
             return 0
         self.adopt()
-        threads = [threading.Thread(target=self._loop, args=(n, e, f), daemon=True, name=n) for n, e, f in (
+        threads = [threading.Thread(target=self._thread, args=(n, e, f), daemon=True, name=n) for n, e, f in (
             ("sync", 0.0, lambda: self.sync(self.heartbeat_s)),
             ("report", 0.0, self._report_on_change),
             ("ship logs", 1.0, self._ship_all),
@@ -312,10 +424,25 @@ class Agent:
         for t in threads:
             t.start()
         while not self.stop.wait(0.5):
-            pass
+            if dead := [t.name for t in threads if not t.is_alive()]:
+                self._fatal(AgentError(f"the {', '.join(dead)} loop is gone"))
         for t in threads:
             t.join(timeout=2.0)
-        return 3 if self.error is not None else 0
+        return self.exit_status()
+
+    def exit_status(self) -> int:
+        """0 (stopped), 3 (the server refused this agent) or 4 (it cannot go on)."""
+        if self.error is None:
+            return 0
+        return 3 if self.error.refused else 4
+
+
+def _kind(e: BaseException) -> str:
+    """A start-failure kind for an unexpected error starting a rank: its errno's name for an
+    OSError (`enospc`), else `agent_error`."""
+    if isinstance(e, OSError) and e.errno:
+        return errno.errorcode.get(e.errno, "agent_error").lower()
+    return "agent_error"
 
 
 def _message(r: httpx.Response) -> str:

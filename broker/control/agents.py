@@ -32,6 +32,7 @@ from broker.state.model import Attempt, Node, NodeState, Notice, Pool
 from broker.state.model_access import NodeAgent, RankAssignment
 from broker.state.model_access import RankState as AState
 from broker.state.tokens import Verifier, redeem_join_token
+from providers import start_errors
 
 log = logging.getLogger("onepool.agents")
 LIVE = (AState.ASSIGNED, AState.RUNNING)
@@ -57,6 +58,8 @@ class RankReport(BaseModel):
     state: str = Field(pattern="^(running|exited|lost)$")
     pid: int | None = Field(default=None, ge=0, le=MAX_PID)
     exit_code: int | None = Field(default=None, ge=-255, le=255)
+    # why it could not start at all (providers.start_errors), with state "exited"
+    cause: str | None = Field(default=None, pattern=start_errors.PATTERN)
 
 
 class SyncRequest(BaseModel):
@@ -194,6 +197,7 @@ def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Tim
             elif rep.state in ("exited", "lost"):
                 row.state = AState.EXITED if rep.state == "exited" else AState.LOST
                 row.exit_code, row.ended_at = rep.exit_code, now
+                row.cause = rep.cause if rep.state == "exited" else None
             s.add(row)
         elif rep.state == "running":
             kill.append(row.id or 0)  # the broker gave up on it (node was lost): stop it

@@ -43,6 +43,7 @@ from broker.policy import Placement, Plan, PolicyConfig, Preemption, plan
 from broker.state.events import record
 from broker.state.model import Attempt, AttemptState, EndReason, Job, JobState, Node, NodeState
 from broker.state.store import Store
+from providers import start_errors
 from providers.base import Executor, RankState
 
 log = logging.getLogger("onepool.engine")
@@ -244,10 +245,14 @@ class Engine(AttemptGuards, Duties):
         lost = any(x.state == RankState.LOST for x in st)
         if lost and a.cause is None and self._on_gone_node(s, a):
             a.cause = "node_lost"
+        no_start = next((x.cause for x in st if start_errors.is_start_failure(x.cause)), None)
         if all_ok:
             reason = EndReason.COMPLETED
         elif a.stop_reason in STOP_REASONS:
             reason = STOP_REASONS[a.stop_reason]
+        elif no_start is not None or start_errors.is_start_failure(a.cause):
+            a.cause = a.cause if start_errors.is_start_failure(a.cause) else no_start
+            reason = EndReason.FAILED  # a rank could not start: _end decides whether it retries
         elif a.stop_reason is None and (cause := next((x.cause for x in st if x.cause), None)):
             a.cause = cause  # the platform ended it (issue 14: Slurm preempted it, a node failed)
             reason = EndReason.LOST if cause == "node_failure" else EndReason.INTERRUPTED
@@ -264,7 +269,8 @@ class Engine(AttemptGuards, Duties):
                    f"done before it ended {reason.value}; completed", job_id=a.job_id, attempt_id=a.id)
             reason, all_ok, codes = EndReason.COMPLETED, True, []
         code = next((c for c in codes if c), 0 if all_ok else None)
-        keep = a.cause if reason == EndReason.FAILED and a.cause in BROKER_CAUSES else None
+        keep = a.cause if reason == EndReason.FAILED and (
+            a.cause in BROKER_CAUSES or start_errors.is_start_failure(a.cause)) else None
         self._end(s, a, now, reason, code, cause=keep)
         rep.ended.append((a.job_id, reason.value))
 
@@ -286,7 +292,11 @@ class Engine(AttemptGuards, Duties):
                                                                           a.last_checkpoint_at)
             a.lost_gpu_s = max(0.0, now - since) * a.gpus
         s.add(a)
-        if reason in REQUEUE:
+        retry = (reason == EndReason.FAILED and start_errors.is_start_failure(a.cause)
+                 and self._retry_start(s, job, a, now))
+        if retry:  # a rank could not start, maybe for the node's reason: elsewhere next time
+            job.state, job.queued_at = JobState.PENDING, now
+        elif reason in REQUEUE:
             job.state, job.queued_at = JobState.PENDING, now
             if reason == EndReason.PREEMPTED:
                 job.preemptions += 1
@@ -313,8 +323,9 @@ class Engine(AttemptGuards, Duties):
                          EndReason.BUDGET: JobState.BUDGET_EXHAUSTED}.get(reason, JobState.FAILED)
             job.end_time = now
             record(s, now, job.state.lower(), f"attempt {a.number} ended: {reason.value}"
-                   + (f" (exit code {code})" if code else ""),
-                   job_id=job.id, attempt_id=a.id, exit_code=code)
+                   + (f" (exit code {code})" if code else "")
+                   + (f" ({a.cause})" if start_errors.is_start_failure(a.cause) else ""),
+                   job_id=job.id, attempt_id=a.id, exit_code=code, cause=a.cause)
         s.add(job)
         s.commit()
 

@@ -39,7 +39,7 @@ class AgentExecutor:
                  notify: Callable[[str], None] | None = None) -> None:
         self.store, self.clock = store, clock
         self.notify = notify or (lambda node: None)
-        self._seen: dict[int, tuple[str, int | None]] | None = None
+        self._seen: dict[int, tuple[str, int | None, str | None]] | None = None
 
     def start(self, attempt_id: int, rank: int, argv: list[str], env: dict[str, str],
               *, recover: bool = False, node: str | None = None) -> Handle:
@@ -65,36 +65,40 @@ class AgentExecutor:
             return s.exec(select(RankAssignment).where(RankAssignment.attempt_id == attempt_id,
                                                        RankAssignment.rank == rank)).first()
 
-    _Q = (select(RankAssignment.id, RankAssignment.state, RankAssignment.exit_code, Node.state)
+    _Q = (select(RankAssignment.id, RankAssignment.state, RankAssignment.exit_code, Node.state,
+                 RankAssignment.cause)
           .join(Node, col(Node.id) == RankAssignment.node, isouter=True))
 
     @staticmethod
-    def _state(st: str, code: int | None, node_state: str | None) -> tuple[str, int | None]:
-        """A rank still running on a node confirmed gone died with it."""
+    def _state(st: str, code: int | None, node_state: str | None,
+               cause: str | None = None) -> tuple[str, int | None, str | None]:
+        """A rank still running on a node confirmed gone died with it. `cause`: why the agent
+        could not start it (start_failed:<kind>)."""
         if node_state == "terminated" and st in (AState.ASSIGNED, AState.RUNNING):
-            return AState.LOST, None
-        return st, code
+            return AState.LOST, None, None
+        return st, code, cause
 
     def refresh(self, attempt_ids: list[int]) -> None:
         """Read the reported state of these attempts' ranks in one query; status() answers from
         it until the next refresh (the engine calls this once per poll)."""
-        rows: list[tuple[int | None, str, int | None, str | None]] = []
+        rows: list[tuple[int | None, str, int | None, str | None, str | None]] = []
         with self.store.session() as s:
             for i in range(0, len(attempt_ids), 500):
                 chunk = attempt_ids[i:i + 500]
                 rows += s.exec(self._Q.where(col(RankAssignment.attempt_id).in_(chunk))).all()
-        self._seen = {i: self._state(st, code, ns) for i, st, code, ns in rows if i is not None}
+        self._seen = {i: self._state(st, code, ns, cause) for i, st, code, ns, cause in rows
+                      if i is not None}
 
     def status(self, handle: Handle) -> RankStatus:
         got = self._seen.get(handle["assignment_id"]) if self._seen is not None else None
         if got is None:
             with self.store.session() as s:
                 row = s.exec(self._Q.where(RankAssignment.id == handle["assignment_id"])).first()
-            got = None if row is None else self._state(row[1], row[2], row[3])
+            got = None if row is None else self._state(row[1], row[2], row[3], row[4])
         if got is None or got[0] == AState.LOST:
             return RankStatus(RankState.LOST)
         if got[0] == AState.EXITED:
-            return RankStatus(RankState.EXITED, got[1])
+            return RankStatus(RankState.EXITED, got[1], cause=got[2])
         return RankStatus(RankState.RUNNING)
 
     def signal(self, handle: Handle, sig: int) -> None:

@@ -7,7 +7,9 @@
   failure ends it at once; a third quarantines it (skipped, holding its GPUs, until the
   broker restarts), so no row can stop the broker.
 - `_start_or_fail`: a rank that cannot start (StartFailed: a working directory that
-  vanished, a NUL byte in its command) fails its attempt with cause "start_failed".
+  vanished, a NUL byte in its command) fails its attempt with its cause
+  (`start_failed:<kind>`, providers.start_errors); `_retry_start` decides whether the job
+  goes back to the queue (another node may do) or fails (the job's fault, or too many tries).
 - `_previous_alive`: no attempt starts while a process of the job's previous one lives.
 - `_launch_deferred`: an error before the attempt row is written leaves the job pending,
   the reason shown as why it waits.
@@ -25,9 +27,13 @@ from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, col, select
 
 from broker.clock import Clock
+from broker.control.snapshots import failed_start_nodes, pending_view, pool_views
 from broker.errors import LeaseLost, NotLeader
+from broker.policy.avoid import avoid_nodes
+from broker.spec_broker import BrokerSettings
 from broker.state.events import record
 from broker.state.model import Attempt, AttemptState, EndReason, Job, JobState
+from providers import start_errors
 from providers.base import Executor, RankState, StartFailed
 
 if TYPE_CHECKING:
@@ -44,6 +50,7 @@ class AttemptGuards:
     store: Store | FencedStore
     clock: Clock
     executor: Executor
+    settings: BrokerSettings
     _quarantined: set[int]
 
     if TYPE_CHECKING:  # provided by Engine
@@ -111,14 +118,44 @@ class AttemptGuards:
             return True
         except StartFailed as e:
             record(s, now, "start_failed", f"attempt {a.number} could not start: {e}",
-                   job_id=job.id, attempt_id=a.id, error=str(e)[:500])
+                   job_id=job.id, attempt_id=a.id, error=str(e)[:500], cause=e.cause)
             a.state, a.stop_requested_at, a.stop_reason, a.cause = (
-                AttemptState.STOPPING, now, "failed", "start_failed")
+                AttemptState.STOPPING, now, "failed", e.cause[:64])
             s.add(a)
             s.commit()
             for h in a.handles:
                 self.executor.signal(h, signal.SIGKILL)
             return False
+
+    def _retry_start(self, s: Session, job: Job, a: Attempt, now: float) -> bool:
+        """The verdict on an attempt that ended because a rank could not start (its cause
+        `start_failed:<kind>`, providers.start_errors), recorded as an event naming the cause:
+        True to requeue the job, False when it fails. It fails at once when only the job can be
+        at fault (an exec format error of its own script, arguments too large), and once
+        `max_start_failures` of its attempts failed to start; until then the policy places it
+        elsewhere than the nodes it failed on (broker.policy.avoid)."""
+        cause = a.cause or start_errors.PREFIX
+        n = 1 + len(s.exec(select(Attempt.id).where(
+            Attempt.job_id == job.id, Attempt.id != a.id, Attempt.state == AttemptState.ENDED,
+            col(Attempt.cause).startswith(start_errors.PREFIX + ":"))).all())
+        limit = self.settings.max_start_failures
+        nodes = ", ".join(node for node, _ in a.alloc)
+        why = f"attempt {a.number} could not start on {nodes}: {start_errors.describe(cause)} ({cause})"
+        failed_on = failed_start_nodes(s, job.id).get(job.id or 0, frozenset()) | {nd for nd, _ in a.alloc}
+        if start_errors.job_at_fault(cause):
+            verdict, retry = "another node would fail the same way: the job fails", False
+        elif not avoid_nodes(pending_view(job, failed_on=failed_on), pool_views(s, {})):
+            verdict, retry = (f"start failure {n} of {limit}, and no other node could run it "
+                              "(it failed on every one that could): the job fails"), False
+        elif n >= limit:
+            verdict, retry = f"start failure {n} of {limit} (broker.max_start_failures): the job fails", False
+        else:
+            verdict, retry = (f"start failure {n} of {limit}: back in the queue, to run on "
+                              "another node where there is one"), True
+        record(s, now, "start_retry" if retry else "start_failed_final", f"{why}; {verdict}",
+               job_id=job.id, attempt_id=a.id, cause=cause, nodes=[nd for nd, _ in a.alloc],
+               start_failures=n, max_start_failures=limit)
+        return retry
 
     def _previous_alive(self, s: Session, job: Job, now: float) -> bool:
         """True (and the leftovers killed) while any process of the job's last attempt lives:

@@ -18,8 +18,9 @@ name `onepool-<broker>-a<attempt>`, unique per broker home.
   exit status, with a `cause` when Slurm, not the job, ended it: slurm_preempted,
   slurm_requeued (cancelled at once; onepool requeues the job itself), slurm_cancelled,
   slurm_time_limit, slurm_start_timeout, slurm_rejected, slurm_submit_failed; a node
-  failure is LOST with cause node_failure. Slurm unreachable: RUNNING (unknown; asked again
-  next cycle). A job no source remembers: LOST.
+  failure is LOST with cause node_failure; a rank its wrapper could not start (exit codes
+  providers.slurm.script.START_EXIT) carries start_failed:<kind>. Slurm unreachable:
+  RUNNING (unknown; asked again next cycle). A job no source remembers: LOST.
 - signal(): SIGKILL cancels the job (`scancel`); other signals go to every rank
   (`scancel --signal`); SIGTERM to a job whose ranks have not started yet (queued, or its
   srun step not there yet) cancels it: nothing to checkpoint, and a signal would reach no rank. A job that
@@ -36,10 +37,11 @@ from typing import TYPE_CHECKING
 
 from broker.state.events import record
 from broker.state.model import Attempt, Job
+from providers import start_errors
 from providers.base import Handle, ProviderError, RankState, RankStatus
 from providers.slurm import JobRecord, SlurmCluster, SlurmParseError, SlurmRejected
 from providers.slurm.parse import Outcome, exit_status, outcome
-from providers.slurm.script import Submission, batch_script
+from providers.slurm.script import START_EXIT, Submission, batch_script
 
 if TYPE_CHECKING:
     from broker.control.slurm_pools import SlurmPools
@@ -48,6 +50,7 @@ log = logging.getLogger("onepool.slurm")
 SLURM = "slurm"
 REJECTED_BACKOFF_S = 300.0
 STATUS_MAX_AGE_S = 1.0  # status() reuses a squeue listing this young (one per cycle)
+START_KINDS = {code: kind for kind, code in START_EXIT.items()}
 CAUSES = {Outcome.PREEMPTED: "slurm_preempted", Outcome.REQUEUED: "slurm_requeued",
           Outcome.CANCELLED: "slurm_cancelled", Outcome.TIME_LIMIT: "slurm_time_limit"}
 
@@ -190,7 +193,9 @@ class SlurmExecutor:
         if out == Outcome.DONE:
             return RankStatus(RankState.EXITED, 0)
         if out == Outcome.FAILED:
-            return RankStatus(RankState.EXITED, code or 1)
+            kind = START_KINDS.get(code or 0)  # its rank wrapper could not start the command
+            return RankStatus(RankState.EXITED, code or 1,
+                              cause=None if kind is None else start_errors.cause(kind))
         if out == Outcome.NODE_FAILURE:
             return RankStatus(RankState.LOST, None, cause="node_failure")
         if out == Outcome.REQUEUED:

@@ -21,6 +21,7 @@ from broker.policy.estimates import RuntimeHistory
 from broker.policy.fairshare import decay
 from broker.spec import Market, Priority, SpotPolicy
 from broker.state.model import Attempt, AttemptState, Job, JobState, Node, NodeState, Pool, Team
+from providers import start_errors
 
 USAGE_HORIZON_HALF_LIVES = 6  # older usage weighs < 2% and is not read
 HISTORY_JOBS = 2000  # the most recent finished jobs that runtime estimates learn from
@@ -47,19 +48,7 @@ def build_snapshot(s: Session, now: float, config: PolicyConfig, half_life_s: fl
     for a, _ in active:
         for node, slots in a.alloc:
             ours[node] += len(slots)
-    nodes: dict[str, list[NodeView]] = defaultdict(list)
-    for n in s.exec(select(Node).where(col(Node.state).in_([NodeState.UP, NodeState.UNAVAILABLE]))
-                    .order_by(Node.id)).all():
-        # Slurm nodes: GPUs other users hold are not onepool's; an unavailable (drained, down)
-        # node only carries the work already there.
-        gpus = max(n.gpus - n.held_elsewhere, ours[n.id]) if n.state == NodeState.UP else ours[n.id]
-        if gpus or n.state == NodeState.UP:
-            nodes[n.pool].append(NodeView(n.id, gpus))
-    pools = tuple(
-        PoolView(p.name, p.gpu_type, p.gpus_per_node, tuple(nodes[p.name]), Market(p.market),
-                 p.price_per_node_hour / p.gpus_per_node)
-        for p in s.exec(select(Pool).where(Pool.active).order_by(Pool.name)).all()
-    )
+    pools = pool_views(s, ours)
     history = runtime_history(s)
 
     def estimate(j: Job) -> float | None:
@@ -80,10 +69,9 @@ def build_snapshot(s: Session, now: float, config: PolicyConfig, half_life_s: fl
             # count, not seconds): later, never sooner, than the truth
             expected_end=None if est is None else a.started_at + est,
         ))
+    failed_on = failed_start_nodes(s)
     pending = tuple(
-        PendingView(j.id, j.team, Priority(j.priority), j.gpus_per_node, j.submit_time,
-                    j.nodes, tuple(j.gpu_types), SpotPolicy(j.spot),
-                    expected_duration_s=estimate(j), checkpoint_interval_s=j.checkpoint_interval_s)
+        pending_view(j, estimate(j), failed_on.get(j.id or 0, frozenset()))
         for j in s.exec(select(Job).where(Job.state == JobState.PENDING,
                                            col(Job.cancel_requested).is_(False))).all()
     )
@@ -98,6 +86,46 @@ def build_snapshot(s: Session, now: float, config: PolicyConfig, half_life_s: fl
             for t in {*usage.by_team, *holding}})
     return Snapshot(now=now, pools=pools, running=tuple(running), pending=pending,
                     teams=teams, config=config)
+
+
+def pool_views(s: Session, ours: dict[str, int]) -> tuple[PoolView, ...]:
+    """The active pools and their up nodes; `ours`: GPUs onepool's attempts hold per node."""
+    nodes: dict[str, list[NodeView]] = defaultdict(list)
+    for n in s.exec(select(Node).where(col(Node.state).in_([NodeState.UP, NodeState.UNAVAILABLE]))
+                    .order_by(Node.id)).all():
+        # Slurm nodes: GPUs other users hold are not onepool's; an unavailable (drained, down)
+        # node only carries the work already there.
+        held = ours.get(n.id, 0)
+        gpus = max(n.gpus - n.held_elsewhere, held) if n.state == NodeState.UP else held
+        if gpus or n.state == NodeState.UP:
+            nodes[n.pool].append(NodeView(n.id, gpus))
+    return tuple(
+        PoolView(p.name, p.gpu_type, p.gpus_per_node, tuple(nodes[p.name]), Market(p.market),
+                 p.price_per_node_hour / p.gpus_per_node)
+        for p in s.exec(select(Pool).where(Pool.active).order_by(Pool.name)).all()
+    )
+
+
+def pending_view(j: Job, estimate: float | None = None,
+                 failed_on: frozenset[str] = frozenset()) -> PendingView:
+    """The policy's view of a pending job."""
+    return PendingView(j.id or 0, j.team, Priority(j.priority), j.gpus_per_node, j.submit_time,
+                       j.nodes, tuple(j.gpu_types), SpotPolicy(j.spot), expected_duration_s=estimate,
+                       checkpoint_interval_s=j.checkpoint_interval_s, failed_on=failed_on)
+
+
+def failed_start_nodes(s: Session, job_id: int | None = None) -> dict[int, frozenset[str]]:
+    """Per pending job (or for `job_id`, whatever its state): the nodes its attempts failed to
+    start on for a reason that may be the node's (providers.start_errors)."""
+    q = (select(Attempt.job_id, Attempt.alloc, Attempt.cause).join(Job, Job.id == Attempt.job_id)
+         .where(Attempt.state == AttemptState.ENDED,
+                col(Attempt.cause).startswith(start_errors.PREFIX + ":")))
+    q = q.where(Job.state == JobState.PENDING) if job_id is None else q.where(Attempt.job_id == job_id)
+    out: dict[int, set[str]] = defaultdict(set)
+    for jid, alloc, cause in s.exec(q).all():
+        if not start_errors.job_at_fault(cause):
+            out[jid].update(node for node, _ in alloc)
+    return {jid: frozenset(nodes) for jid, nodes in out.items()}
 
 
 def runtime_history(s: Session) -> RuntimeHistory:

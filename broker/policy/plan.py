@@ -15,9 +15,11 @@ The cycle, step by step:
    a. candidate pools: GPU type acceptable, market allowed by its spot policy, partition
       admits its team, nodes big and many enough; below high, no rented on-demand pool while
       a spot pool could take it (broker.policy.cloud). None: it waits with a reason.
-   b. it fits: placed, gang all-or-none in one pool; cheapest pool first, then the smallest
-      node size that fits, then best-fit nodes (fullest that still fit). A job expected to end
-      before a reservation starts may also use the GPUs it holds, and does so first.
+   b. it fits: placed, gang all-or-none in one pool (a job that failed to start on some nodes
+      avoids them while other nodes could take it, broker.policy.avoid); cheapest pool first,
+      then the smallest node size that fits, then best-fit nodes (fullest that still fit). A
+      job expected to end before a reservation starts may also use the GPUs it holds, and
+      does so first.
    c. it is blocked, and victims are already stopping for it: it holds the GPUs on their
       nodes and waits for them; no new victims unless those are no longer enough.
    d. it is blocked and preemption is on: the fewest victims of strictly lower class
@@ -43,6 +45,7 @@ import math
 from collections import defaultdict
 from operator import attrgetter, itemgetter
 
+from broker.policy.avoid import avoid_nodes
 from broker.policy.backfill import Backfill
 from broker.policy.capacity import Capacity
 from broker.policy.cloud import launching_spare, offers, should_buy
@@ -258,6 +261,9 @@ class _Planner:
                 if ex:
                     waiting.append((j.job_id, NO_POOL))
                 continue
+            if j.failed_on and (avoid := avoid_nodes(j, cands)):
+                self._place_avoiding(j, rank, cands, avoid)  # placed, or waits: no victims, no rent
+                continue
             if self._try_place(j, rank, cands, names):
                 continue
             g, n = j.gpus_per_node, j.nodes
@@ -415,6 +421,22 @@ class _Planner:
         if easy:
             self.easy_failed[ekey] = (end, pre_from)
         return False
+
+    def _place_avoiding(self, j: PendingView, rank: int, cands: list[PoolView],
+                        avoid: frozenset[str]) -> None:
+        """A job that failed to start on `avoid` (broker.policy.avoid): placed on other nodes
+        if they fit now, else it waits (it neither preempts nor rents, and no shape cache learns
+        from it: its failure is its own)."""
+        g, n = j.gpus_per_node, j.nodes
+        for p in cands:
+            if self._count_fit(p.name, g, n, [nd for nd in avoid if self.cap.pool_of.get(nd) == p.name]):
+                alloc = self.cap.take(p.name, g, n, exclude=avoid)
+                self.placements.append(Placement(j.job_id, p.name, alloc, _PRIO[rank]))
+                self.backfill.placed(alloc, j.expected_duration_s)
+                return
+        if self.explain:
+            self.waiting.append((j.job_id, f"{NO_ROOM} on a node other than {', '.join(sorted(avoid))} "
+                                 "(it failed to start there)"))
 
     def _count_fit(self, pool: str, g: int, n: int, exclude: list[str]) -> bool:
         if not exclude:

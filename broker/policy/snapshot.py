@@ -130,6 +130,8 @@ class PendingView:
     budget_usd: float | None = None  # what is left of it
     expected_duration_s: float | None = None  # work left, estimated (None: unknown)
     checkpoint_interval_s: float = 1800.0
+    # nodes it failed to start on for a reason that may be the node's (broker.policy.avoid)
+    failed_on: frozenset[str] = frozenset()
 
     @property
     def gpus(self) -> int:

@@ -76,6 +76,7 @@ class RankAssignment(SQLModel, table=True):
     started_at: float | None = None
     ended_at: float | None = None
     log_bytes: int = 0  # bytes of output the agent has shipped so far
+    cause: str | None = Field(default=None, max_length=64)  # start_failed:<kind>: it could not start
 
 
 class IdempotentSubmit(SQLModel, table=True):

@@ -17,6 +17,9 @@ What it promises:
   `--signal=USR1@grace` asks for a checkpoint that long before a time limit.
 - A rank that fails (exit not 0 and not 143) asks the other ranks to stop (SIGTERM), as
   onepool does for a gang whose rank failed; the job then ends FAILED.
+- A rank that cannot start (its working directory missing, not a directory or not
+  enterable on the node; its command not found, not executable, or naming a missing
+  interpreter) says why and exits with its START_EXIT code, read back as its cause.
 - Output: each rank's to `<output_dir>/attempt-<id>/rank-<r>/output.log` (where
   `onepool logs` reads it when the broker shares that filesystem), the script's own to
   `<output_dir>/attempt-<id>/slurm-<job id>.out`.
@@ -32,10 +35,32 @@ REQUEUED_EXIT = 75  # a rerun that Slurm started after requeueing: it does nothi
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NOT_EXPORTED = ("CUDA_VISIBLE_DEVICES", "ONEPOOL_RANK")
 
+# A rank that cannot start exits with one of these codes (and says why on its output), which
+# the broker reads back as the cause start_failed:<kind> (providers.start_errors). Slurm
+# itself would run the job in /tmp when its --chdir is missing on the node.
+START_EXIT = {"workdir_missing": 241, "workdir_not_a_directory": 242, "workdir_denied": 243,
+              "command_not_found": 244, "permission_denied": 245, "bad_interpreter": 246}
+_E = START_EXIT
+_NOSTART = (
+    'nostart() { echo "onepool: cannot start the rank on $(hostname) (start_failed:$1): $2" >&2; '
+    'exit "$3"; }; w="${ONEPOOL_WORKDIR:-}"; if [ -n "$w" ]; then '
+    f'[ -e "$w" ] || nostart workdir_missing "no working directory $w" {_E["workdir_missing"]}; '
+    f'[ -d "$w" ] || nostart workdir_not_a_directory "not a directory: $w" '
+    f'{_E["workdir_not_a_directory"]}; '
+    f'cd "$w" 2>/dev/null || nostart workdir_denied "cannot enter $w" {_E["workdir_denied"]}; fi; '
+    'case "$1" in */*) c="$1"; [ -e "$c" ];; *) c=$(command -v -- "$1");; esac || '
+    f'nostart command_not_found "$1: not found" {_E["command_not_found"]}; '
+    'if [ -f "$c" ]; then '
+    f'[ -x "$c" ] || nostart permission_denied "$c: not executable" {_E["permission_denied"]}; '
+    """i=$(LC_ALL=C head -c 256 -- "$c" 2>/dev/null | tr -d '\\000' | head -n 1); """
+    """case "$i" in '#!'*) i=${i#??}; i=${i#"${i%%[! ]*}"}; i=${i%% *}; """
+    f'[ -x "$i" ] || nostart bad_interpreter "$c: interpreter $i not found" {_E["bad_interpreter"]};; '
+    'esac; fi; ')
+
 # One rank: its rank number from Slurm, the job's command; a failed rank stops the others.
 # The wrapper traps TERM/USR1 (Slurm signals every process of the step) so it outlives them and
 # waits for the command, whose handlers are its own (a trap is reset in the child at exec).
-_RANK_SH = ('trap : TERM USR1 USR2 INT; export ONEPOOL_RANK="$SLURM_PROCID"; "$@"; code=$?; '
+_RANK_SH = ('trap : TERM USR1 USR2 INT; export ONEPOOL_RANK="$SLURM_PROCID"; ' + _NOSTART + '"$@"; code=$?; '
             'if [ "$code" -ne 0 ] && [ "$code" -ne 143 ] && [ "${SLURM_NTASKS:-1}" -gt 1 ]; then '
             'echo "onepool: rank $SLURM_PROCID failed (exit $code): stopping the other ranks" >&2; '
             'scancel --signal=TERM "$SLURM_JOB_ID" >/dev/null 2>&1; fi; exit "$code"')
