@@ -56,7 +56,6 @@ BAD = [
         "start_failed:workdir_missing", None, vanish),
     Bad("workdir-is-a-file", lambda t: {"command": ["true"], "workdir": workdir(t)},
         "start_failed:workdir_not_a_directory", None, turn_to_file),
-    Bad("argument-200kb", lambda t: {"command": ["echo", "x" * 200_000]}, "start_failed:too_large", None),
     Bad("no-shebang", lambda t: {"command": [script(t, "run.sh", "echo hi\n")]},
         "start_failed:exec_format_error", 126),
     Bad("command-not-found", lambda t: {"command": ["onepool-no-such-command"]},
@@ -171,3 +170,16 @@ def test_a_supervisor_that_cannot_start_ends_the_rank_as_a_start_failure(make_cl
     assert info.status == "FAILED" and info.attempts == 1  # one node: nowhere else to try
     assert info.attempt_list[0].cause == "start_failed:supervisor_failed"
     assert info.attempt_list[0].exit_code == 3
+
+
+
+def test_an_argument_too_large_for_exec_fails_the_start_with_its_cause(tmp_path):
+    """A job spec refuses such an argument at submit (test_spec); a rank that still meets E2BIG
+    (an environment the node adds to) fails its start with that cause instead of escaping."""
+    from providers.base import StartFailed
+    from providers.local import LocalProcesses
+
+    local = LocalProcesses(tmp_path / "runs", containment="group")
+    with pytest.raises(StartFailed) as failed:
+        local.start(1, 0, ["echo", "x" * 200_000], {})
+    assert failed.value.cause == "start_failed:too_large"
