@@ -60,8 +60,8 @@ class ApiContext:
         return Client(store=self.store, clock=self.clock, principal=principal)
 
     def _read(self) -> tuple[float, Timing, ApiSettings]:
-        """The applied config's agent timing and API limits (defaults while nothing is
-        configured), read at most every SETTINGS_TTL_S. May read the database: not on the
+        """The applied config's agent timing and API limits, read at most every SETTINGS_TTL_S
+        (defaults while nothing is configured, then read at every call). May read the database: not on the
         event loop."""
         with self._lock:
             cached = self._settings
@@ -71,8 +71,8 @@ class ApiContext:
             with self.store.session() as s:
                 b = applied_config(s).broker
             got = (time.monotonic(), Timing(b.agent_heartbeat_s, b.node_lost_after_s), b.api)
-        except NotConfigured:
-            got = (time.monotonic(), Timing(), ApiSettings())
+        except NotConfigured:  # defaults, read again next time (a config may come any moment)
+            got = (-SETTINGS_TTL_S, Timing(), ApiSettings())
         with self._lock:
             self._settings = got
         return got

@@ -111,12 +111,12 @@ class LegacyBudget:
 
 
 class Hasher:
-    """Checks tokens against stored hashes. `slow` is the argon2 check (a seam: tests count
-    its calls); each slow check is paid from `budget`."""
+    """Checks tokens against stored hashes. `fast` and `slow` are the HMAC and argon2 checks
+    (seams: tests count their calls); each slow check is paid from `budget`."""
 
-    def __init__(self, budget: LegacyBudget,
+    def __init__(self, budget: LegacyBudget, fast: Callable[[str, str], bool] = check_fast,
                  slow: Callable[[str, str], bool] = check_argon2) -> None:
-        self.budget, self.slow = budget, slow
+        self.budget, self.fast, self.slow = budget, fast, slow
 
     def check(self, stored: str | None, token: str) -> Check:
         """Check `token` against `stored`. Raises TooManyRequests when an old hash would need
@@ -124,6 +124,6 @@ class Hasher:
         if not stored:
             return Check.BAD
         if not is_legacy(stored):
-            return Check.OK if check_fast(stored, token) else Check.BAD
+            return Check.OK if self.fast(stored, token) else Check.BAD
         self.budget.take()
         return Check.OK_UPGRADE if self.slow(stored, token) else Check.BAD
