@@ -56,10 +56,13 @@ class FailureLimiter:
         return max(1, math.ceil((1.0 - level) / limits.auth_failures_per_s))
 
     def failed(self, source: str, limits: ApiSettings) -> None:
-        """Count one failed authentication from `source`."""
+        """Count one failed authentication from `source`. The bucket may go below zero (down to
+        minus the burst): requests let in together before their failures were counted (one per
+        open connection) are paid for by waiting longer, so concurrency buys no extra tries."""
         level = self._level(source, limits)
-        start = float(limits.auth_failure_burst) if level is None else level
-        self._buckets[source] = (max(0.0, start - 1.0), self._clock.now())
+        burst = float(limits.auth_failure_burst)
+        start = burst if level is None else level
+        self._buckets[source] = (max(-burst, start - 1.0), self._clock.now())
         self._buckets.move_to_end(source)
         while len(self._buckets) > self._max:
             self._buckets.popitem(last=False)

@@ -17,12 +17,16 @@ from typing import Any
 
 import anyio.to_thread
 import pytest
+from argon2 import PasswordHasher
 from fastapi import FastAPI
 from sqlmodel import select
 
 from broker.api.app import create_app
+from broker.api.guard import FailureLimiter
+from broker.clock import FakeClock
 from broker.errors import SpecError
 from broker.spec import parse_config
+from broker.spec_broker import ApiSettings
 from broker.state.model_access import ApiToken, NodeAgent
 from broker.state.token_hash import Hasher, check_argon2, check_fast
 from tests.api.conftest import AGENT_POOL, Api, store_argon2_hash
@@ -129,7 +133,6 @@ def test_an_old_argon2_node_credential_is_upgraded_on_its_first_sync(api: Api):
 
 
 def argon2_of(secret: str) -> str:
-    from argon2 import PasswordHasher
     return PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1).hash(secret)
 
 
@@ -305,3 +308,25 @@ def test_agent_routes_are_served_while_every_user_thread_is_taken(api: Api):
         portal.call(give_back)
     user.join(timeout=20)
     assert not user.is_alive()
+
+
+# (case, failures counted at once, seconds later, retry-after then: None = served)
+BUCKETS: list[tuple[str, int, float, int | None]] = [
+    ("within the burst", 1, 0.0, None),
+    ("the burst spent", 2, 0.0, 2),
+    ("refilled by time", 2, 2.0, None),
+    ("in-flight failures are owed", 4, 0.0, 6),  # level -2: 3 failures' worth at 0.5/s
+    ("the debt is capped at one burst", 40, 0.0, 6),
+    ("the debt is paid back by time", 4, 5.0, 1),
+]
+
+
+@pytest.mark.parametrize(("case", "failures", "later", "wait"), BUCKETS, ids=[b[0] for b in BUCKETS])
+def test_the_failure_bucket_of_an_address(case: str, failures: int, later: float, wait: int | None):
+    clock, limits = FakeClock(), ApiSettings(**LIMITS)
+    limiter = FailureLimiter(clock)
+    for _ in range(failures):
+        limiter.failed("10.0.0.9", limits)
+    clock.advance(later)
+    assert limiter.retry_after("10.0.0.9", limits) == wait, case
+    assert limiter.retry_after("10.0.0.10", limits) is None
