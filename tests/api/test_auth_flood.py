@@ -23,12 +23,14 @@ from sqlmodel import select
 
 from broker.api.app import create_app
 from broker.api.guard import FailureLimiter
+from broker.client.http import HttpClient
 from broker.clock import FakeClock
-from broker.errors import SpecError
+from broker.errors import SpecError, TooLarge, TooManyRequests, Unauthorized
 from broker.spec import parse_config
 from broker.spec_broker import ApiSettings
 from broker.state.model_access import ApiToken, NodeAgent
 from broker.state.token_hash import Hasher, check_argon2, check_fast
+from tests.agents.harness import serve
 from tests.api.conftest import AGENT_POOL, Api, store_argon2_hash
 from tests.conftest import config
 
@@ -330,3 +332,31 @@ def test_the_failure_bucket_of_an_address(case: str, failures: int, later: float
     clock.advance(later)
     assert limiter.retry_after("10.0.0.9", limits) == wait, case
     assert limiter.retry_after("10.0.0.10", limits) is None
+
+
+def test_the_least_recently_failed_address_is_forgotten_first():
+    clock, limits = FakeClock(), ApiSettings(**LIMITS)
+    limiter = FailureLimiter(clock, max_sources=2)
+    for source in ("10.0.0.1", "10.0.0.2", "10.0.0.3"):
+        for _ in range(2):
+            limiter.failed(source, limits)
+    assert [limiter.retry_after(s, limits) for s in ("10.0.0.1", "10.0.0.2", "10.0.0.3")] == [None, 2, 2]
+
+
+# -- over real HTTP, through the SDK ---------------------------------------------------------------
+def test_the_sdk_over_http_raises_too_large_and_too_many_requests(api: Api, guarded: FastAPI):
+    srv = serve(guarded)
+    try:
+        with HttpClient(srv.url, api.research) as sdk:
+            with pytest.raises(TooLarge, match=r"larger than 65536 bytes.*broker\.api\.max_body_bytes"):
+                sdk.submit({**JOB, "team": "research", "command": ["echo", "x" * 100_000]})
+            assert sdk.submit({**JOB, "team": "research"}).status == "PENDING"  # a new connection
+        with HttpClient(srv.url, f"op_{tid(api.research)}_" + "x" * 43) as bad:
+            for _ in range(2):
+                with pytest.raises(Unauthorized):
+                    bad.list()
+            with pytest.raises(TooManyRequests, match="too many failed authentications") as e:
+                bad.list()
+            assert e.value.retry_after_s == 2
+    finally:
+        srv.stop()
