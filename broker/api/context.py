@@ -17,6 +17,7 @@ from anyio import CapacityLimiter
 from fastapi import Request
 
 from broker.api.batcher import SubmitBatcher
+from broker.api.guard import authenticated
 from broker.api.mailbox import Mailbox
 from broker.client.sdk import Client
 from broker.clock import Clock
@@ -121,8 +122,11 @@ def bearer(request: Request) -> str | None:
 
 
 def principal(request: Request) -> Principal:
-    """The member or admin behind the request's token. Raises Unauthorized."""
-    return verify(ctx(request), bearer(request))
+    """The member or admin behind the request's token (the request is marked authenticated
+    for the guard). Raises Unauthorized."""
+    p = verify(ctx(request), bearer(request))
+    authenticated(request.scope)
+    return p
 
 
 def verify(c: ApiContext, token: str | None) -> Principal:

@@ -4,7 +4,11 @@
    (`broker.api.auth_failure_burst` at once, then `auth_failures_per_s`). An address whose
    bucket is empty gets 429 with Retry-After, before its body is read, routed or its token
    checked: a flood of bad tokens costs the server a dictionary lookup per request. Other
-   addresses, and so clients whose tokens are good, are not affected.
+   addresses are not affected, and neither are credentials that passed authentication
+   lately (their Authorization header's SHA-256 is remembered, in memory): an agent or a
+   client behind the same address as the flood (a NAT, a proxy, a hostile job on the agent's
+   node) keeps being served. Those requests still go through the full token check, so a
+   revocation is seen at once (and forgets the credential here).
 2. The body must fit the route's limit (`broker.api.max_log_upload_bytes` for agents' log
    uploads, `max_body_bytes` for the rest): a larger Content-Length is answered 413 before a
    byte is read; a body without one (chunked) is read here, counting, and answered 413 the
@@ -16,6 +20,7 @@ TooManyRequests or TooLarge with the same message. Runs on the event loop only (
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections import OrderedDict
@@ -30,6 +35,14 @@ from broker.spec_broker import ApiSettings
 
 LOG_UPLOAD_PATH = "/v1/agent/logs"
 MAX_SOURCES = 50_000  # addresses remembered (least recently failed forgotten first)
+MAX_GOOD = 10_000  # credentials remembered as good (least recently seen forgotten first)
+AUTH_OK = "onepool.auth_ok"  # set True in a request's scope by whoever verified its credential
+
+
+def authenticated(scope: Scope) -> None:
+    """Mark the request whose ASGI `scope` this is as carrying a credential that passed (the
+    routes call it once the token or node credential is verified)."""
+    scope[AUTH_OK] = True
 
 
 class FailureLimiter:
@@ -68,6 +81,26 @@ class FailureLimiter:
             self._buckets.popitem(last=False)
 
 
+class GoodCredentials:
+    """SHA-256 digests of Authorization headers that passed authentication lately."""
+
+    def __init__(self, capacity: int = MAX_GOOD) -> None:
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self._capacity = capacity
+
+    def __contains__(self, digest: bytes) -> bool:
+        return digest in self._seen
+
+    def add(self, digest: bytes) -> None:
+        self._seen[digest] = None
+        self._seen.move_to_end(digest)
+        while len(self._seen) > self._capacity:
+            self._seen.popitem(last=False)
+
+    def discard(self, digest: bytes) -> None:
+        self._seen.pop(digest, None)
+
+
 class Guard:
     """The ASGI middleware (see the module's docstring). `limits` returns the current
     ApiSettings without blocking (broker.api.context.ApiContext.limits)."""
@@ -75,6 +108,7 @@ class Guard:
     def __init__(self, app: ASGIApp, limits: Callable[[], ApiSettings], clock: Clock) -> None:
         self.app, self.limits = app, limits
         self.failures = FailureLimiter(clock)
+        self.good = GoodCredentials()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -86,7 +120,9 @@ class Guard:
         wait = self.failures.retry_after(source, limits)
         declared = _content_length(scope)
         has_body = bool(declared) or _chunked(scope)
-        if wait is not None:
+        auth = _header(scope, b"authorization")
+        digest = hashlib.sha256(auth).digest() if auth else None
+        if wait is not None and (digest is None or digest not in self.good):
             await _refuse(send, 429, has_body, TooManyRequests(
                 f"too many failed authentications from {source}: retry in {wait} s (check the "
                 f"token; the server allows {limits.auth_failure_burst} failures at once, then "
@@ -109,8 +145,13 @@ class Guard:
             receive = _replay(buffered, receive)
 
         async def watch(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] == 401:
-                self.failures.failed(source, limits)
+            if message["type"] == "http.response.start":
+                if message["status"] == 401:
+                    self.failures.failed(source, limits)
+                    if digest is not None:
+                        self.good.discard(digest)
+                elif digest is not None and scope.get(AUTH_OK):
+                    self.good.add(digest)
             await send(message)
 
         await self.app(scope, receive, watch)

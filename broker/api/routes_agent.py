@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
 from broker.api.context import ApiContext, bearer, ctx
+from broker.api.guard import authenticated
 from broker.control import agents
 from broker.errors import SpecError
 
@@ -63,6 +64,7 @@ def _sync_once(c: ApiContext, request: Request, req: agents.SyncRequest,
                heartbeat: bool) -> agents.SyncReply:
     with c.store.session() as s:
         agent = c.verifier.node_of_credential(s, bearer(request))
+        authenticated(request.scope)
         if not heartbeat:  # later looks of a long poll only read
             req = agents.SyncRequest(known=req.known, acked=req.acked)
         reply = agents.sync(s, agent, req, c.clock.now(), c.timing(), heartbeat=heartbeat)
@@ -85,6 +87,7 @@ def _ship_logs(c: ApiContext, request: Request, piece: agents.LogPiece) -> LogAc
         raise SpecError("logs", ["data_b64: must be base64"]) from None
     with c.store.session() as s:
         agent = c.verifier.node_of_credential(s, bearer(request))
+        authenticated(request.scope)
         return LogAck(offset=agents.write_log(c.store.home, s, agent, piece, data))
 
 
@@ -100,4 +103,5 @@ async def notice(request: Request, req: agents.NoticeRequest) -> dict[str, str]:
 def _notice(c: ApiContext, request: Request, req: agents.NoticeRequest) -> None:
     with c.store.session() as s:
         agent = c.verifier.node_of_credential(s, bearer(request))
+        authenticated(request.scope)
         agents.notice(s, agent, req, c.clock.now())

@@ -198,6 +198,7 @@ def guarded(api: Api) -> Iterator[FastAPI]:
 
 
 MiB = 1024 * 1024
+JOB_BODY = b'{"name": "j", "command": ["true"], "gpus_per_node": 1}'
 LOG_PIECE = b'{"assignment_id": 1, "offset": 0, "data_b64": "' + b"A" * 200_000 + b'"}'
 
 
@@ -215,6 +216,24 @@ def test_an_address_that_keeps_failing_gets_429_before_its_body_is_read(api: Api
     assert call(guarded, "GET", "/v1/jobs", token=bad, client="10.0.0.10").status == 401
     api.clock.advance(2.0)  # one failure refilled: served again
     assert call(guarded, "GET", "/v1/jobs", token=api.research).status == 200
+
+
+def test_credentials_that_passed_are_still_served_from_a_throttled_address(api: Api, guarded: FastAPI):
+    """A NAT, a proxy or a hostile job on an agent's node shares its address with the flood:
+    the credentials seen passing keep being served; others from there wait."""
+    credential = join_agent(api)
+    assert call(guarded, "GET", "/v1/jobs", token=api.research).status == 200
+    posted = call(guarded, "POST", "/v1/jobs", token=api.prod, length=len(JOB_BODY), parts=[JOB_BODY])
+    assert posted.status == 201
+    assert call(guarded, "POST", "/v1/agent/sync", token=credential, length=2, parts=[b"{}"]).status == 200
+    bad = "op_000000000000_" + "x" * 43
+    assert [call(guarded, "GET", "/v1/jobs", token=bad).status for _ in range(3)] == [401, 401, 429]
+    assert call(guarded, "GET", "/v1/jobs", token=api.research).status == 200
+    assert call(guarded, "GET", "/v1/jobs", token=api.prod).status == 200
+    assert call(guarded, "POST", "/v1/agent/sync", token=credential, length=2, parts=[b"{}"]).status == 200
+    assert call(guarded, "GET", "/v1/jobs", token=api.admin).status == 429  # never seen passing
+    api.local.revoke_token(tid(api.research))  # still checked in full: revoked, then forgotten
+    assert [call(guarded, "GET", "/v1/jobs", token=api.research).status for _ in range(2)] == [401, 429]
 
 
 def test_a_throttled_address_costs_no_token_check(api: Api, guarded: FastAPI):
