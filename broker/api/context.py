@@ -49,7 +49,8 @@ class ApiContext:
     on_agent_report: Callable[[], None] = lambda: None
     check_s: float = 1.0  # long polls look at the database at least this often
     _settings: tuple[float, Timing, ApiSettings] | None = None
-    _refreshing: asyncio.Future[Any] | None = None
+    _refreshing: bool = False
+    refreshed: asyncio.Future[None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -62,8 +63,8 @@ class ApiContext:
 
     def _read(self) -> tuple[float, Timing, ApiSettings]:
         """The applied config's agent timing and API limits, read at most every SETTINGS_TTL_S
-        (defaults while nothing is configured, then read at every call). May read the database: not on the
-        event loop."""
+        (defaults while nothing is configured, then read at every call). May read the
+        database: not on the event loop."""
         with self._lock:
             cached = self._settings
             if cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S:
@@ -85,25 +86,27 @@ class ApiContext:
 
     def limits(self) -> ApiSettings:
         """The API limits last read, for the event loop: never reads the database itself; when
-        they are older than SETTINGS_TTL_S, one read starts in a worker thread and later
-        requests see its result."""
+        they are older than SETTINGS_TTL_S, one read starts in a worker thread (`refreshed`
+        is its future) and later requests see its result."""
         with self._lock:
             cached = self._settings
         assert cached is not None, "read once at construction"
-        if time.monotonic() - cached[0] >= SETTINGS_TTL_S and self._refreshing is None:
-            self._refreshing = asyncio.get_running_loop().run_in_executor(None, self._read)
-            self._refreshing.add_done_callback(self._refreshed)
-        return cached[2]
+        if time.monotonic() - cached[0] >= SETTINGS_TTL_S and not self._refreshing:
+            self._refreshing = True
+            self.refreshed = asyncio.get_running_loop().run_in_executor(None, self._refresh)
+        api = cached[2]
+        if self.agent_limiter.total_tokens != api.agent_threads:
+            self.agent_limiter.total_tokens = api.agent_threads
+        return api
 
-    def _refreshed(self, fut: asyncio.Future[tuple[float, Timing, ApiSettings]]) -> None:
-        """On the event loop, once a read started by limits() is done."""
-        self._refreshing = None
-        if fut.cancelled():
-            return
-        if (e := fut.exception()) is not None:  # the old limits stay; the next request retries
+    def _refresh(self) -> None:
+        """limits()'s read, in a worker thread."""
+        try:
+            self._read()
+        except Exception as e:  # noqa: BLE001  (the old limits stay; the next request retries)
             log.warning("could not re-read the API limits from the applied config: %s", e)
-            return
-        self.agent_limiter.total_tokens = fut.result()[2].agent_threads
+        finally:
+            self._refreshing = False
 
     async def agent_work(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` (database work of an agent route) on the agent routes' threads."""

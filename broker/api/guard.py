@@ -15,7 +15,8 @@
    moment it goes past the limit. Only then do parsing and the token check run.
 
 Both answers are the API's JSON errors (broker.api.errors), so the HTTP client raises
-TooManyRequests or TooLarge with the same message. Runs on the event loop only (no locks).
+TooManyRequests or TooLarge with the same message. Runs on the event loop only (no locks); its
+counts live in this process (several API processes count apart, each with the same limits).
 """
 
 from __future__ import annotations

@@ -21,7 +21,9 @@ from argon2 import PasswordHasher
 from fastapi import FastAPI
 from sqlmodel import select
 
+from broker.api import context
 from broker.api.app import create_app
+from broker.api.context import ApiContext
 from broker.api.guard import FailureLimiter
 from broker.client.http import HttpClient
 from broker.clock import FakeClock
@@ -277,6 +279,24 @@ def test_413_and_429_answers_do_not_count_as_failures(api: Api, guarded: FastAPI
     for _ in range(5):
         assert call(guarded, "POST", "/v1/jobs", length=50 * MiB).status == 413
     assert call(guarded, "GET", "/v1/jobs", token=api.research).status == 200
+
+
+def test_limits_applied_later_are_read_without_a_restart(api: Api, guarded: FastAPI, monkeypatch):
+    monkeypatch.setattr(context, "SETTINGS_TTL_S", 0.0)  # stale at once: every look starts a read
+    api.local.apply(parse_config(config(pools=POOLS, api={**LIMITS, "max_body_bytes": 8192,
+                                                          "agent_threads": 3})))
+    c: ApiContext = guarded.state.ctx
+
+    async def look_twice() -> ApiSettings:
+        c.limits()  # starts a read in a worker thread
+        assert c.refreshed is not None
+        await c.refreshed
+        return c.limits()
+
+    assert asyncio.run(look_twice()).max_body_bytes == 8192
+    assert c.agent_limiter.total_tokens == 3
+    got = call(guarded, "POST", "/v1/jobs", length=10_000, parts=[b" " * 10_000])
+    assert got.status == 413 and b"larger than 8192 bytes" in got.body
 
 
 @pytest.mark.parametrize(("api_settings", "problem"), [
