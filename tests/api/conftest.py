@@ -49,10 +49,15 @@ def api(tmp_path: Path, clock: FakeClock) -> Iterator[Api]:
         yield Api(app, http, local, admin, research, prod, clock)
 
 
+def argon2_hash(secret: str) -> str:
+    """The hash servers before the fast one stored (their parameters)."""
+    return PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1).hash(secret)
+
+
 def store_argon2_hash(api: Api, token: str) -> None:
     """Make `token`'s row hold an argon2 hash, as servers before the fast hash wrote it."""
     with api.local.store.session() as s:
         row = s.get(ApiToken, token.split("_")[1])
         assert row is not None
-        row.hash = PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1).hash(token)
+        row.hash = argon2_hash(token)
         s.add(row)

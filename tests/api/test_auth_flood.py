@@ -17,7 +17,6 @@ from typing import Any
 
 import anyio.to_thread
 import pytest
-from argon2 import PasswordHasher
 from fastapi import FastAPI
 from sqlmodel import select
 
@@ -33,7 +32,7 @@ from broker.spec_broker import ApiSettings
 from broker.state.model_access import ApiToken, NodeAgent
 from broker.state.token_hash import Hasher, check_argon2, check_fast
 from tests.agents.harness import serve
-from tests.api.conftest import AGENT_POOL, Api, store_argon2_hash
+from tests.api.conftest import AGENT_POOL, Api, argon2_hash, store_argon2_hash
 from tests.conftest import config
 
 JOB = {"name": "j", "command": ["true"], "gpus_per_node": 1}
@@ -124,7 +123,7 @@ def test_an_old_argon2_node_credential_is_upgraded_on_its_first_sync(api: Api):
     credential = join_agent(api)
     with api.local.store.session() as s:
         row = s.exec(select(NodeAgent).where(NodeAgent.credential_id == tid(credential))).one()
-        row.credential_hash = argon2_of(credential)
+        row.credential_hash = argon2_hash(credential)
         s.add(row)
     calls = count_hashes(api.app)
     for _ in range(2):
@@ -134,10 +133,6 @@ def test_an_old_argon2_node_credential_is_upgraded_on_its_first_sync(api: Api):
     with api.local.store.session() as s:
         row = s.exec(select(NodeAgent).where(NodeAgent.credential_id == tid(credential))).one()
         assert (row.credential_hash or "").startswith("hmac-sha256$")
-
-
-def argon2_of(secret: str) -> str:
-    return PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1).hash(secret)
 
 
 def join_agent(api: Api, node: str = "onprem-0") -> str:
