@@ -176,7 +176,7 @@ def quantiles_ms(xs: list[float]) -> dict[str, float | None]:
     ms = sorted(x * 1000 for x in xs)
     if not ms:
         return {"p50": None, "p99": None, "max": None}
-    q = statistics.quantiles(ms, n=100) if len(ms) >= 2 else [ms[0]] * 99
+    q = statistics.quantiles(ms, n=100, method="inclusive") if len(ms) >= 2 else [ms[0]] * 99
     return {"p50": round(q[49], 2), "p99": round(q[98], 2), "max": round(ms[-1], 2)}
 
 
