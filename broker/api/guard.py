@@ -133,15 +133,13 @@ class Guard:
         is_log = scope["path"] == LOG_UPLOAD_PATH
         cap, setting = ((limits.max_log_upload_bytes, "max_log_upload_bytes") if is_log
                         else (limits.max_body_bytes, "max_body_bytes"))
-        too_large = TooLarge(f"request body larger than {cap} bytes, the limit for "
-                             f"{scope['method']} {scope['path']} (setting broker.api.{setting})")
         if declared is not None and declared > cap:
-            await _refuse(send, 413, True, too_large)
+            await _refuse(send, 413, True, _too_large(scope, cap, setting))
             return
         if declared is None and _chunked(scope):
             buffered = await _read_at_most(receive, cap)
             if buffered is None:
-                await _refuse(send, 413, True, too_large)
+                await _refuse(send, 413, True, _too_large(scope, cap, setting))
                 return
             receive = _replay(buffered, receive)
 
@@ -156,6 +154,11 @@ class Guard:
             await send(message)
 
         await self.app(scope, receive, watch)
+
+
+def _too_large(scope: Scope, cap: int, setting: str) -> TooLarge:
+    return TooLarge(f"request body larger than {cap} bytes, the limit for {scope['method']} "
+                    f"{scope['path']} (setting broker.api.{setting})")
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
