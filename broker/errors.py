@@ -33,6 +33,21 @@ class Unauthorized(OnepoolError):
     Get a token from an admin (`onepool token create`) and set ONEPOOL_TOKEN."""
 
 
+class TooManyRequests(OnepoolError):
+    """The server refuses this request for now (too many failed authentications from this
+    address, or too many slow checks at once). Wait `retry_after_s` seconds, then retry; check
+    the token if yours are the failures."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class TooLarge(OnepoolError):
+    """The request body is larger than the server accepts. Send less (a job spec is small:
+    data and code travel through object storage), or raise the named setting."""
+
+
 class Forbidden(OnepoolError, PermissionError):
     """The caller is known but its role or team does not allow this. Ask an admin."""
 

@@ -63,6 +63,32 @@ class TaskIntervals(_Strict):
     retain_checkpoints_s: float = Field(default=3600.0, ge=1.0, le=86400.0)
 
 
+class ApiSettings(_Strict):
+    """`broker.api:` what `onepool server` accepts before doing any work for a request
+    (broker.api.guard; re-read from the applied config every few seconds).
+
+    - max_body_bytes: a request body larger than this (job specs, configs, agents' syncs) is
+      answered 413 before it is parsed or its token checked (default 1 MiB: a job spec is
+      small; code and data reach nodes through object storage)
+    - max_log_upload_bytes: the same for agents' log uploads (a piece is at most 512 KiB of
+      output, base64 in JSON: about 700 KB)
+    - auth_failure_burst, auth_failures_per_s: each client address may fail authentication
+      (answers 401) `auth_failure_burst` times at once, then `auth_failures_per_s` times a
+      second; beyond that every request from it is answered 429 with Retry-After, before its
+      body is read or its token checked, unless its credential passed lately. Other addresses
+      are not affected. Addresses are the TCP peer's (uvicorn honours X-Forwarded-For only
+      from 127.0.0.1)
+    - agent_threads: threads reserved for the agent routes (user routes share the server's
+      own pool of 40), so a flood of user requests cannot delay agents' heartbeats
+    """
+
+    max_body_bytes: int = Field(default=1024 * 1024, ge=4096, le=1024 ** 3)
+    max_log_upload_bytes: int = Field(default=3 * 1024 * 1024, ge=1024 * 1024, le=1024 ** 3)
+    auth_failure_burst: int = Field(default=20, ge=1, le=1_000_000)
+    auth_failures_per_s: float = Field(default=1.0, gt=0.0, le=1_000_000.0)
+    agent_threads: int = Field(default=8, ge=1, le=256)
+
+
 # Older spellings of task intervals, still accepted: (where it was, its `tasks` field).
 LEGACY_TASK_KEYS = (("price_refresh_s", "refresh_prices_s"), ("orphan_sweep_s", "sweep_orphans_s"),
                     ("rebalance.interval_s", "rebalance_s"))
@@ -188,6 +214,7 @@ class BrokerSettings(PolicySettings):
     # every `tasks.<name>_s`. A task that fails is logged and runs again at its next time.
     tasks: TaskIntervals = TaskIntervals()
     rebalance: RebalanceSettings = RebalanceSettings()
+    api: ApiSettings = ApiSettings()
 
     @model_validator(mode="before")
     @classmethod

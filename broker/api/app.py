@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from broker import __version__
 from broker.api import errors, routes_admin, routes_agent, routes_jobs
 from broker.api.context import ApiContext
+from broker.api.guard import Guard
 from broker.api.mailbox import Mailbox
 from broker.clock import Clock
 from broker.state.store import Store
@@ -37,6 +38,7 @@ def create_app(store: Store, clock: Clock, *, mailbox: Mailbox | None = None,
                               "Send `Authorization: Bearer TOKEN` (from `onepool token create`).")
     app.state.ctx = context
     errors.install(app)
+    app.add_middleware(Guard, limits=context.limits, clock=clock)  # before any route's work
     for r in (routes_jobs.router, routes_admin.router, routes_agent.router):
         app.include_router(r)
     return app

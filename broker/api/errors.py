@@ -23,13 +23,16 @@ from broker.errors import (
     NotFound,
     OnepoolError,
     SpecError,
+    TooLarge,
+    TooManyRequests,
     Unauthorized,
 )
 
 log = logging.getLogger("onepool.api")
 
 STATUS: list[tuple[type[Exception], int]] = [
-    (Unauthorized, 401), (Forbidden, 403), (NotFound, 404), (SpecError, 422),
+    (Unauthorized, 401), (Forbidden, 403), (TooManyRequests, 429), (TooLarge, 413),
+    (NotFound, 404), (SpecError, 422),
     (BudgetError, 422), (InvalidState, 409), (NotConfigured, 409), (CheckpointError, 409),
     (OnepoolError, 400),
 ]
@@ -57,6 +60,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(OnepoolError)
     async def _onepool(_: Request, e: OnepoolError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(e, Unauthorized) else None
+        if isinstance(e, TooManyRequests):
+            headers = {"Retry-After": str(e.retry_after_s)}
         return JSONResponse(body(e), status_code=status_of(e), headers=headers)
 
     @app.exception_handler(RequestValidationError)

@@ -10,8 +10,10 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from broker.api.context import bearer, client, ctx, verify
+from broker.api.guard import authenticated
 from broker.client.sdk import MAX_PAGE, Client
 from broker.control.budgets import TeamBudget
+from broker.errors import OnepoolError, TooManyRequests, Unauthorized
 from broker.spec import MAX_ID, MAX_LOG_OFFSET, JobSpec
 from broker.state.costs import CostRow
 from broker.state.tokens import NotVerifiedHere
@@ -68,10 +70,17 @@ async def submit(request: Request, body: Annotated[Any, Body()] = None,
     """Queue a job. With an `Idempotency-Key` header, a retry returns the first job."""
     c, token = ctx(request), bearer(request)
     try:
-        info = await c.batcher.submit(token, body, idempotency_key)
-    except NotVerifiedHere:  # the token's first use in this process: check its hash off the loop
-        await run_in_threadpool(verify, c, token)
-        info = await c.batcher.submit(token, body, idempotency_key)
+        try:
+            info = await c.batcher.submit(token, body, idempotency_key)
+        except NotVerifiedHere:  # an old, slow hash: check it (and upgrade it) off the loop
+            await run_in_threadpool(verify, c, token)
+            info = await c.batcher.submit(token, body, idempotency_key)
+    except (Unauthorized, TooManyRequests):
+        raise
+    except OnepoolError:  # refused after its token passed (spec, team, budget...)
+        authenticated(request.scope)
+        raise
+    authenticated(request.scope)
     # The JobInfo the response model documents, serialized once (not validated again).
     return Response(info.model_dump_json(), status_code=201, media_type="application/json")
 

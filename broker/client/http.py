@@ -27,6 +27,8 @@ from broker.errors import (
     NotFound,
     OnepoolError,
     SpecError,
+    TooLarge,
+    TooManyRequests,
     Unauthorized,
     Unavailable,
 )
@@ -44,7 +46,7 @@ from broker.state.views import (
 
 _ERRORS: dict[str, type[OnepoolError]] = {c.__name__: c for c in (
     NotFound, InvalidState, NotConfigured, Unauthorized, Forbidden, BudgetError, CheckpointError,
-    OnepoolError)}
+    TooLarge, OnepoolError)}
 
 
 class _Retry(Exception):
@@ -61,6 +63,9 @@ def _raise_for(r: httpx.Response) -> None:
         raise OnepoolError(f"server answered {r.status_code}: {r.text[:300]}") from None
     if kind == "SpecError":
         raise SpecError(err.get("source", "request"), list(err.get("problems", [msg])))
+    if kind == "TooManyRequests":
+        wait = r.headers.get("retry-after", "1")
+        raise TooManyRequests(msg, retry_after_s=int(wait) if wait.isdigit() else 1)
     raise _ERRORS.get(kind, OnepoolError)(msg)
 
 

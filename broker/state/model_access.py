@@ -1,8 +1,9 @@
 """Tables of who may act and where work runs remotely (issue 9): API tokens, node agents,
 rank assignments for agents, and idempotent submits.
 
-Secrets (API tokens, join tokens, agent credentials) are stored only as password hashes
-(argon2, see broker.state.tokens); the plaintext is shown once, to whoever created it.
+Secrets (API tokens, join tokens, agent credentials) are stored only as salted hashes
+(HMAC-SHA256, see broker.state.token_hash; rows written before hold argon2 until their first
+use); the plaintext is shown once, to whoever created it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class Role(StrEnum):
 
 class ApiToken(SQLModel, table=True):
     """A bearer token for the HTTP API. `id` is public (it prefixes the token); `hash` is the
-    argon2 hash of the whole token."""
+    salted hash of the whole token (broker.state.token_hash)."""
 
     id: str = Field(primary_key=True, max_length=16)
     team: str = Field(max_length=63, index=True)

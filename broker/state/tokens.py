@@ -1,12 +1,15 @@
 """Who is acting: API tokens, node join tokens and agent credentials.
 
 Every secret has the shape `{prefix}_{id}_{secret}`: the id (12 hex digits) finds the row,
-the whole string is checked against an argon2 hash (argon2-cffi), so the database never holds
-a usable secret. The plaintext is returned once, to whoever created it.
+the whole string is checked against a salted HMAC-SHA256 of it (broker.state.token_hash says
+why a fast hash is safe for tokens this random), so the database never holds a usable secret.
+The plaintext is returned once, to whoever created it.
 
-Verifying argon2 costs tens of milliseconds by design. A `Verifier` remembers, per id, the
-SHA-256 of a token that passed (in memory only), so each later request costs one hash and
-one primary-key read (which still sees a revocation at once).
+Checking a token costs one primary-key read and one HMAC, whether it is unknown, revoked,
+wrong or right: a flood of bad tokens costs the server microseconds each (the API's guard
+also answers 429 to an address that keeps failing, broker.api.guard). Rows still holding an
+argon2 hash (written before) verify once with argon2, under a process-wide budget, and are
+upgraded to the fast hash on that first success.
 """
 
 from __future__ import annotations
@@ -16,31 +19,26 @@ import hashlib
 import hmac
 import re
 import secrets
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
-from argon2 import PasswordHasher
-from argon2.exceptions import InvalidHashError, VerificationError
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, select
 
+from broker.clock import Clock, SystemClock
 from broker.errors import Forbidden, NotFound, SpecError, Unauthorized
 from broker.state.model import Setting, Team
 from broker.state.model_access import ApiToken, NodeAgent, Role
+from broker.state.token_hash import Check, Hasher, LegacyBudget, hash_secret, is_legacy
 
 API, JOIN, NODE = "op", "opj", "opn"
 _SHAPE = re.compile(r"^(op|opj|opn)_([0-9a-f]{12})_([A-Za-z0-9_-]{20,100})$")
-# Tokens carry 256 random bits, so brute force is not the threat a password hash guards
-# against here; the hash keeps a stolen database from yielding usable tokens. OWASP's
-# minimum argon2id parameters keep the one verification per process and token cheap.
-_HASHER = PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1)
 
 
 class NotVerifiedHere(Exception):
-    """The token's hash has not been verified by this Verifier yet (asked with cached_only):
-    verify it where a slow hash may run (api_principal without cached_only), then ask again."""
+    """The token's row holds an old (argon2) hash, slow to check (asked with cached_only):
+    verify it where a slow hash may run (api_principal without cached_only, which upgrades the
+    row to the fast hash), then ask again."""
 
 
 @dataclass(frozen=True)
@@ -108,65 +106,53 @@ def parse(token: str, prefix: str) -> str:
     return m.group(2)
 
 
-def hash_secret(token: str) -> str:
-    return _HASHER.hash(token)
-
-
 class Verifier:
-    """Checks tokens against their stored hashes, remembering the ones that passed."""
+    """Checks tokens against their stored hashes (see the module's docstring for the costs)."""
 
-    def __init__(self, capacity: int = 10_000) -> None:
-        self._ok: OrderedDict[str, bytes] = OrderedDict()
-        self._lock = threading.Lock()
-        self._capacity = capacity
+    def __init__(self, clock: Clock | None = None, hasher: Hasher | None = None) -> None:
+        self.hasher = hasher or Hasher(LegacyBudget(clock or SystemClock()))
 
-    def check(self, tid: str, token: str, stored_hash: str | None, *, cached_only: bool = False) -> bool:
-        """True if `token` matches `stored_hash` (the hash of the token with id `tid`).
-        With cached_only, raises NotVerifiedHere instead of running the slow hash."""
-        if not stored_hash:
-            return False
-        digest = hashlib.sha256(f"{stored_hash}\0{token}".encode()).digest()
-        with self._lock:
-            known = self._ok.get(tid)
-        if known is not None and hmac.compare_digest(known, digest):
-            return True
-        if cached_only:
-            raise NotVerifiedHere(tid)
-        try:
-            _HASHER.verify(stored_hash, token)
-        except (VerificationError, InvalidHashError):
-            return False
-        with self._lock:
-            self._ok[tid] = digest
-            self._ok.move_to_end(tid)
-            while len(self._ok) > self._capacity:
-                self._ok.popitem(last=False)
-        return True
+    def check(self, token: str, stored_hash: str | None, *, cached_only: bool = False) -> Check:
+        """Check `token` against `stored_hash`. With cached_only, raises NotVerifiedHere instead
+        of running a slow (argon2) check; raises TooManyRequests when the process's budget for
+        slow checks is spent."""
+        if cached_only and stored_hash and is_legacy(stored_hash):
+            raise NotVerifiedHere()
+        return self.hasher.check(stored_hash, token)
 
     def api_principal(self, s: Session, token: str | None, *, cached_only: bool = False) -> Principal:
         """The member or admin behind an API token. Raises Unauthorized (missing, malformed,
-        unknown, revoked); with cached_only, NotVerifiedHere for a token whose hash this
-        Verifier has not checked yet (so a caller that must not stall runs no slow hash)."""
+        unknown, revoked); with cached_only, NotVerifiedHere for a row whose old hash needs a
+        slow check. A row with an old hash is upgraded in `s` (the caller commits)."""
         if not token:
             raise Unauthorized("this API needs a token: send `Authorization: Bearer TOKEN` "
                                "(set ONEPOOL_TOKEN; an admin creates one with `onepool token create`)")
         tid = parse(token, API)
         row = s.get(ApiToken, tid)
-        if row is None or not self.check(tid, token, row.hash, cached_only=cached_only):
+        verdict = Check.BAD if row is None else self.check(token, row.hash, cached_only=cached_only)
+        if row is None or verdict is Check.BAD:
             raise Unauthorized(f"token {tid} is not known to this server")
         if row.revoked_at is not None:
             raise Unauthorized(f"token {tid} was revoked; ask an admin for a new one")
+        if verdict is Check.OK_UPGRADE:
+            row.hash = hash_secret(token)
+            s.add(row)
         return Principal(row.role, row.team, row.id)
 
     def node_of_credential(self, s: Session, credential: str | None) -> NodeAgent:
-        """The agent row a node credential belongs to. Raises Unauthorized."""
+        """The agent row a node credential belongs to. Raises Unauthorized. A row with an old
+        hash is upgraded in `s` (the caller commits)."""
         if not credential:
             raise Unauthorized("agent routes need the node credential the join returned")
         cid = parse(credential, NODE)
         row = s.exec(select(NodeAgent).where(NodeAgent.credential_id == cid)).first()
-        if row is None or not self.check(cid, credential, row.credential_hash):
+        verdict = Check.BAD if row is None else self.check(credential, row.credential_hash)
+        if row is None or verdict is Check.BAD:
             raise Unauthorized("node credential not known to this server (the node may have "
                                "been retired): join again with a new join token")
+        if verdict is Check.OK_UPGRADE:
+            row.credential_hash = hash_secret(credential)
+            s.add(row)
         return row
 
 
@@ -254,7 +240,7 @@ def redeem_join_token(s: Session, verifier: Verifier, token: str, now: float) ->
     (malformed, unknown, used or expired)."""
     tid = parse(token, JOIN)
     row = s.exec(select(NodeAgent).where(NodeAgent.join_id == tid)).first()
-    if row is None or not verifier.check(tid, token, row.join_hash):
+    if row is None or verifier.check(token, row.join_hash) is Check.BAD:
         raise Unauthorized("join token not known to this server, or already used: each join "
                            "token works once (create another with `onepool node join-token NODE`)")
     if row.join_expires_at is not None and now > row.join_expires_at:

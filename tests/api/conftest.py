@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from argon2 import PasswordHasher
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -14,6 +15,7 @@ from broker.api.app import create_app
 from broker.client.sdk import Client
 from broker.clock import FakeClock
 from broker.spec import parse_config
+from broker.state.model_access import ApiToken
 from tests.conftest import config
 
 AGENT_POOL = {"name": "onprem", "provider": "agent", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 1}
@@ -45,3 +47,17 @@ def api(tmp_path: Path, clock: FakeClock) -> Iterator[Api]:
     app = create_app(local.store, clock)
     with TestClient(app) as http:
         yield Api(app, http, local, admin, research, prod, clock)
+
+
+def argon2_hash(secret: str) -> str:
+    """The hash servers before the fast one stored (their parameters)."""
+    return PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1).hash(secret)
+
+
+def store_argon2_hash(api: Api, token: str) -> None:
+    """Make `token`'s row hold an argon2 hash, as servers before the fast hash wrote it."""
+    with api.local.store.session() as s:
+        row = s.get(ApiToken, token.split("_")[1])
+        assert row is not None
+        row.hash = argon2_hash(token)
+        s.add(row)
