@@ -86,6 +86,11 @@ class ApiContext:
         few seconds; defaults while nothing is configured)."""
         return self._read()[1]
 
+    def forget_settings(self) -> None:
+        """Read the applied config again at the next call (a config was just applied here)."""
+        with self._lock:
+            self._settings = (-SETTINGS_TTL_S, *self._settings[1:]) if self._settings else None
+
     def output_cap(self) -> int:
         """broker.output_cap_bytes of the applied config (re-read every few seconds)."""
         return self._read()[3]

@@ -61,12 +61,15 @@ def get_config(c: ClientDep) -> ClusterConfig:
 @router.put("/config", response_model=ClusterConfig, tags=["admin"],
             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                 "schema": {"type": "object", "description": "onepool.yaml as JSON"}}}}})
-def put_config(c: ClientDep, body: Annotated[Any, Body()] = None) -> ClusterConfig:
-    """Apply a config (admins): pools, teams and broker settings."""
+def put_config(request: Request, c: ClientDep, body: Annotated[Any, Body()] = None) -> ClusterConfig:
+    """Apply a config (admins): pools, teams and broker settings. This process uses the new
+    limits from its next request on; other API processes within a few seconds."""
     c.principal.require_admin("applying a config (pools, teams, settings)")
     if not isinstance(body, dict):
         raise SpecError("config", ["(root): must be a JSON object with 'pools' and 'teams'"])
-    return c.apply(parse_config(body, "config"))
+    applied = c.apply(parse_config(body, "config"))
+    ctx(request).forget_settings()
+    return applied
 
 
 @router.get("/pools", response_model=list[PoolInfo], tags=["capacity"])

@@ -21,6 +21,7 @@ CAP = 64 * 1024
 
 def test_output_an_agent_ships_is_capped_on_the_server(api: Api) -> None:
     api.local.apply(parse_config(config(pools=[AGENT_POOL], output_cap_bytes=CAP)))
+    api.app.state.ctx.forget_settings()  # applied beside the server, not through it
     token = api.local.join_token("onprem-0").join_token
     cred = api.http.post("/v1/agent/join", json={"join_token": token}).json()["credential"]
     agent = {"Authorization": f"Bearer {cred}"}
