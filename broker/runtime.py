@@ -269,7 +269,7 @@ def done() -> None:
     broker records the attempt COMPLETED instead of running it again: the mark is kept in
     the rank's folder and in the attempt's checkpoint store. Outside the broker it does
     nothing."""
-    d = os.environ.get("ONEPOOL_RANK_DIR")
+    d = os.environ.get("ONEPOOL_JOB_DIR") or os.environ.get("ONEPOOL_RANK_DIR")  # the job's own folder
     if not d:
         return
     ctx = context()

@@ -38,11 +38,16 @@ from pathlib import Path
 import psutil
 
 from providers.base import Handle, RankState, RankStatus, StartFailed
+from providers.isolation import TEAM_ENV, Isolation
+from providers.local_runner import LAUNCH_FILE, set_subreaper
 
 ATTEMPT_ENV = "ONEPOOL_ATTEMPT_ID"
 RANK_ENV = "ONEPOOL_RANK"
 TAG_ENV = "ONEPOOL_RANK_DIR"  # the rank's run folder: unique across attempts and broker homes
 CGROUP_ENV = "ONEPOOL_CGROUP"  # the cgroup the supervisor joins (set by start())
+# The supervisor's own environment: the broker's, never the job's (it may stay root).
+SUPERVISOR_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SUPERVISOR_VARS = ("ONEPOOL_AGENT_LEASE", "ONEPOOL_AGENT_FENCE_S", "ONEPOOL_GRACE_S")
 
 
 def cgroup_root() -> Path | None:
@@ -75,8 +80,12 @@ class LocalProcesses:
     """
 
     def __init__(self, runs_dir: str | os.PathLike[str],
-                 on_change: Callable[[], None] | None = None, containment: str = "auto") -> None:
+                 on_change: Callable[[], None] | None = None, containment: str = "auto",
+                 isolation: Isolation | None = None) -> None:
         self.runs_dir = Path(runs_dir)
+        self.iso = isolation if isolation is not None else Isolation.from_env()
+        if self.iso.drops:  # a dead supervisor's processes come to us (see _end_adopted)
+            set_subreaper()
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._changed = threading.Event()
@@ -113,22 +122,31 @@ class LocalProcesses:
             if found is not None:
                 return found
             cg = self.cgroup_of(d)
-            full_env = {**os.environ, **env, ATTEMPT_ENV: str(attempt_id), RANK_ENV: str(rank),
-                        TAG_ENV: str(d.resolve())}
-            full_env.pop(CGROUP_ENV, None)
+            tags = {ATTEMPT_ENV: str(attempt_id), RANK_ENV: str(rank), TAG_ENV: str(d.resolve())}
+            sup_env = {"PATH": SUPERVISOR_PATH, "LANG": "C.UTF-8", **tags,
+                       **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ},
+                       **{k: env[k] for k in SUPERVISOR_VARS if k in env}}
             cwd = env.get("ONEPOOL_WORKDIR") or None
             try:
-                d.mkdir(parents=True, exist_ok=True)
+                user = self.iso.user_for(env.get(TEAM_ENV))
+                job_dir = self.iso.prepare(d, user)
+                self.iso.prepare_store(env.get("ONEPOOL_CHECKPOINT_URI"), env.get(TEAM_ENV), user)
                 if cg is not None:
                     cg.mkdir(exist_ok=True)
-                    full_env[CGROUP_ENV] = str(cg)
+                    sup_env[CGROUP_ENV] = str(cg)
                 if cwd is not None and not os.path.isdir(cwd):
                     raise FileNotFoundError(f"working directory {cwd!r} does not exist")
+                bad = [k for k, v in env.items() if "\x00" in k or "\x00" in v]
+                if bad:  # the supervisor would fail to start the job: fail here, with the reason
+                    raise ValueError(f"environment variable {bad[0]!r} holds a null byte")
+                launch = {"env": self.iso.env({**env, **tags}, user, job_dir), "cwd": cwd or str(job_dir),
+                          "user": None if user is None else [user.uid, user.gid, list(user.groups)]}
+                _write_private(d / LAUNCH_FILE, launch)
                 with open(d / "output.log", "ab") as log:
                     p = subprocess.Popen(
                         [sys.executable, "-m", "providers.local_runner", str(d), "--", *argv],
-                        env=full_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        start_new_session=True, cwd=cwd)
+                        env=sup_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        start_new_session=True, cwd=d)
             except (OSError, ValueError, subprocess.SubprocessError) as e:
                 if cg is not None:
                     _rmdir(cg)
@@ -193,6 +211,7 @@ class LocalProcesses:
         d = handle["run_dir"]
         if d in self._final:
             return self._final[d]
+        self._end_adopted()
         if _alive(handle):
             return RankStatus(RankState.RUNNING)
         if self._leftovers(handle):
@@ -201,8 +220,11 @@ class LocalProcesses:
         if cg:
             _rmdir(Path(cg))
         ex = _read_json(Path(d) / "exit.json")
+        if (self.iso.job_dir(Path(d)) / "done.json").exists():  # runtime.done(), as the job's user
+            _write_json(Path(d) / "done.json", {"in": "job folder"})  # kept once that folder goes
         if (ex is None or int(ex["code"]) > 128) and (Path(d) / "done.json").exists():
             ex = {"code": 0}  # the job said it finished (runtime.done()); then it was killed
+        self.iso.remove(Path(d))
         final = (RankStatus(RankState.LOST) if ex is None else
                  RankStatus(RankState.EXITED, int(ex["code"]), cause=ex.get("cause")))
         self._final[d] = final
@@ -236,6 +258,30 @@ class LocalProcesses:
                 p.kill()
             except psutil.NoSuchProcess:
                 continue
+        self._end_adopted()
+
+    def _end_adopted(self) -> None:
+        """SIGKILL every process of another user that was re-parented to this process, with
+        its descendants, and reap them. Only when ranks drop privileges: this process is then a
+        child subreaper, and the only processes of a rank user that can become its children
+        are those of a rank whose supervisor died (a live supervisor is a subreaper too, nearer
+        to them). So a process that left its session and cleared its environment dies with
+        its supervisor, cgroup or not, as long as the broker or agent lives."""
+        if not self.iso.drops:
+            return
+        me, uid = psutil.Process(), os.geteuid()
+        for child in me.children():
+            try:
+                if child.uids().real == uid or child.pid in self._children:
+                    continue
+                family = [child, *child.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            for p in family:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.kill()
+            with contextlib.suppress(ChildProcessError):  # ours now: reap it (now or next time)
+                os.waitpid(child.pid, os.WNOHANG)
 
     def kill_all(self) -> int:
         """Kill every rank under `runs_dir` that still has a live process (a node going away,
@@ -336,6 +382,17 @@ def _group_leader(proc: psutil.Process) -> psutil.Process:
 def _rmdir(cg: Path) -> None:
     with contextlib.suppress(OSError):  # not empty yet, or already gone: tried again later
         cg.rmdir()
+
+
+def _write_private(path: Path, data: dict) -> None:
+    """Write JSON readable by this process's user only (it holds the job's environment)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    tmp.replace(path)
 
 
 def _write_json(path: Path, data: dict) -> None:

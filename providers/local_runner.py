@@ -23,10 +23,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)
+LAUNCH_FILE = "launch.json"  # written by providers.local (0600): the job's env, cwd and user
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -88,7 +92,13 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGUSR1, lambda *_: None)
     fenced = False
     try:
-        child = subprocess.Popen(cmd)
+        opts = launch_options(run_dir)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"onepool: cannot read this rank's launch file: {e}", file=sys.stderr)
+        write_json(run_dir / "exit.json", {"code": 126})
+        return 126
+    try:
+        child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, **opts)
         code, fenced = _wait(child)
     except FileNotFoundError:
         print(f"onepool: command not found: {cmd[0]}", file=sys.stderr)
@@ -102,6 +112,27 @@ def main(argv: list[str]) -> int:
     write_json(run_dir / "exit.json", {"code": code, "cause": "fenced"} if fenced else {"code": code})
     end_leftovers(me)
     return code
+
+
+def launch_options(run_dir: Path) -> dict[str, Any]:
+    """How to start the job, from the launch file the broker wrote (read once, then deleted:
+    it holds the job's environment): its whole environment (the supervisor's own is not
+    passed on), its working directory, and the user it runs as. With a user, the child
+    switches to it (groups, gid, uid) before exec, with umask 077, and gets SIGKILL if this
+    supervisor dies (PR_SET_PDEATHSIG, set after the switch, which would clear it)."""
+    path = run_dir / LAUNCH_FILE
+    launch = json.loads(path.read_text())
+    path.unlink()
+    opts: dict[str, Any] = {"env": launch["env"], "cwd": launch["cwd"], "preexec_fn": _die_with_parent}
+    if launch.get("user") is not None:
+        uid, gid, groups = launch["user"]
+        opts.update(user=uid, group=gid, extra_groups=groups, umask=0o077)
+    return opts
+
+
+def _die_with_parent() -> None:
+    """In the child, after the user switch: SIGKILL when this supervisor dies."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
 def join_cgroup(path: str | None) -> str | None:
@@ -120,11 +151,9 @@ def join_cgroup(path: str | None) -> str | None:
 
 def set_subreaper() -> None:
     """Orphaned descendants are re-parented to this process instead of init (Linux)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: leftovers are still found by process group and environment tag
+    # not Linux (no prctl): leftovers are still found by process group and environment tag
+    with contextlib.suppress(AttributeError):
+        _LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def end_leftovers(me: psutil.Process, grace_s: float = 2.0) -> None:

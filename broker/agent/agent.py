@@ -33,6 +33,7 @@ from broker import __version__
 from broker.agent.hardware import Gpus
 from broker.agent.metadata import Watcher
 from providers.base import Handle, RankState
+from providers.isolation import Isolation
 from providers.local import LocalProcesses
 from providers.local_runner import write_json
 
@@ -66,6 +67,7 @@ class Agent:
     http: httpx.Client | None = None
     poll_timeout_s: float = 60.0
     stop: threading.Event = field(default_factory=threading.Event)
+    isolation: Isolation | None = None  # who ranks run as, what they get (default: the host's)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -74,7 +76,8 @@ class Agent:
         self.http = self.http or httpx.Client(base_url=self.server.rstrip("/"),
                                               timeout=self.poll_timeout_s + 30)
         self.changed = threading.Event()
-        self.procs = LocalProcesses(self.state_dir / "runs", on_change=self.changed.set)
+        self.procs = LocalProcesses(self.state_dir / "runs", on_change=self.changed.set,
+                                    isolation=self.isolation)
         self.ranks: dict[int, Rank] = {}
         self.lock = threading.RLock()
         self.node = ""
@@ -329,9 +332,10 @@ def _message(r: httpx.Response) -> str:
 
 
 def main(server: str, join_token: str | None, state_dir: Path, gpus: Gpus,
-         watcher: Watcher | None) -> int:
+         watcher: Watcher | None, isolation: Isolation | None = None) -> int:
     """`onepool agent`: run until SIGTERM/SIGINT."""
-    agent = Agent(server=server, state_dir=state_dir, gpus=gpus, join_token=join_token, watcher=watcher)
+    agent = Agent(server=server, state_dir=state_dir, gpus=gpus, join_token=join_token, watcher=watcher,
+                  isolation=isolation)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: agent.stop.set())

@@ -65,6 +65,14 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
         metadata_url: Annotated[str | None, typer.Option(
             "--metadata-url", envvar="ONEPOOL_METADATA_URL", metavar="URL",
             help="the metadata service's base URL (default: the cloud's)")] = None,
+        run_as: Annotated[str | None, typer.Option(
+            "--run-as", envvar="ONEPOOL_RUN_AS", metavar="USER",
+            help="who ranks run as when the agent is root: USER, UID[:GID], or TEAM=USER,...,*=USER "
+            "(default: nobody)")] = None,
+        pass_env: Annotated[str, typer.Option(
+            "--pass-env", envvar="ONEPOOL_PASS_ENV", metavar="NAMES",
+            help="comma-separated names of this host's environment variables every rank also gets "
+            "(e.g. an object store's endpoint); ranks get nothing else of the agent's")] = "",
     ) -> None:
         """Run the node agent: join the server, then run the ranks placed on this node."""
         from broker.agent.agent import main as agent_main
@@ -74,12 +82,16 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        from broker.spec_types import parse_pass_env
+        from providers.isolation import Isolation
+
         try:
             found = detect(gpus, gpu_type)
             w = watcher(metadata, metadata_url)
+            iso = Isolation.from_env(run_as=run_as, pass_env=parse_pass_env(pass_env))
         except ValueError as e:
             raise SpecError("agent", [str(e)]) from None
-        sys.exit(agent_main(server, join_token, state_dir, found, w))
+        sys.exit(agent_main(server, join_token, state_dir, found, w, iso))
 
     @token_app.command("create")
     def token_create(

@@ -30,7 +30,7 @@ from broker.control.executors import Executors
 from broker.spec import parse_config
 from broker.state.store import Store
 from providers.local import LocalProcesses
-from tests.conftest import config
+from tests.conftest import HOST_SETTINGS, config
 
 
 @dataclass
@@ -124,7 +124,8 @@ def spawn_agent(url: str, state_dir: Path, *, join_token: str | None = None, gpu
         argv += ["--join-token", join_token]
     if metadata_url:
         argv += ["--metadata-url", metadata_url]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ONEPOOL_") or k in HOST_SETTINGS}
     with open(log, "ab") as f:
         p = subprocess.Popen([*(prefix or []), *argv], env=env, stdout=f, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True)
