@@ -211,9 +211,9 @@ class LocalProcesses:
         d = handle["run_dir"]
         if d in self._final:
             return self._final[d]
-        self._end_adopted()
         if _alive(handle):
             return RankStatus(RankState.RUNNING)
+        self._end_adopted()  # its supervisor is dead, so what it left has come to us by now
         if self._leftovers(handle):
             return RankStatus(RankState.ORPHANED)
         cg = handle.get("cgroup")

@@ -1,0 +1,339 @@
+"""Jobs run apart from the control plane and from each other (issue 24, parts 2 and 5), with
+real processes: run as root, the broker runs each team's ranks as that team's user, with a
+clean environment, and no process of an attempt outlives it (cgroup or not), through cancel,
+preemption and a killed supervisor. Skipped where this process is not root."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from broker.client.sdk import Client
+from broker.clock import FakeClock
+from broker.control.engine import Engine
+from broker.spec import parse_config
+from broker.spec_types import parse_pass_env, parse_run_as
+from providers.isolation import Isolation
+from providers.local import LocalProcesses
+from tests.conftest import ROOT, config, drive, kill_leftovers
+from tests.test_engine_e2e import out_log
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="ranks switch users only when the broker is root")
+USERS = {"research": 61001, "prod": 61002}  # numeric: no account needs to exist on this host
+CANARY = "ONEPOOL_TEST_SERVER_SECRET_CANARY"
+
+
+def _job_python() -> tuple[str, dict[str, str]] | None:
+    """An interpreter a rank user can run with this checkout and its dependencies, and the
+    environment the job needs for it: this one, or the system's of the same version with the
+    virtualenv's packages (this one may live where other users cannot reach, e.g. /root)."""
+    path = os.pathsep.join([str(ROOT), sysconfig.get_paths()["purelib"]])
+    v = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for exe in dict.fromkeys([sys.executable, f"/usr/bin/{v}", f"/usr/local/bin/{v}"]):
+        try:
+            r = subprocess.run([exe, "-c", "import numpy, broker.client.cli"],
+                               env={"PYTHONPATH": path, "HOME": "/"}, user=USERS["research"], cwd="/",
+                               capture_output=True, timeout=60)
+        except OSError:
+            continue
+        if r.returncode == 0:
+            return exe, {"PYTHONPATH": path}
+    return None
+
+
+@pytest.fixture(scope="module")
+def job_python() -> tuple[str, dict[str, str]]:
+    if os.geteuid() != 0:
+        pytest.skip("ranks switch users only when the broker is root")
+    found = _job_python()
+    if found is None:
+        pytest.skip("no Python here that a rank user can run with onepool's dependencies")
+    return found
+
+
+@pytest.fixture
+def jobs_dir() -> Iterator[Path]:
+    """Where job folders go: outside pytest's private (0700) tmp, so rank users reach them."""
+    d = Path(tempfile.mkdtemp(prefix="onepool-jobs-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, clock: FakeClock, jobs_dir: Path,
+            monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple[Client, Engine]]]:
+    """cluster(containment, **broker settings) -> (client, engine): ranks of research and prod
+    run as their users."""
+    monkeypatch.setenv(CANARY, "the-servers-secret")  # in the broker's environment, never a job's
+    engines: list[Engine] = []
+
+    def make(containment: str = "auto", **broker: Any) -> tuple[Client, Engine]:
+        c = Client(tmp_path / "home", clock=clock)
+        c.apply(parse_config(config(**broker)))
+        iso = Isolation(run_as=",".join(f"{t}={u}" for t, u in USERS.items()), jobs_dir=jobs_dir)
+        engines.append(Engine(c.store, clock, LocalProcesses(c.store.home / "runs", containment=containment,
+                                                             isolation=iso)))
+        return c, engines[-1]
+
+    yield make
+    for e in engines:
+        e.capacity.close()
+    kill_leftovers(tmp_path / "home" / "runs")
+
+
+def pyjob(py: tuple[str, dict[str, str]], code: str, *args: str) -> list[str]:
+    return [py[0], "-c", code, *args]
+
+
+def report(c: Client, job: int) -> dict[str, Any]:
+    """The JSON line the job printed last."""
+    lines = out_log(c, c.get(job).attempt_list[-1].id).strip().splitlines()
+    return json.loads(next(ln for ln in reversed(lines) if ln.startswith("{")))
+
+
+def user_processes() -> list[psutil.Process]:
+    """Live processes of the test's rank users: none may be left once their attempts end."""
+    out = []
+    for p in psutil.process_iter(["uids", "status"]):
+        if p.info["uids"] and p.info["uids"].real in USERS.values() and p.info["status"] != "zombie":
+            out.append(p)
+    return out
+
+
+# -- the settings ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, expected", [
+    ("alice", ("alice", {})),
+    ("61001:61001", ("61001:61001", {})),
+    ("research=alice, prod=bob", (None, {"research": "alice", "prod": "bob"})),
+    ("research=alice,*=nobody", ("nobody", {"research": "alice"})),
+])
+def test_run_as_forms(text: str, expected: tuple[str | None, dict[str, str]]) -> None:
+    assert parse_run_as(text) == expected
+
+
+@pytest.mark.parametrize("text, message", [
+    ("alice;rm", "not one of USER"),
+    ("Research Team=alice", "not one of USER"),
+    ("alice,bob", "two users for every other team"),
+    ("research=alice,research=bob", "team 'research' is named twice"),
+])
+def test_bad_run_as_is_refused_naming_the_field(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match="run_as: ") as e:
+        parse_run_as(text)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("text, ok", [("PYTHONPATH, AWS_ENDPOINT_URL_S3", True), ("ONEPOOL_TOKEN", False),
+                                      ("1BAD", False), ("A-B", False)])
+def test_pass_env_names(text: str, ok: bool) -> None:
+    if ok:
+        assert parse_pass_env(text) == ["PYTHONPATH", "AWS_ENDPOINT_URL_S3"]
+    else:
+        with pytest.raises(ValueError, match="pass_env: "):
+            parse_pass_env(text)
+
+
+def test_an_unknown_user_is_refused_at_startup() -> None:
+    with pytest.raises(ValueError, match="run_as: no user 'no-such-user-x' on this host"):
+        Isolation(run_as="research=no-such-user-x", root=True)
+
+
+def test_not_root_cannot_name_another_user() -> None:
+    if os.geteuid() == 0:
+        pytest.skip("a root process can run ranks as anyone")
+    with pytest.raises(ValueError, match="not root"):
+        Isolation(run_as="nobody")
+
+
+def test_root_with_nothing_named_runs_ranks_as_nobody_never_root(jobs_dir: Path) -> None:
+    iso = Isolation(root=True, jobs_dir=jobs_dir)
+    u = iso.user_for("research")
+    assert u is not None and u.name == "nobody" and u.uid != 0
+    assert Isolation(root=False).user_for("research") is None  # not root: ranks run as this user
+
+
+def test_the_rank_environment_is_clean(tmp_path: Path) -> None:
+    iso = Isolation(pass_env=["STORE_ENDPOINT"], root=False)
+    host = {"PATH": "/secret/bin", "SERVER_SECRET": "x", "ONEPOOL_DATABASE_URL": "postgresql://pw",
+            "STORE_ENDPOINT": "http://s3", "ONEPOOL_PROGRESS_EVERY_S": "0.5", "HOME": "/root"}
+    env = iso.env({"MY_VAR": "1", "ONEPOOL_JOB_ID": "7"}, None, tmp_path, host=host)
+    assert set(env) == {"PATH", "LANG", "HOME", "TMPDIR", "USER", "LOGNAME", "STORE_ENDPOINT", "MY_VAR",
+                        "ONEPOOL_JOB_ID", "ONEPOOL_PROGRESS_EVERY_S", "ONEPOOL_JOB_DIR"}
+    assert "/secret/bin" not in env["PATH"] and env["TMPDIR"] == str(tmp_path / "tmp")
+
+
+# -- real ranks as their team's user ------------------------------------------------------------
+SHOW = """
+import json, os
+print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(), "env": dict(os.environ),
+                  "umask": os.umask(0), "cwd": os.getcwd()}), flush=True)
+"""
+
+
+@ROOT_ONLY
+def test_a_rank_runs_as_its_teams_user_with_only_its_own_environment(cluster, job_python) -> None:
+    c, eng = cluster()
+    j = c.submit(name="show", team="research", command=pyjob(job_python, SHOW),
+                 env={"MY_VAR": "mine", **job_python[1]}).id
+    drive(eng, lambda: c.get(j).status == "SUCCEEDED")
+    got = report(c, j)
+    assert (got["uid"], got["gid"], got["groups"]) == (61001, 61001, [])
+    env = got["env"]
+    assert CANARY not in env and "ONEPOOL_DATABASE_URL" not in env and "ONEPOOL_HOME" not in env
+    assert env["MY_VAR"] == "mine" and env["ONEPOOL_TEAM"] == "research"
+    assert {k for k in env if not k.startswith("ONEPOOL_")} <= {
+        "PATH", "LANG", "HOME", "TMPDIR", "USER", "LOGNAME", "PYTHONPATH", "MY_VAR", "CUDA_VISIBLE_DEVICES",
+        "LC_CTYPE"}  # LC_CTYPE: Python's own UTF-8 coercion
+    assert got["umask"] == 0o077 and env["ONEPOOL_JOB_DIR"] == env["HOME"] == env["TMPDIR"][:-4]
+
+
+PROBE = """
+import json, os, subprocess, sys
+home, victim = sys.argv[1], int(sys.argv[2])
+def denied(fn):
+    try:
+        fn()
+    except PermissionError:
+        return True
+    return False
+rank_dir = os.environ["ONEPOOL_RANK_DIR"]
+admin = subprocess.run([sys.executable, "-m", "broker.client.cli", "--home", rank_dir + "/../../..",
+                        "token", "create", "--team", "research", "--role", "admin"],
+                       capture_output=True, text=True, env={**os.environ, "ONEPOOL_HOME": home})
+print(json.dumps({
+    "database": denied(lambda: open(os.path.join(home, "onepool.db"), "rb").read(1)),
+    "home": denied(lambda: os.listdir(home)),
+    "own_rank_dir": denied(lambda: os.listdir(rank_dir)),
+    "other_environ": denied(lambda: open(f"/proc/{victim}/environ", "rb").read()),
+    "other_job_dir": denied(lambda: os.listdir(os.environ["VICTIM_JOB_DIR"])),
+    "admin_token": [admin.returncode, admin.stdout[-300:], admin.stderr[-300:]],
+}), flush=True)
+"""
+
+HOLD = """
+import json, os, time
+print(json.dumps({"pid": os.getpid(), "job_dir": os.environ["ONEPOOL_JOB_DIR"]}), flush=True)
+time.sleep(600)
+"""
+
+
+@ROOT_ONLY
+def test_a_rank_cannot_read_the_home_the_database_or_another_teams_rank(cluster, job_python) -> None:
+    c, eng = cluster()
+    victim = c.submit(name="victim", team="prod", command=pyjob(job_python, HOLD),
+                      env={"PROD_SECRET": "s3cr3t", **job_python[1]}).id
+    drive(eng, lambda: c.get(victim).status == "RUNNING"
+          and "pid" in out_log(c, c.get(victim).attempt_list[0].id))
+    v = report(c, victim)
+    assert psutil.Process(v["pid"]).uids().real == 61002
+    home = str(c.store.home)
+    j = c.submit(name="probe", team="research", command=pyjob(job_python, PROBE, home, str(v["pid"])),
+                 env={"VICTIM_JOB_DIR": v["job_dir"], **job_python[1]}).id
+    drive(eng, lambda: c.get(j).status in ("SUCCEEDED", "FAILED"))
+    got = report(c, j)
+    assert {k: got[k] for k in ("database", "home", "own_rank_dir", "other_environ", "other_job_dir")} == {
+        "database": True, "home": True, "own_rank_dir": True, "other_environ": True, "other_job_dir": True}
+    code, out, err = got["admin_token"]
+    assert code != 0 and "op_" not in out, (out, err)
+    assert c.tokens() == []  # no token was made
+    c.cancel(victim)
+    drive(eng, lambda: c.get(victim).status == "CANCELLED")
+
+
+CKPT = """
+import numpy as np
+from broker import runtime
+ck = runtime.restore()
+d = runtime.staging_dir(1)
+(d / "note.txt").write_text("as the team's user")
+runtime.save(1, arrays={"w": np.arange(3)}, files={"": d})
+runtime.wait()
+runtime.done()
+"""
+
+
+@ROOT_ONLY
+def test_the_runtime_checkpoints_into_a_file_store_as_the_rank_user(cluster, jobs_dir, job_python) -> None:
+    """The default store is a file store in the (0700) home; a store the rank user can reach
+    is given to it team folder by team folder."""
+    store = jobs_dir.parent / f"{jobs_dir.name}-store"
+    c, eng = cluster(checkpoint_store=f"file://{store}")
+    try:
+        j = c.submit(name="ck", team="research", command=pyjob(job_python, CKPT), env=job_python[1]).id
+        drive(eng, lambda: c.get(j).status in ("SUCCEEDED", "FAILED"))
+        log = out_log(c, c.get(j).attempt_list[0].id)
+        assert c.get(j).status == "SUCCEEDED", log
+        assert c.get(j).last_step == 1
+        team = store / "research"
+        assert (team.stat().st_uid, team.stat().st_mode & 0o777) == (61001, 0o700)
+        assert not (store / "prod").exists()
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+
+
+# -- containment: a daemon that left its session with a clean environment ----------------------
+DAEMON = ('env -i setsid sh -c "echo \\$\\$ > $ONEPOOL_JOB_DIR/daemon.pid; exec sleep 1000" & '
+          'echo started; exec sleep 1000')
+
+
+def cancel(c: Client, eng: Engine, j: int, pid: int) -> None:
+    c.cancel(j)
+    drive(eng, lambda: c.get(j).status == "CANCELLED")
+
+
+def preempt(c: Client, eng: Engine, j: int, pid: int) -> None:
+    u = c.submit(name="urgent", team="prod", command=["true"], gpus_per_node=2, priority="urgent").id
+    drive(eng, lambda: c.get(u).status == "SUCCEEDED")
+    assert c.get(j).attempt_list[0].end_reason == "PREEMPTED"
+    c.cancel(j)
+    drive(eng, lambda: c.get(j).status == "CANCELLED")
+
+
+def kill_supervisor(c: Client, eng: Engine, j: int, pid: int) -> None:
+    a = c.get(j).attempt_list[0]
+    handle = json.loads((c.store.home / "runs" / f"attempt-{a.id}" / "rank-0" / "handle.json").read_text())
+    os.kill(handle["pid"], signal.SIGKILL)
+    drive(eng, lambda: len(c.get(j).attempt_list) == 2)
+    assert c.get(j).attempt_list[0].end_reason == "LOST"
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    c.cancel(j)
+    drive(eng, lambda: c.get(j).status == "CANCELLED")
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("end", [cancel, preempt, kill_supervisor], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("containment", ["cgroup", "group"])
+def test_a_daemon_that_left_its_session_dies_with_its_attempt(cluster, containment, end) -> None:
+    c, eng = cluster(containment)
+    j = c.submit(name="daemon", team="research", command=["sh", "-c", DAEMON], gpus_per_node=2,
+                 priority="low").id
+    iso = eng.executor.iso  # type: ignore[attr-defined]
+    marker: list[Path] = []
+
+    def daemon_started() -> bool:
+        if c.get(j).status != "RUNNING":
+            return False
+        a = c.get(j).attempt_list[0]
+        marker[:] = [iso.job_dir(c.store.home / "runs" / f"attempt-{a.id}" / "rank-0") / "daemon.pid"]
+        return marker[0].exists() and marker[0].read_text().strip().isdigit()
+
+    drive(eng, daemon_started)
+    pid = int(marker[0].read_text())
+    daemon = psutil.Process(pid)
+    assert daemon.uids().real == 61001 and os.getsid(pid) == pid  # its own session
+    assert "ONEPOOL_RANK_DIR" not in daemon.environ()  # and no tag
+    end(c, eng, j, pid)
+    assert not psutil.pid_exists(pid) or daemon.status() == psutil.STATUS_ZOMBIE
+    assert user_processes() == []
