@@ -118,13 +118,13 @@ class Isolation:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, run_as: str | None = None,
-                 pass_env: Sequence[str] = ()) -> Isolation:
+                 pass_env: Sequence[str] = (), jobs_dir: Path | None = None) -> Isolation:
         """The host's settings: the arguments when given, else ONEPOOL_RUN_AS,
         ONEPOOL_PASS_ENV and ONEPOOL_JOBS_DIR of `environ` (this process's environment)."""
         e = os.environ if environ is None else environ
         return cls(run_as=run_as or e.get(RUN_AS_ENV) or None,
                    pass_env=list(pass_env) or parse_pass_env(e.get(PASS_ENV_ENV, "")),
-                   jobs_dir=Path(e.get(JOBS_DIR_ENV) or DEFAULT_JOBS_DIR))
+                   jobs_dir=jobs_dir or Path(e.get(JOBS_DIR_ENV) or DEFAULT_JOBS_DIR))
 
     @property
     def drops(self) -> bool:

@@ -337,3 +337,48 @@ def test_a_daemon_that_left_its_session_dies_with_its_attempt(cluster, containme
     end(c, eng, j, pid)
     assert not psutil.pid_exists(pid) or daemon.status() == psutil.STATUS_ZOMBIE
     assert user_processes() == []
+
+
+# -- an agent node -------------------------------------------------------------------------------
+ON_NODE = """
+import json, os, sys
+state = sys.argv[1]
+def denied(fn):
+    try:
+        fn()
+    except PermissionError:
+        return True
+    return False
+print(json.dumps({"uid": os.getuid(), "env": sorted(os.environ),
+                  "credential": denied(lambda: open(os.path.join(state, "agent.json")).read()),
+                  "state_dir": denied(lambda: os.listdir(state))}), flush=True)
+"""
+
+
+@ROOT_ONLY
+def test_a_rank_on_an_agent_node_cannot_read_the_agents_credential(tmp_path, clock, jobs_dir, job_python,
+                                                                     monkeypatch) -> None:
+    from tests.agents.harness import agents_cleanup, make_site, spawn_agent, wait_for
+
+    monkeypatch.setenv(CANARY, "the-agents-secret")  # inherited by the agent process
+    pool = {"name": "onprem", "provider": "agent", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 1}
+    site = make_site(tmp_path / "home", clock, pools=[pool], agent_heartbeat_s=1)
+    state = tmp_path / "agent"
+    try:
+        with agents_cleanup() as agents:
+            token = site.client.join_token("onprem-0").join_token
+            agents.append(spawn_agent(site.url, state, join_token=token, args=[
+                "--run-as", "research=61001,prod=61002", "--jobs-dir", str(jobs_dir)]))
+            c = site.client
+            wait_for("joined", lambda: any(n.state == "up" for n in c.nodes()))
+            j = c.submit(name="probe", team="research", command=pyjob(job_python, ON_NODE, str(state)),
+                         env=job_python[1]).id
+            drive(site.engine, lambda: c.get(j).status in ("SUCCEEDED", "FAILED"), timeout=60)
+            wait_for("log shipped", lambda: '"uid"' in c.logs(j).data)
+            got = json.loads(next(ln for ln in c.logs(j).data.splitlines() if ln.startswith("{")))
+            assert got["uid"] == 61001 and got["credential"] and got["state_dir"]
+            assert CANARY not in got["env"] and "ONEPOOL_JOIN_TOKEN" not in got["env"]
+            assert (state / "agent.json").stat().st_mode & 0o077 == 0
+    finally:
+        site.close()
+        kill_leftovers(tmp_path / "home" / "runs")

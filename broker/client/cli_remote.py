@@ -73,6 +73,10 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
             "--pass-env", envvar="ONEPOOL_PASS_ENV", metavar="NAMES",
             help="comma-separated names of this host's environment variables every rank also gets "
             "(e.g. an object store's endpoint); ranks get nothing else of the agent's")] = "",
+        jobs_dir: Annotated[Path | None, typer.Option(
+            "--jobs-dir", envvar="ONEPOOL_JOBS_DIR", metavar="DIR",
+            help="where ranks that run as another user get their own folder "
+            "(default: /var/lib/onepool-jobs)")] = None,
     ) -> None:
         """Run the node agent: join the server, then run the ranks placed on this node."""
         from broker.agent.agent import main as agent_main
@@ -88,7 +92,7 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
         try:
             found = detect(gpus, gpu_type)
             w = watcher(metadata, metadata_url)
-            iso = Isolation.from_env(run_as=run_as, pass_env=parse_pass_env(pass_env))
+            iso = Isolation.from_env(run_as=run_as, pass_env=parse_pass_env(pass_env), jobs_dir=jobs_dir)
         except ValueError as e:
             raise SpecError("agent", [str(e)]) from None
         sys.exit(agent_main(server, join_token, state_dir, found, w, iso))
