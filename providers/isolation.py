@@ -131,6 +131,15 @@ class Isolation:
         """Whether ranks may run as another user than this process (it is root)."""
         return self.root
 
+    @property
+    def rank_uids(self) -> frozenset[int]:
+        """Every uid other than this process's that a rank may run as here (nothing when not
+        root): the processes `providers.local` may end as a dead supervisor's leftovers."""
+        if not self.root:
+            return frozenset()
+        specs = [*self.teams.values(), self.default or FALLBACK_USER]
+        return frozenset(self._user(s).uid for s in specs) - {os.geteuid()}
+
     def _user(self, spec: str) -> User:
         if spec not in self._users:
             self._users[spec] = User.lookup(spec)

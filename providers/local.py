@@ -84,7 +84,8 @@ class LocalProcesses:
                  isolation: Isolation | None = None) -> None:
         self.runs_dir = Path(runs_dir)
         self.iso = isolation if isolation is not None else Isolation.from_env()
-        if self.iso.drops:  # a dead supervisor's processes come to us (see _end_adopted)
+        self._rank_uids = self.iso.rank_uids
+        if self._rank_uids:  # a dead supervisor's processes come to us (see _end_adopted)
             set_subreaper()
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
@@ -261,18 +262,18 @@ class LocalProcesses:
         self._end_adopted()
 
     def _end_adopted(self) -> None:
-        """SIGKILL every process of another user that was re-parented to this process, with
-        its descendants, and reap them. Only when ranks drop privileges: this process is then a
-        child subreaper, and the only processes of a rank user that can become its children
-        are those of a rank whose supervisor died (a live supervisor is a subreaper too, nearer
-        to them). So a process that left its session and cleared its environment dies with
-        its supervisor, cgroup or not, as long as the broker or agent lives."""
-        if not self.iso.drops:
+        """SIGKILL every process of a rank user (Isolation.rank_uids) that was re-parented to
+        this process, with its descendants, and reap them. Only when ranks run as other users:
+        this process is then a child subreaper, and the only processes of a rank user that can
+        become its children are those of a rank whose supervisor died (a live supervisor is a
+        subreaper too, nearer to them). So a process that left its session and cleared its
+        environment dies with its supervisor, cgroup or not, as long as the broker or agent
+        lives. Processes of other users (a database server this process started) are left."""
+        if not self._rank_uids:
             return
-        me, uid = psutil.Process(), os.geteuid()
-        for child in me.children():
+        for child in psutil.Process().children():
             try:
-                if child.uids().real == uid or child.pid in self._children:
+                if child.uids().real not in self._rank_uids or child.pid in self._children:
                     continue
                 family = [child, *child.children(recursive=True)]
             except psutil.NoSuchProcess:

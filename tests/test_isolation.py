@@ -13,6 +13,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -103,11 +104,13 @@ def report(c: Client, job: int) -> dict[str, Any]:
     return json.loads(next(ln for ln in reversed(lines) if ln.startswith("{")))
 
 
-def user_processes() -> list[psutil.Process]:
-    """Live processes of the test's rank users: none may be left once their attempts end."""
+def user_processes(since: float) -> list[psutil.Process]:
+    """Live processes of the test's rank users started after `since` (a time.time()): none
+    may be left once their attempts end."""
     out = []
-    for p in psutil.process_iter(["uids", "status"]):
-        if p.info["uids"] and p.info["uids"].real in USERS.values() and p.info["status"] != "zombie":
+    for p in psutil.process_iter(["uids", "status", "create_time"]):
+        if (p.info["uids"] and p.info["uids"].real in USERS.values() and p.info["status"] != "zombie"
+                and p.info["create_time"] >= since - 1):
             out.append(p)
     return out
 
@@ -316,6 +319,7 @@ def kill_supervisor(c: Client, eng: Engine, j: int, pid: int) -> None:
 @pytest.mark.parametrize("end", [cancel, preempt, kill_supervisor], ids=lambda f: f.__name__)
 @pytest.mark.parametrize("containment", ["cgroup", "group"])
 def test_a_daemon_that_left_its_session_dies_with_its_attempt(cluster, containment, end) -> None:
+    since = time.time()
     c, eng = cluster(containment)
     j = c.submit(name="daemon", team="research", command=["sh", "-c", DAEMON], gpus_per_node=2,
                  priority="low").id
@@ -336,7 +340,7 @@ def test_a_daemon_that_left_its_session_dies_with_its_attempt(cluster, containme
     assert "ONEPOOL_RANK_DIR" not in daemon.environ()  # and no tag
     end(c, eng, j, pid)
     assert not psutil.pid_exists(pid) or daemon.status() == psutil.STATUS_ZOMBIE
-    assert user_processes() == []
+    assert user_processes(since) == []
 
 
 # -- an agent node -------------------------------------------------------------------------------
