@@ -30,6 +30,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from broker.spec_types import RUN_AS_HELP, parse_pass_env, parse_run_as
@@ -125,6 +126,17 @@ class Isolation:
         return cls(run_as=run_as or e.get(RUN_AS_ENV) or None,
                    pass_env=list(pass_env) or parse_pass_env(e.get(PASS_ENV_ENV, "")),
                    jobs_dir=jobs_dir or Path(e.get(JOBS_DIR_ENV) or DEFAULT_JOBS_DIR))
+
+    @classmethod
+    def for_host(cls, source: str, **settings: Any) -> Isolation:
+        """from_env(**settings) at a process's start: a bad setting raises SpecError naming
+        `source` (the command) and the setting, before anything runs."""
+        from broker.errors import SpecError
+
+        try:
+            return cls.from_env(**settings)
+        except ValueError as e:
+            raise SpecError(source, [str(e)]) from None
 
     @property
     def drops(self) -> bool:
