@@ -13,9 +13,10 @@ other (issue 24). Used by providers.local for the server's local slots and for a
   When this process is not root, ranks run as this process's user (it cannot switch).
 - **Folders.** A rank's run folder (log, exit status, handle) stays the broker's and is
   unreadable to jobs. The job's own folder (its HOME, TMPDIR, default working directory and
-  done marker; `ONEPOOL_JOB_DIR`) is owned by the rank's user, mode 0700; when ranks drop
-  privileges it lives under `ONEPOOL_JOBS_DIR` (default /var/lib/onepool-jobs, 0711: others
-  may pass, not list), so the server's home and the agent's state folder stay 0700.
+  done marker; `ONEPOOL_JOB_DIR`) is owned by the rank's user, mode 0700; when ranks may run
+  as other users it lives under `ONEPOOL_JOBS_DIR` (default /var/lib/onepool-jobs, 0711:
+  others may pass, not list), so the server's home and the agent's state folder stay 0700;
+  else it is the run folder's job/.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class Isolation:
         self.default, self.teams = parse_run_as(self.run_as) if self.run_as else (None, {})
         self.pass_env = parse_pass_env(",".join(self.pass_env))
         self._users: dict[str, User] = {}
+        self._rank_uids: frozenset[int] | None = None
         for spec in [*self.teams.values(), *([self.default] if self.default else [])]:
             self._user(spec)  # an unknown name fails now, at startup, not at a job's start
         if not self.root and self.run_as:
@@ -149,8 +151,10 @@ class Isolation:
         root): the processes `providers.local` may end as a dead supervisor's leftovers."""
         if not self.root:
             return frozenset()
-        specs = [*self.teams.values(), self.default or FALLBACK_USER]
-        return frozenset(self._user(s).uid for s in specs) - {os.geteuid()}
+        if self._rank_uids is None:
+            specs = [*self.teams.values(), self.default or FALLBACK_USER]
+            self._rank_uids = frozenset(self._user(s).uid for s in specs) - {os.geteuid()}
+        return self._rank_uids
 
     def _user(self, spec: str) -> User:
         if spec not in self._users:
@@ -166,7 +170,7 @@ class Isolation:
 
     def job_dir(self, run_dir: Path) -> Path:
         """The job's own folder for the rank whose run folder is `run_dir`."""
-        if not self.root:
+        if not self.rank_uids:  # every rank runs as this process's user: it stays in the run folder
             return run_dir / "job"
         return self.jobs_dir / hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:24]
 

@@ -17,9 +17,16 @@ all of which survive the death of its supervisor:
   killed, so a reused pid or another home's job is never touched).
 The supervisor is a child subreaper: orphaned descendants are re-parented to it, and when the
 job's main process exits it kills what is left before it writes the exit status. If the
-supervisor itself dies, status() reports ORPHANED while anything of the rank lives; the
-engine kills it (signal SIGKILL) and only then ends the attempt, so no new attempt of the job
-starts beside a process of the old one.
+supervisor itself dies, the job's main process gets SIGKILL (PR_SET_PDEATHSIG), status()
+reports ORPHANED while anything of the rank lives; the engine kills it (signal SIGKILL) and
+only then ends the attempt, so no new attempt of the job starts beside a process of the old
+one. When ranks run as other users (this process is root, see providers.isolation), this
+process is a child subreaper too: what a dead supervisor leaves comes to it, tagged or not,
+in a session of its own or not, and is killed by its uid (_end_adopted).
+
+Isolation (providers.isolation): the supervisor gets the broker's environment, never the
+job's (it may stay root); the job's environment, working directory and user reach it in a
+launch file (0600, read once and deleted), and its child switches to that user before exec.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import pytest
 from broker.client.sdk import Client
 from broker.clock import FakeClock
 from broker.control.engine import Engine
+from broker.errors import SpecError
 from broker.spec import parse_config
 from broker.spec_types import parse_pass_env, parse_run_as
 from providers.isolation import Isolation
@@ -151,6 +152,13 @@ def test_pass_env_names(text: str, ok: bool) -> None:
 def test_an_unknown_user_is_refused_at_startup() -> None:
     with pytest.raises(ValueError, match="run_as: no user 'no-such-user-x' on this host"):
         Isolation(run_as="research=no-such-user-x", root=True)
+
+
+@pytest.mark.parametrize("settings, field", [({"run_as": "a;b"}, "run_as"), ({"pass_env": ["ONEPOOL_TOKEN"]},
+                                                                              "pass_env")])
+def test_a_process_with_a_bad_host_setting_refuses_to_start(settings: dict[str, Any], field: str) -> None:
+    with pytest.raises(SpecError, match=f"invalid agent:\n  - {field}: "):
+        Isolation.for_host("agent", **settings)
 
 
 def test_not_root_cannot_name_another_user() -> None:
