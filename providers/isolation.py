@@ -206,9 +206,10 @@ class Isolation:
 
     def prepare_store(self, uri: str | None, team: str | None, user: User | None) -> None:
         """A rank that drops privileges and checkpoints into a file store on this host gets
-        the store's team folder as its own (0700) and may pass through the store's root;
-        the job's own prefix below it is made and given to it too. An object store needs
-        nothing (the job reaches it with the credentials passed to it)."""
+        the store's team folder as its own (0700), and the job's prefix below it. The store's
+        root is left as it is (the operator makes it reachable: an admin who names a store
+        cannot change a folder's mode through this). An object store needs nothing (the job
+        reaches it with the credentials passed to it)."""
         if user is None or not uri or not team:
             return
         u = urlparse(uri)
@@ -219,9 +220,8 @@ class Isolation:
         if team not in parts:
             return
         at = len(parts) - 1 - parts[::-1].index(team)
-        root = Path(*parts[:at])
+        root = Path(*parts[:at])  # its mode is the operator's: rank users must pass through it
         root.mkdir(parents=True, exist_ok=True)
-        os.chmod(root, os.stat(root).st_mode & 0o7777 | 0o111)  # pass through, not list
         owned_dirs(root, list(parts[at:]), user)
 
 
