@@ -253,12 +253,14 @@ class LocalProcesses:
             return
 
     def kill(self, handle: Handle) -> None:
-        """SIGKILL every process of the rank: its cgroup, its process group, its tagged ones."""
+        """SIGKILL every process of the rank: its cgroup, the descendants of its supervisor
+        (a subreaper: those that left its session too), its process group, its tagged ones."""
         cg = handle.get("cgroup")
         if cg and (Path(cg) / "cgroup.kill").exists():
             with contextlib.suppress(OSError):  # gone meanwhile: the sweeps below still run
                 (Path(cg) / "cgroup.kill").write_text("1")
         if _alive(handle):
+            _kill_descendants(handle["pid"])  # before the group's SIGKILL takes the supervisor
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(handle.get("pgid", handle["pid"]), signal.SIGKILL)
         for p in self._leftovers(handle):
@@ -329,6 +331,21 @@ class LocalProcesses:
                     found[p.pid] = p
         me = os.getpid()
         return [p for pid, p in found.items() if pid != me and _running(p)]
+
+
+def _kill_descendants(pid: int) -> None:
+    """SIGKILL every descendant of `pid`, again while new ones appear (one may fork meanwhile)."""
+    for _ in range(10):
+        try:
+            procs = psutil.Process(pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        live = [p for p in procs if _running(p)]
+        if not live:
+            return
+        for p in live:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
 
 
 def _tagged(run_dir: Path) -> list[psutil.Process]:

@@ -76,15 +76,17 @@ def jobs_dir() -> Iterator[Path]:
 @pytest.fixture
 def cluster(tmp_path: Path, clock: FakeClock, jobs_dir: Path,
             monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple[Client, Engine]]]:
-    """cluster(containment, **broker settings) -> (client, engine): ranks of research and prod
-    run as their users."""
+    """cluster(containment, same_user, **broker settings) -> (client, engine): ranks of
+    research and prod run as their users, or (same_user) as this process's, as under a broker
+    that is not root."""
     monkeypatch.setenv(CANARY, "the-servers-secret")  # in the broker's environment, never a job's
     engines: list[Engine] = []
 
-    def make(containment: str = "auto", **broker: Any) -> tuple[Client, Engine]:
+    def make(containment: str = "auto", same_user: bool = False, **broker: Any) -> tuple[Client, Engine]:
         c = Client(tmp_path / "home", clock=clock)
         c.apply(parse_config(config(**broker)))
-        iso = Isolation(run_as=",".join(f"{t}={u}" for t, u in USERS.items()), jobs_dir=jobs_dir)
+        iso = (Isolation(root=False) if same_user else  # as a broker that is not root
+               Isolation(run_as=",".join(f"{t}={u}" for t, u in USERS.items()), jobs_dir=jobs_dir))
         engines.append(Engine(c.store, clock, LocalProcesses(c.store.home / "runs", containment=containment,
                                                              isolation=iso)))
         return c, engines[-1]
@@ -295,40 +297,49 @@ def test_the_runtime_checkpoints_into_a_file_store_as_the_rank_user(cluster, job
 
 
 # -- containment: a daemon that left its session with a clean environment ----------------------
-DAEMON = ('env -i setsid sh -c "echo \\$\\$ > $ONEPOOL_JOB_DIR/daemon.pid; exec sleep 1000" & '
-          'echo started; exec sleep 1000')
+# The job ignores SIGTERM (so its end comes by SIGKILL, after the grace time) and starts a
+# daemon in a session of its own, with a clean environment (no tag), that writes its pid.
+DAEMON = ('trap "" TERM; env -i setsid sh -c "echo \\$\\$ > $ONEPOOL_JOB_DIR/daemon.pid; exec sleep 1000" & '
+          'echo started; while :; do sleep 1; done')
 
 
-def cancel(c: Client, eng: Engine, j: int, pid: int) -> None:
+def cancel(c: Client, eng: Engine, j: int) -> None:
     c.cancel(j)
-    drive(eng, lambda: c.get(j).status == "CANCELLED")
+    drive(eng, lambda: c.get(j).status == "CANCELLED", advance=5.0)  # past the grace time
 
 
-def preempt(c: Client, eng: Engine, j: int, pid: int) -> None:
+def preempt(c: Client, eng: Engine, j: int) -> None:
     u = c.submit(name="urgent", team="prod", command=["true"], gpus_per_node=2, priority="urgent").id
-    drive(eng, lambda: c.get(u).status == "SUCCEEDED")
+    drive(eng, lambda: c.get(u).status == "SUCCEEDED", advance=5.0)
     assert c.get(j).attempt_list[0].end_reason == "PREEMPTED"
     c.cancel(j)
-    drive(eng, lambda: c.get(j).status == "CANCELLED")
+    drive(eng, lambda: c.get(j).status == "CANCELLED", advance=5.0)
 
 
-def kill_supervisor(c: Client, eng: Engine, j: int, pid: int) -> None:
+def kill_supervisor(c: Client, eng: Engine, j: int) -> None:
     a = c.get(j).attempt_list[0]
     handle = json.loads((c.store.home / "runs" / f"attempt-{a.id}" / "rank-0" / "handle.json").read_text())
     os.kill(handle["pid"], signal.SIGKILL)
     drive(eng, lambda: len(c.get(j).attempt_list) == 2)
     assert c.get(j).attempt_list[0].end_reason == "LOST"
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     c.cancel(j)
-    drive(eng, lambda: c.get(j).status == "CANCELLED")
+    drive(eng, lambda: c.get(j).status == "CANCELLED", advance=5.0)
+
+
+MODES = {"cgroup": ("cgroup", False), "group": ("group", False), "group, same user": ("group", True)}
 
 
 @ROOT_ONLY
 @pytest.mark.parametrize("end", [cancel, preempt, kill_supervisor], ids=lambda f: f.__name__)
-@pytest.mark.parametrize("containment", ["cgroup", "group"])
-def test_a_daemon_that_left_its_session_dies_with_its_attempt(cluster, containment, end) -> None:
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_daemon_that_left_its_session_dies_with_its_attempt(cluster, mode, end) -> None:
+    """Every mode of the README's table but one: without cgroups, ranks of the broker's own
+    user lose such a daemon when their supervisor is SIGKILLed (documented, not tested)."""
+    containment, same_user = MODES[mode]
+    if same_user and end is kill_supervisor:
+        pytest.skip("no cgroup, not root: a daemon that left its session outlives a killed supervisor")
     since = time.time()
-    c, eng = cluster(containment)
+    c, eng = cluster(containment, same_user=same_user)
     j = c.submit(name="daemon", team="research", command=["sh", "-c", DAEMON], gpus_per_node=2,
                  priority="low").id
     iso = eng.executor.iso  # type: ignore[attr-defined]
@@ -344,9 +355,9 @@ def test_a_daemon_that_left_its_session_dies_with_its_attempt(cluster, containme
     drive(eng, daemon_started)
     pid = int(marker[0].read_text())
     daemon = psutil.Process(pid)
-    assert daemon.uids().real == 61001 and os.getsid(pid) == pid  # its own session
-    assert "ONEPOOL_RANK_DIR" not in daemon.environ()  # and no tag
-    end(c, eng, j, pid)
+    assert daemon.uids().real == (os.geteuid() if same_user else 61001)
+    assert os.getsid(pid) == pid and "ONEPOOL_RANK_DIR" not in daemon.environ()  # own session, no tag
+    end(c, eng, j)
     assert not psutil.pid_exists(pid) or daemon.status() == psutil.STATUS_ZOMBIE
     assert user_processes(since) == []
 
