@@ -76,17 +76,19 @@ def jobs_dir() -> Iterator[Path]:
 @pytest.fixture
 def cluster(tmp_path: Path, clock: FakeClock, jobs_dir: Path,
             monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple[Client, Engine]]]:
-    """cluster(containment, same_user, **broker settings) -> (client, engine): ranks of
-    research and prod run as their users, or (same_user) as this process's, as under a broker
-    that is not root."""
+    """cluster(containment, same_user, pass_env, **broker settings) -> (client, engine): ranks
+    of research and prod run as their users, or (same_user) as this process's, as under a
+    broker that is not root."""
     monkeypatch.setenv(CANARY, "the-servers-secret")  # in the broker's environment, never a job's
     engines: list[Engine] = []
 
-    def make(containment: str = "auto", same_user: bool = False, **broker: Any) -> tuple[Client, Engine]:
+    def make(containment: str = "auto", same_user: bool = False, pass_env: tuple[str, ...] = (),
+             **broker: Any) -> tuple[Client, Engine]:
         c = Client(tmp_path / "home", clock=clock)
         c.apply(parse_config(config(**broker)))
         iso = (Isolation(root=False) if same_user else  # as a broker that is not root
-               Isolation(run_as=",".join(f"{t}={u}" for t, u in USERS.items()), jobs_dir=jobs_dir))
+               Isolation(run_as=",".join(f"{t}={u}" for t, u in USERS.items()), jobs_dir=jobs_dir,
+                         pass_env=pass_env))
         engines.append(Engine(c.store, clock, LocalProcesses(c.store.home / "runs", containment=containment,
                                                              isolation=iso)))
         return c, engines[-1]
@@ -277,23 +279,33 @@ runtime.done()
 """
 
 
-@ROOT_ONLY
-def test_the_runtime_checkpoints_into_a_file_store_as_the_rank_user(cluster, jobs_dir, job_python) -> None:
-    """The default store is a file store in the (0700) home; a store the rank user can reach
-    is given to it team folder by team folder."""
+def file_store(request: pytest.FixtureRequest, jobs_dir: Path) -> tuple[str, tuple[str, ...]]:
+    """A file store outside the (0700) home, where a rank user can reach its team folder."""
     store = jobs_dir.parent / f"{jobs_dir.name}-store"
-    c, eng = cluster(checkpoint_store=f"file://{store}")
-    try:
-        j = c.submit(name="ck", team="research", command=pyjob(job_python, CKPT), env=job_python[1]).id
-        drive(eng, lambda: c.get(j).status in ("SUCCEEDED", "FAILED"))
-        log = out_log(c, c.get(j).attempt_list[0].id)
-        assert c.get(j).status == "SUCCEEDED", log
-        assert c.get(j).last_step == 1
-        team = store / "research"
+    request.addfinalizer(lambda: shutil.rmtree(store, ignore_errors=True))
+    return f"file://{store}", ()
+
+
+def s3_store(request: pytest.FixtureRequest, jobs_dir: Path) -> tuple[str, tuple[str, ...]]:
+    """A bucket of the S3 emulator (tests/cloud_stores.py), reached with the credentials and
+    endpoint the broker passes to the job by name."""
+    return request.getfixturevalue("s3_bucket"), ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                                  "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3")
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("make_store", [file_store, s3_store], ids=lambda f: f.__name__)
+def test_the_runtime_checkpoints_as_the_rank_user(cluster, jobs_dir, job_python, request, make_store) -> None:
+    uri, names = make_store(request, jobs_dir)
+    c, eng = cluster(checkpoint_store=uri, pass_env=names)
+    j = c.submit(name="ck", team="research", command=pyjob(job_python, CKPT), env=job_python[1]).id
+    drive(eng, lambda: c.get(j).status in ("SUCCEEDED", "FAILED"))
+    assert c.get(j).status == "SUCCEEDED", out_log(c, c.get(j).attempt_list[0].id)
+    assert c.get(j).last_step == 1
+    if uri.startswith("file://"):  # the team's folder is its user's
+        team = Path(uri[len("file://"):]) / "research"
         assert (team.stat().st_uid, team.stat().st_mode & 0o777) == (61001, 0o700)
-        assert not (store / "prod").exists()
-    finally:
-        shutil.rmtree(store, ignore_errors=True)
+        assert not (team.parent / "prod").exists()
 
 
 # -- containment: a daemon that left its session with a clean environment ----------------------
