@@ -180,7 +180,7 @@ class Isolation:
         run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(run_dir, 0o700)
         jd = self.job_dir(run_dir)
-        if user is not None:
+        if jd.parent == self.jobs_dir:
             self.jobs_dir.mkdir(parents=True, exist_ok=True)
             os.chmod(self.jobs_dir, 0o711)  # the users pass through to their own folder only
         owned_dirs(jd.parent, [jd.name, "tmp"], user)
