@@ -214,6 +214,25 @@ def test_a_rank_runs_as_its_teams_user_with_only_its_own_environment(cluster, jo
     assert got["umask"] == 0o077 and env["ONEPOOL_JOB_DIR"] == env["HOME"] == env["TMPDIR"][:-4]
 
 
+@ROOT_ONLY
+def test_the_root_supervisor_imports_nothing_from_the_jobs_working_directory(cluster, job_python,
+                                                                              tmp_path) -> None:
+    """`python -m providers.local_runner` puts its working directory first on sys.path: there
+    it must be the rank's run folder, never the job's workdir (a `providers` package there
+    would run as root)."""
+    wd = tmp_path / "wd"
+    (wd / "providers").mkdir(parents=True)
+    (wd / "providers" / "__init__.py").write_text("")
+    (wd / "providers" / "local_runner.py").write_text(
+        f"open({str(wd / 'pwned')!r}, 'w').write(str(__import__('os').getuid()))")
+    c, eng = cluster()
+    j = c.submit(name="wd", team="research", command=pyjob(job_python, SHOW), workdir=str(wd),
+                 env=job_python[1]).id
+    drive(eng, lambda: c.get(j).status in ("SUCCEEDED", "FAILED"))
+    assert not (wd / "pwned").exists()
+    assert c.get(j).status == "SUCCEEDED" and report(c, j)["cwd"] == str(wd)
+
+
 PROBE = """
 import json, os, subprocess, sys
 home, victim = sys.argv[1], int(sys.argv[2])
