@@ -11,7 +11,12 @@ The broker starts every attempt with this environment contract:
     ONEPOOL_GRACE_S                              seconds between SIGTERM and SIGKILL
     ONEPOOL_CHECKPOINT_INTERVAL_S                the job's checkpoint interval hint
     ONEPOOL_POOL, ONEPOOL_PROVIDER, ONEPOOL_REGION
+    ONEPOOL_TEAM                                 the job's team
+    ONEPOOL_JOB_DIR                              the job's own folder on the node (HOME; TMPDIR
+                                                 is its tmp/, where staging_dir() goes)
     CUDA_VISIBLE_DEVICES                         the GPU slots granted on this node
+
+Nothing else of the server's or agent's environment: see providers.isolation.
 
 Signals (handled once this module is imported under the broker):
 
@@ -269,7 +274,7 @@ def done() -> None:
     broker records the attempt COMPLETED instead of running it again: the mark is kept in
     the rank's folder and in the attempt's checkpoint store. Outside the broker it does
     nothing."""
-    d = os.environ.get("ONEPOOL_RANK_DIR")
+    d = os.environ.get("ONEPOOL_JOB_DIR") or os.environ.get("ONEPOOL_RANK_DIR")  # the job's own folder
     if not d:
         return
     ctx = context()

@@ -4,6 +4,7 @@ non-finite numbers."""
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -155,3 +156,41 @@ def _nul_in(v: Any, path: str = "") -> str | None:
             if hit is not None:
                 return hit
     return None
+
+
+# -- who ranks run as on a host (providers.isolation): host settings, never the API ---------
+RUN_AS_HELP = ("USER, UID[:GID], or TEAM=USER,...,*=USER (a user per team; `*` for the others), "
+               "where USER is a login name (letters, digits, '_', '-', '.') or UID[:GID]")
+_USER_RE = re.compile(r"^([a-z_][a-z0-9_.-]{0,31}\$?|[0-9]{1,10}(:[0-9]{1,10})?)$", re.IGNORECASE)
+_TEAM_RE = re.compile(NAME_RE)
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_run_as(text: str) -> tuple[str | None, dict[str, str]]:
+    """`run_as` (ONEPOOL_RUN_AS, `onepool agent --run-as`): (the user for every team not
+    named, {team: user}). Raises ValueError naming the field and the allowed forms."""
+    default: str | None = None
+    teams: dict[str, str] = {}
+    for item in (p.strip() for p in text.split(",")):
+        team, sep, user = item.rpartition("=")
+        if not _USER_RE.match(user) or (sep and team != "*" and not _TEAM_RE.match(team)):
+            raise ValueError(f"run_as: {item!r} is not one of {RUN_AS_HELP}")
+        if not sep or team == "*":
+            if default is not None:
+                raise ValueError(f"run_as: two users for every other team ({default!r}, {user!r}); "
+                                 f"allowed: {RUN_AS_HELP}")
+            default = user
+        elif teams.setdefault(team, user) != user:
+            raise ValueError(f"run_as: team {team!r} is named twice; allowed: {RUN_AS_HELP}")
+    return default, teams
+
+
+def parse_pass_env(text: str) -> list[str]:
+    """`pass_env` (ONEPOOL_PASS_ENV, `onepool agent --pass-env`): comma-separated names of
+    this host's environment variables every rank also gets. ONEPOOL_* names are refused."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for n in names:
+        if not _ENV_NAME_RE.match(n) or n.startswith("ONEPOOL_"):
+            raise ValueError(f"pass_env: {n!r} is not a variable name a rank may get (letters, "
+                             f"digits and '_', not starting with a digit or ONEPOOL_)")
+    return list(dict.fromkeys(names))

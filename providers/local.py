@@ -17,9 +17,16 @@ all of which survive the death of its supervisor:
   killed, so a reused pid or another home's job is never touched).
 The supervisor is a child subreaper: orphaned descendants are re-parented to it, and when the
 job's main process exits it kills what is left before it writes the exit status. If the
-supervisor itself dies, status() reports ORPHANED while anything of the rank lives; the
-engine kills it (signal SIGKILL) and only then ends the attempt, so no new attempt of the job
-starts beside a process of the old one.
+supervisor itself dies, the job's main process gets SIGKILL (PR_SET_PDEATHSIG), status()
+reports ORPHANED while anything of the rank lives; the engine kills it (signal SIGKILL) and
+only then ends the attempt, so no new attempt of the job starts beside a process of the old
+one. When ranks run as other users (this process is root, see providers.isolation), this
+process is a child subreaper too: what a dead supervisor leaves comes to it, tagged or not,
+in a session of its own or not, and is killed by its uid (_end_adopted).
+
+Isolation (providers.isolation): the supervisor gets the broker's environment, never the
+job's (it may stay root); the job's environment, working directory and user reach it in a
+launch file (0600, read once and deleted), and its child switches to that user before exec.
 """
 
 from __future__ import annotations
@@ -37,8 +44,11 @@ from pathlib import Path
 
 import psutil
 
+from broker.output_log import CAP_ENV
 from providers import start_errors
 from providers.base import Handle, RankState, RankStatus, StartFailed
+from providers.isolation import TEAM_ENV, Isolation
+from providers.local_runner import LAUNCH_FILE, set_subreaper
 
 ATTEMPT_ENV = "ONEPOOL_ATTEMPT_ID"
 RANK_ENV = "ONEPOOL_RANK"
@@ -49,6 +59,9 @@ CGROUP_ENV = "ONEPOOL_CGROUP"  # the cgroup the supervisor joins (set by start()
 # working directory (-P); it runs the code of this very checkout, wherever that is.
 SUPERVISOR = ("-E", "-P", "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent.parent)!r}); "
               "from providers.local_runner import main; sys.exit(main(sys.argv[1:]))")
+# The supervisor's own environment: the broker's, never the job's (it may stay root).
+SUPERVISOR_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SUPERVISOR_VARS = ("ONEPOOL_AGENT_LEASE", "ONEPOOL_AGENT_FENCE_S", "ONEPOOL_GRACE_S", CAP_ENV)
 
 
 def cgroup_root() -> Path | None:
@@ -81,8 +94,13 @@ class LocalProcesses:
     """
 
     def __init__(self, runs_dir: str | os.PathLike[str],
-                 on_change: Callable[[], None] | None = None, containment: str = "auto") -> None:
+                 on_change: Callable[[], None] | None = None, containment: str = "auto",
+                 isolation: Isolation | None = None) -> None:
         self.runs_dir = Path(runs_dir)
+        self.iso = isolation if isolation is not None else Isolation.from_env()
+        self._rank_uids = self.iso.rank_uids
+        if self._rank_uids:  # a dead supervisor's processes come to us (see _end_adopted)
+            set_subreaper()
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._changed = threading.Event()
@@ -122,23 +140,33 @@ class LocalProcesses:
             if found is not None:
                 return found
             cg = self.cgroup_of(d)
-            full_env = {**os.environ, **env, ATTEMPT_ENV: str(attempt_id), RANK_ENV: str(rank),
-                        TAG_ENV: str(d.resolve())}
-            full_env.pop(CGROUP_ENV, None)
+            tags = {ATTEMPT_ENV: str(attempt_id), RANK_ENV: str(rank), TAG_ENV: str(d.resolve())}
+            sup_env = {"PATH": SUPERVISOR_PATH, "LANG": "C.UTF-8", **tags,
+                       **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ},
+                       **{k: env[k] for k in SUPERVISOR_VARS if k in env}}
             cwd = env.get("ONEPOOL_WORKDIR") or None
             d.mkdir(parents=True, exist_ok=True)  # an OSError here is this host's, not the job's
             if cwd is not None and (kind := start_errors.workdir_kind(cwd)) is not None:
                 raise StartFailed(f"rank {rank} could not start: {start_errors.describe(kind)}: {cwd!r}",
                                   cause=start_errors.cause(kind))
             try:
+                user = self.iso.user_for(env.get(TEAM_ENV))
+                job_dir = self.iso.prepare(d, user)
+                self.iso.prepare_store(env.get("ONEPOOL_CHECKPOINT_URI"), env.get(TEAM_ENV), user)
                 if cg is not None:
                     cg.mkdir(exist_ok=True)
-                    full_env[CGROUP_ENV] = str(cg)
+                    sup_env[CGROUP_ENV] = str(cg)
+                bad = [k for k, v in env.items() if "\x00" in k or "\x00" in v]
+                if bad:  # the supervisor would fail to start the job: fail here, with the reason
+                    raise ValueError(f"environment variable {bad[0]!r} holds a null byte")
+                launch = {"env": self.iso.env({**env, **tags}, user, job_dir), "cwd": cwd or str(job_dir),
+                          "user": None if user is None else [user.uid, user.gid, list(user.groups)]}
+                _write_private(d / LAUNCH_FILE, launch)
                 with open(d / "output.log", "ab") as log:
                     p = subprocess.Popen(
                         [sys.executable, *SUPERVISOR, str(d), "--", *argv],
-                        env=full_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        start_new_session=True, cwd=cwd)
+                        env=sup_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        start_new_session=True, cwd=d)
             except (OSError, ValueError, subprocess.SubprocessError) as e:
                 if cg is not None:
                     _rmdir(cg)
@@ -216,15 +244,19 @@ class LocalProcesses:
             return self._final[d]
         if _alive(handle) or handle.get("pid") in self._children:  # (not reaped yet: see _reap)
             return RankStatus(RankState.RUNNING)
+        self._end_adopted()  # its supervisor is dead, so what it left has come to us by now
         if self._leftovers(handle):
             return RankStatus(RankState.ORPHANED)
         cg = handle.get("cgroup")
         if cg:
             _rmdir(Path(cg))
         ex = _read_json(Path(d) / "exit.json")
+        if (self.iso.job_dir(Path(d)) / "done.json").exists():  # runtime.done(), as the job's user
+            _write_json(Path(d) / "done.json", {"in": "job folder"})  # kept once that folder goes
         if (ex is None or int(ex["code"]) > 128) and (Path(d) / "done.json").exists():
             ex = {"code": 0}  # the job said it finished (runtime.done()); then it was killed
         cause = ex.get("cause") or (ex.get("start_error") or {}).get("cause") if ex else None
+        self.iso.remove(Path(d))
         final = (RankStatus(RankState.LOST) if ex is None else
                  RankStatus(RankState.EXITED, int(ex["code"]), cause=cause))
         self._final[d] = final
@@ -245,12 +277,14 @@ class LocalProcesses:
             return
 
     def kill(self, handle: Handle) -> None:
-        """SIGKILL every process of the rank: its cgroup, its process group, its tagged ones."""
+        """SIGKILL every process of the rank: its cgroup, the descendants of its supervisor
+        (a subreaper: those that left its session too), its process group, its tagged ones."""
         cg = handle.get("cgroup")
         if cg and (Path(cg) / "cgroup.kill").exists():
             with contextlib.suppress(OSError):  # gone meanwhile: the sweeps below still run
                 (Path(cg) / "cgroup.kill").write_text("1")
         if _alive(handle):
+            _kill_descendants(handle["pid"])  # before the group's SIGKILL takes the supervisor
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(handle.get("pgid", handle["pid"]), signal.SIGKILL)
         for p in self._leftovers(handle):
@@ -258,6 +292,30 @@ class LocalProcesses:
                 p.kill()
             except psutil.NoSuchProcess:
                 continue
+        self._end_adopted()
+
+    def _end_adopted(self) -> None:
+        """SIGKILL every process of a rank user (Isolation.rank_uids) that was re-parented to
+        this process, with its descendants, and reap them. Only when ranks run as other users:
+        this process is then a child subreaper, and the only processes of a rank user that can
+        become its children are those of a rank whose supervisor died (a live supervisor is a
+        subreaper too, nearer to them). So a process that left its session and cleared its
+        environment dies with its supervisor, cgroup or not, as long as the broker or agent
+        lives. Processes of other users (a database server this process started) are left."""
+        if not self._rank_uids:
+            return
+        for child in psutil.Process().children():
+            try:
+                if child.uids().real not in self._rank_uids or child.pid in self._children:
+                    continue
+                family = [child, *child.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            for p in family:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.kill()
+            with contextlib.suppress(ChildProcessError):  # ours now: reap it (now or next time)
+                os.waitpid(child.pid, os.WNOHANG)
 
     def kill_all(self) -> int:
         """Kill every rank under `runs_dir` that still has a live process (a node going away,
@@ -297,6 +355,21 @@ class LocalProcesses:
                     found[p.pid] = p
         me = os.getpid()
         return [p for pid, p in found.items() if pid != me and _running(p)]
+
+
+def _kill_descendants(pid: int) -> None:
+    """SIGKILL every descendant of `pid`, again while new ones appear (one may fork meanwhile)."""
+    for _ in range(10):
+        try:
+            procs = psutil.Process(pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        live = [p for p in procs if _running(p)]
+        if not live:
+            return
+        for p in live:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
 
 
 def _tagged(run_dir: Path) -> list[psutil.Process]:
@@ -358,6 +431,17 @@ def _group_leader(proc: psutil.Process) -> psutil.Process:
 def _rmdir(cg: Path) -> None:
     with contextlib.suppress(OSError):  # not empty yet, or already gone: tried again later
         cg.rmdir()
+
+
+def _write_private(path: Path, data: dict) -> None:
+    """Write JSON readable by this process's user only (it holds the job's environment)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    tmp.replace(path)
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -36,6 +37,9 @@ from broker.output_log import CAP_ENV, DEFAULT_CAP, CappedOutput
 from providers import start_errors
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)
+LAUNCH_FILE = "launch.json"  # written by providers.local (0600): the job's env, cwd and user
 
 
 def write_json(path: Path, data: dict[str, object]) -> None:
@@ -100,8 +104,16 @@ def main(argv: list[str]) -> int:
     out = CappedOutput(run_dir, int(cap) if cap.isdigit() else DEFAULT_CAP)
     copier: threading.Thread | None = None
     try:
-        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    except (OSError, ValueError) as e:  # any failure to start it: recorded with its cause
+        opts = launch_options(run_dir)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"onepool: cannot read this rank's launch file: {e}", file=sys.stderr)
+        write_json(run_dir / "exit.json", {"code": 126, "start_error": start_errors.record(
+            "supervisor_failed", e, f"cannot read this rank's launch file: {e}")})
+        return 126
+    try:
+        child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, **opts)
+    except (OSError, ValueError, subprocess.SubprocessError) as e:  # recorded with its cause
         kind = start_errors.classify(e, cmd[0])
         why = f"{start_errors.describe(start_errors.cause(kind))}: {cmd[0]!r}: {e}"
         print(f"onepool: cannot start the rank: {why}", file=sys.stderr, flush=True)
@@ -144,6 +156,27 @@ def copy_output(child: subprocess.Popen[bytes], out: CappedOutput) -> None:
     out.close()
 
 
+def launch_options(run_dir: Path) -> dict[str, Any]:
+    """How to start the job, from the launch file the broker wrote (read once, then deleted:
+    it holds the job's environment): its whole environment (the supervisor's own is not
+    passed on), its working directory, and the user it runs as. With a user, the child
+    switches to it (groups, gid, uid) before exec, with umask 077, and gets SIGKILL if this
+    supervisor dies (PR_SET_PDEATHSIG, set after the switch, which would clear it)."""
+    path = run_dir / LAUNCH_FILE
+    launch = json.loads(path.read_text())
+    path.unlink()
+    opts: dict[str, Any] = {"env": launch["env"], "cwd": launch["cwd"], "preexec_fn": _die_with_parent}
+    if launch.get("user") is not None:
+        uid, gid, groups = launch["user"]
+        opts.update(user=uid, group=gid, extra_groups=groups, umask=0o077)
+    return opts
+
+
+def _die_with_parent() -> None:
+    """In the child, after the user switch: SIGKILL when this supervisor dies."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
 def join_cgroup(path: str | None) -> str | None:
     """Move this process into the cgroup at `path` (its children are born there). Returns
     the path, or None when there is none or it cannot be joined (the process group and the
@@ -160,11 +193,9 @@ def join_cgroup(path: str | None) -> str | None:
 
 def set_subreaper() -> None:
     """Orphaned descendants are re-parented to this process instead of init (Linux)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: leftovers are still found by process group and environment tag
+    # not Linux (no prctl): leftovers are still found by process group and environment tag
+    with contextlib.suppress(AttributeError):
+        _LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def end_leftovers(me: psutil.Process, grace_s: float = 2.0) -> None:

@@ -21,6 +21,16 @@ from providers.local import LocalProcesses
 
 os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")  # fast EC2 mocks; AMI ids are made up
 os.environ.setdefault("ONEPOOL_PROVIDER_RETRY_MAX_S", "0.05")  # retries back off briefly in tests
+# Jobs get a clean environment (providers.isolation): these host variables reach them (this
+# checkout's code, the object-store emulators of tests/cloud_stores.py). Run as root, the
+# suite's jobs stay root (they use files in pytest's private tmp folders); tests/
+# test_isolation.py runs ranks as other users.
+os.environ.setdefault("ONEPOOL_PASS_ENV", ",".join((
+    "PYTHONPATH", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3",
+    "STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "NO_GCE_CHECK")))
+if os.geteuid() == 0:
+    os.environ.setdefault("ONEPOOL_RUN_AS", "root")
+HOST_SETTINGS = ("ONEPOOL_RUN_AS", "ONEPOOL_PASS_ENV")  # kept by tests that clear ONEPOOL_*
 
 # S3 / GCS on 127.0.0.1 (s3_bucket, gcs_bucket, backend, ...); the Compute REST fake (gcp_fake)
 pytest_plugins = ["tests.cloud_stores", "tests.providers.gcp_fake"]

@@ -25,6 +25,7 @@ from broker.client.cli import app
 from broker.client.sdk import Client
 from broker.errors import NotFound, OnepoolError, SpecError
 from broker.state.model import Job
+from tests.conftest import HOST_SETTINGS
 
 # SQLite only, but for the tests marked both_dbs (transactions they depend on): see tests/conftest.py
 
@@ -63,8 +64,8 @@ def cli_json(home: Path, command: str, *args: str) -> Any:
 def onepool(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """Run the real console module in a subprocess (no ONEPOOL_* from the caller's env but
     the database of this test)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("ONEPOOL_") or k == "ONEPOOL_DATABASE_URL"}
+    env = {k: v for k, v in os.environ.items()  # and the host settings of tests/conftest.py
+           if not k.startswith("ONEPOOL_") or k in ("ONEPOOL_DATABASE_URL", *HOST_SETTINGS)}
     return subprocess.run([sys.executable, "-m", "broker.client.cli", "--home", str(home), *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
                           check=False)

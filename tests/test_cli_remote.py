@@ -17,7 +17,7 @@ import pytest
 from broker.client.demo_site import free_port
 from providers.local import LocalProcesses
 from tests.agents.harness import wait_for
-from tests.conftest import ROOT, train
+from tests.conftest import HOST_SETTINGS, ROOT, train
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 CONFIG = """
@@ -30,7 +30,7 @@ broker: {cycle_s: 0.3, grace_s: 10, min_run_s: 0, agent_heartbeat_s: 1, node_los
 
 def cli(home: Path, *args: str, token: str | None = None, url: str | None = None,
         check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_") or k in HOST_SETTINGS}
     env["ONEPOOL_HOME"] = str(home)
     if url:
         env.update(ONEPOOL_URL=url, ONEPOOL_TOKEN=token or "")
@@ -47,7 +47,7 @@ def lab(tmp_path: Path) -> Iterator[tuple[Path, str, list[subprocess.Popen[bytes
     (tmp_path / "onepool.yaml").write_text(CONFIG)
     cli(home, "apply", "-c", str(tmp_path / "onepool.yaml"))
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_") or k in HOST_SETTINGS}
     procs: list[subprocess.Popen[bytes]] = []
     with open(tmp_path / "server.log", "wb") as log:
         procs.append(subprocess.Popen([sys.executable, "-m", "broker.client.cli", "--home", str(home),
@@ -76,7 +76,7 @@ def test_server_agent_and_tokens_through_the_cli(lab, tmp_path: Path) -> None:
                             url=url).stdout)
     join = json.loads(cli(home, "node", "join-token", "onprem-0", "--json", token=admin["token"],
                           url=url).stdout)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_") or k in HOST_SETTINGS}
     token_file = tmp_path / "join-token"
     token_file.write_text(join["join_token"] + "\n")
     token_file.chmod(0o600)

@@ -44,6 +44,7 @@ from broker.agent.hardware import Gpus
 from broker.agent.metadata import Watcher
 from providers import start_errors
 from providers.base import Handle, RankState, RankStatus, StartFailed
+from providers.isolation import Isolation
 from providers.local import LocalProcesses
 from providers.local_runner import write_json
 
@@ -86,6 +87,7 @@ class Agent:
     stop: threading.Event = field(default_factory=threading.Event)
     retry_s: float = 0.5  # a loop's first wait after a failure, doubled up to retry_max_s
     retry_max_s: float = 10.0
+    isolation: Isolation | None = None  # who ranks run as, what they get (default: the host's)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -94,7 +96,8 @@ class Agent:
         self.http = self.http or httpx.Client(base_url=self.server.rstrip("/"),
                                               timeout=self.poll_timeout_s + 30)
         self.changed = threading.Event()
-        self.procs = LocalProcesses(self.state_dir / "runs", on_change=self.changed.set)
+        self.procs = LocalProcesses(self.state_dir / "runs", on_change=self.changed.set,
+                                    isolation=self.isolation)
         self.ranks: dict[int, Rank] = {}
         self.lock = threading.RLock()
         self.node = ""
@@ -453,9 +456,10 @@ def _message(r: httpx.Response) -> str:
 
 
 def main(server: str, join_token: str | None, state_dir: Path, gpus: Gpus,
-         watcher: Watcher | None) -> int:
+         watcher: Watcher | None, isolation: Isolation | None = None) -> int:
     """`onepool agent`: run until SIGTERM/SIGINT."""
-    agent = Agent(server=server, state_dir=state_dir, gpus=gpus, join_token=join_token, watcher=watcher)
+    agent = Agent(server=server, state_dir=state_dir, gpus=gpus, join_token=join_token, watcher=watcher,
+                  isolation=isolation)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: agent.stop.set())

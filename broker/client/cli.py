@@ -448,12 +448,15 @@ def broker(config: Annotated[Path | None, typer.Option("-c", "--config", metavar
                "--cycle-s", metavar="S", help="seconds between cycles (default: broker.cycle_s)")] = None,
            once: Annotated[bool, typer.Option("--once", help="run one cycle and exit")] = False
            ) -> None:
-    """Run the broker loop (reconcile, then schedule every cycle)."""
+    """Run the broker loop (reconcile, then schedule every cycle). Its local pools' ranks run
+    as ONEPOOL_RUN_AS and get ONEPOOL_PASS_ENV (see providers.isolation)."""
     import logging
 
     from broker.clock import SystemClock
     from broker.control import service
+    from providers.isolation import Isolation
 
+    Isolation.for_host("broker settings (ONEPOOL_RUN_AS, ONEPOOL_PASS_ENV)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     c = _embedded()
     if config is not None:

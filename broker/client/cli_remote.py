@@ -58,8 +58,12 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
         no_broker: Annotated[bool, typer.Option("--no-broker", help="serve the API only (another "
                                                 "process runs the broker loop)")] = False,
     ) -> None:
-        """Serve the HTTP API (/v1, tokens) and run the broker loop beside it."""
+        """Serve the HTTP API (/v1, tokens) and run the broker loop beside it. Its local pools'
+        ranks run as ONEPOOL_RUN_AS and get ONEPOOL_PASS_ENV (see providers.isolation)."""
         from broker.api.server import serve
+        from providers.isolation import Isolation
+
+        Isolation.for_host("server settings (ONEPOOL_RUN_AS, ONEPOOL_PASS_ENV)")
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         c = embedded()
@@ -93,6 +97,16 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
         metadata_url: Annotated[str | None, typer.Option(
             "--metadata-url", envvar="ONEPOOL_METADATA_URL", metavar="URL",
             help="the metadata service's base URL (default: the cloud's)")] = None,
+        run_as: Annotated[str | None, typer.Option(
+            "--run-as", envvar="ONEPOOL_RUN_AS", metavar="USER",
+            help="user of ranks when root (default nobody), or TEAM=USER,...,*=USER")] = None,
+        pass_env: Annotated[str, typer.Option(
+            "--pass-env", envvar="ONEPOOL_PASS_ENV", metavar="NAMES",
+            help="this host's environment variables every rank also gets, comma-separated (e.g. "
+            "a store's endpoint); ranks get nothing else of it")] = "",
+        jobs_dir: Annotated[Path | None, typer.Option(
+            "--jobs-dir", envvar="ONEPOOL_JOBS_DIR", metavar="DIR",
+            help="the folders of ranks that run as another user (default: /var/lib/onepool-jobs)")] = None,
     ) -> None:
         """Run the node agent: join the server, then run the ranks placed on this node."""
         from broker.agent.agent import main as agent_main
@@ -103,12 +117,17 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)
         token = join_token_of(join_token, join_token_file)
+        from broker.spec_types import parse_pass_env
+        from providers.isolation import Isolation
+
         try:
             found = detect(gpus, gpu_type)
             w = watcher(metadata, metadata_url)
+            names = parse_pass_env(pass_env)
         except ValueError as e:
             raise SpecError("agent", [str(e)]) from None
-        sys.exit(agent_main(server, token, state_dir, found, w))
+        iso = Isolation.for_host("agent", run_as=run_as, pass_env=names, jobs_dir=jobs_dir)
+        sys.exit(agent_main(server, token, state_dir, found, w, iso))
 
     @token_app.command("create")
     def token_create(

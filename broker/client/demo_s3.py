@@ -21,6 +21,18 @@ ENV = {"AWS_ACCESS_KEY_ID": "simulated", "AWS_SECRET_ACCESS_KEY": "simulated",
        "AWS_DEFAULT_REGION": "us-east-1"}
 
 
+def host_settings() -> dict[str, str]:
+    """The demo's jobs get a clean environment (providers.isolation): the simulated S3's
+    endpoint and credentials, and this checkout's code, are passed to them by name. The demo
+    is a one-person lab: run as root, its jobs run as root too (named explicitly), since they
+    use the demo's home and this Python, which another user may not reach."""
+    names = [n for n in os.environ.get("ONEPOOL_PASS_ENV", "").split(",") if n]
+    out = {"ONEPOOL_PASS_ENV": ",".join(dict.fromkeys([*names, *ENV, "AWS_ENDPOINT_URL_S3", "PYTHONPATH"]))}
+    if os.geteuid() == 0 and not os.environ.get("ONEPOOL_RUN_AS"):
+        out["ONEPOOL_RUN_AS"] = "root"
+    return out
+
+
 @contextmanager
 def simulated_s3() -> Iterator[str]:
     """Start the server, create the bucket, set the environment; yields the endpoint URL.
@@ -39,8 +51,9 @@ def simulated_s3() -> Iterator[str]:
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
     endpoints = {f"AWS_ENDPOINT_URL_{svc}": endpoint for svc in ("S3", "EC2", "SQS")}
-    saved = {k: os.environ.get(k) for k in [*ENV, *endpoints]}
-    os.environ.update({**ENV, **endpoints})
+    host = host_settings()
+    saved = {k: os.environ.get(k) for k in [*ENV, *endpoints, *host]}
+    os.environ.update({**ENV, **endpoints, **host})
     try:
         fs, _ = fsspec.core.url_to_fs(f"s3://{BUCKET}")
         fs.mkdir(BUCKET)

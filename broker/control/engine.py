@@ -481,7 +481,7 @@ class Engine(AttemptGuards, Duties):
             if rank < len(handles):
                 continue
             env = {**job.env,
-                   "ONEPOOL_JOB_ID": str(job.id), "ONEPOOL_ATTEMPT": str(a.number),
+                   "ONEPOOL_JOB_ID": str(job.id), "ONEPOOL_ATTEMPT": str(a.number), "ONEPOOL_TEAM": job.team,
                    "ONEPOOL_RANK": str(rank), "ONEPOOL_WORLD_SIZE": str(len(a.alloc)),
                    "ONEPOOL_CHECKPOINT_URI": ckpt_index.attempt_prefix(job, a),
                    "ONEPOOL_RESTORE_STEP": "" if a.restored_step is None else str(a.restored_step),

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,7 +30,7 @@ from broker.control.executors import Executors
 from broker.spec import parse_config
 from broker.state.store import Store
 from providers.local import LocalProcesses
-from tests.conftest import config
+from tests.conftest import HOST_SETTINGS, config
 
 
 @dataclass
@@ -114,8 +114,10 @@ class AgentProc:
 
 def spawn_agent(url: str, state_dir: Path, *, join_token: str | None = None, gpus: int = 2,
                 gpu_type: str = "A100", prefix: list[str] | None = None,
-                metadata: str = "none", metadata_url: str | None = None) -> AgentProc:
-    """`onepool agent` as a separate process (in a namespace when `prefix` says so)."""
+                metadata: str = "none", metadata_url: str | None = None,
+                args: Sequence[str] = ()) -> AgentProc:
+    """`onepool agent` as a separate process (in a namespace when `prefix` says so), with
+    `args` appended to its command line."""
     state_dir.mkdir(parents=True, exist_ok=True)
     log = state_dir.parent / f"{state_dir.name}.log"
     argv = [sys.executable, "-m", "broker.client.cli", "agent", "--server", url, "--state-dir",
@@ -124,7 +126,9 @@ def spawn_agent(url: str, state_dir: Path, *, join_token: str | None = None, gpu
         argv += ["--join-token", join_token]
     if metadata_url:
         argv += ["--metadata-url", metadata_url]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_")}
+    argv += list(args)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ONEPOOL_") or k in HOST_SETTINGS}
     with open(log, "ab") as f:
         p = subprocess.Popen([*(prefix or []), *argv], env=env, stdout=f, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True)

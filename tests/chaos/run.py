@@ -278,7 +278,11 @@ def main() -> int:
         env.update({"AWS_ACCESS_KEY_ID": "chaos", "AWS_SECRET_ACCESS_KEY": "chaos",
                     "AWS_DEFAULT_REGION": REGION, "AWS_ENDPOINT_URL_S3": f"http://{host}:{port}",
                     "ONEPOOL_PROVIDER_RETRY_MAX_S": "0.5", "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
-                    "PYTHONPATH": str(ROOT)})
+                    "PYTHONPATH": str(ROOT),
+                    # jobs get a clean environment: the store's emulator and this checkout reach them
+                    "ONEPOOL_PASS_ENV": "PYTHONPATH,AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,"
+                                        "AWS_DEFAULT_REGION,AWS_ENDPOINT_URL_S3",
+                    **({"ONEPOOL_RUN_AS": "root"} if os.geteuid() == 0 else {})})
         if backend == "postgresql":
             from tests.postgres import PgServer
 
