@@ -236,8 +236,10 @@ class Agent:
             code = st.exit_code
             if code is not None and not -255 <= code <= 255:  # its folder says so: the job wrote it
                 code = 255
-            rep = {"assignment_id": r.assignment_id, "state": state, "pid": r.handle.get("pid"),
-                   "exit_code": code}
+            pid = r.handle.get("pid")
+            if not isinstance(pid, int) or not 0 <= pid < 1 << 31:  # none (a failed start) or forged
+                pid = None
+            rep = {"assignment_id": r.assignment_id, "state": state, "pid": pid, "exit_code": code}
             if state == "exited" and start_errors.well_formed(st.cause):
                 rep["cause"] = st.cause
             out.append(rep)
