@@ -332,10 +332,12 @@ class Agent:
         self._post("/v1/agent/notice", {"kind": kind, "deadline": deadline, "detail": {"text": detail}})
 
     # -- threads ----------------------------------------------------------------------------------
-    def _loop(self, what: str, every: float, fn: Any) -> None:
+    def _loop(self, what: str, every: float, fn: Any, outside: bool = False) -> None:
         """Run fn() until stopped. The server being unreachable, failing or throttling
         (transport errors, 5xx, 408, 429) is retried with backoff (from retry_s up to
-        retry_max_s), without end: the ranks' fence covers a long outage. AgentError (refused)
+        retry_max_s), without end: the ranks' fence covers a long outage; so is any HTTP
+        error of a service `outside` this agent and the server (the cloud's metadata service:
+        its being down must not take the node's work down). AgentError (refused)
         stops the agent; so do LOOP_FAILURES failures in a row of anything else (its state
         folder unwritable, a bug): it exits non-zero and its supervisor (systemd) restarts it,
         which adopts the running ranks."""
@@ -351,6 +353,7 @@ class Agent:
                 server = isinstance(e, httpx.TransportError) or (  # busy, down or throttling
                     isinstance(e, httpx.HTTPStatusError) and (e.response.status_code >= 500
                                                               or e.response.status_code in (408, 429)))
+                server = server or (outside and isinstance(e, httpx.HTTPError))
                 if not server:
                     failures += 1
                     log.exception("agent: %s failed (%d in a row)", what, failures)
@@ -371,11 +374,11 @@ class Agent:
         self.error = self.error or e
         self.stop.set()
 
-    def _thread(self, what: str, every: float, fn: Any) -> None:
+    def _thread(self, what: str, every: float, fn: Any, outside: bool = False) -> None:
         """A loop's thread: if it ends while the agent runs (an error escaped the loop itself),
         the agent stops with an error: never a process that stays up with a dead loop."""
         try:
-            self._loop(what, every, fn)
+            self._loop(what, every, fn, outside)
         except BaseException as e:
             log.critical("agent: the %s loop died", what, exc_info=True)
             self._fatal(AgentError(f"the {what} loop died ({type(e).__name__}: {e})"))
@@ -421,11 +424,12 @@ class Agent:
         if not self.node:
             return 0
         self.adopt()
-        threads = [threading.Thread(target=self._thread, args=(n, e, f), daemon=True, name=n) for n, e, f in (
-            ("sync", 0.0, lambda: self.sync(self.heartbeat_s)),
-            ("report", 0.0, self._report_on_change),
-            ("ship logs", 1.0, self._ship_all),
-            *([("metadata", 2.0, self._watch)] if self.watcher else []))]
+        threads = [threading.Thread(target=self._thread, args=(n, e, f, o), daemon=True, name=n)
+                   for n, e, f, o in (
+            ("sync", 0.0, lambda: self.sync(self.heartbeat_s), False),
+            ("report", 0.0, self._report_on_change, False),
+            ("ship logs", 1.0, self._ship_all, False),
+            *([("metadata", 2.0, self._watch, True)] if self.watcher else []))]
         for t in threads:
             t.start()
         while not self.stop.wait(0.5):

@@ -194,9 +194,10 @@ class InstanceBooter:
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         env.pop("ONEPOOL_URL", None)
         env.pop("ONEPOOL_TOKEN", None)
-        url = self.metadata_url(iid)
-        if url:
-            env["ONEPOOL_METADATA_URL"] = url
+        # A simulated instance never asks a real cloud's metadata address (169.254.169.254 is
+        # not this machine's): without a fake service, its agent's watcher gets a refused
+        # connection on loopback, as on an instance whose metadata service is down.
+        env["ONEPOOL_METADATA_URL"] = self.metadata_url(iid) or "http://127.0.0.1:9"
         bash = shutil.which("bash") or "/bin/bash"
         log_file = open(home / "console.log", "ab")  # noqa: SIM115  (the child holds it)
         proc = subprocess.Popen([*self.prefix(iid), bash, str(home / "user-data.sh")], env=env,

@@ -218,3 +218,30 @@ def test_a_loop_retries_the_servers_failures_and_gives_up_on_its_own(tmp_path, c
 
     agent._loop("sync", 0.0, step)
     assert (agent.exit_status(), left) == (status or 0, [])
+
+
+def _metadata(status: int) -> httpx.HTTPStatusError:
+    req = httpx.Request("GET", "http://127.0.0.1:9/latest/meta-data/spot/instance-action")
+    return httpx.HTTPStatusError(f"{status}", request=req, response=httpx.Response(status, request=req))
+
+
+@pytest.mark.parametrize(("case", "calls", "status"), [
+    ("metadata service forbidding, without end", [_metadata(403)] * 12, None),
+    ("metadata service down, without end", [httpx.ConnectError("refused")] * 12, None),
+    ("a bug in the watcher", [KeyError("x")] * 5, 4),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_the_metadata_loop_outlives_its_service_but_not_its_own_bugs(tmp_path, case, calls, status):
+    """The cloud's metadata service failing is not the node's failure: the watcher retries it
+    without end (the demo's agents exited after 5 refusals and lost their ranks' work)."""
+    agent = Agent(server="http://127.0.0.1:9", state_dir=tmp_path / "agent", gpus=Gpus(2, "A100"),
+                  retry_s=0.001, retry_max_s=0.001)
+    left = list(calls)
+
+    def step() -> None:
+        if not left:
+            agent.stop.set()
+            return
+        raise left.pop(0)
+
+    agent._loop("metadata", 2.0, step, outside=True)
+    assert (agent.exit_status(), left) == (status or 0, [])
