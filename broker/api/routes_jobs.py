@@ -11,11 +11,9 @@ from starlette.concurrency import run_in_threadpool
 
 from broker.api.context import bearer, client, ctx, verify
 from broker.client.sdk import MAX_ID, MAX_PAGE, Client
-from broker.control.budgets import TeamBudget
 from broker.spec import JobSpec
-from broker.state.costs import CostRow
 from broker.state.tokens import NotVerifiedHere
-from broker.state.views import EventInfo, JobInfo, LogChunk, LostWorkRow
+from broker.wire import CostRow, EventInfo, JobInfo, LogChunk, LostWorkRow, TeamBudget
 
 router = APIRouter(prefix="/v1")
 ClientDep = Annotated[Client, Depends(client)]

@@ -98,9 +98,9 @@ def _client() -> Any:
 
 def _embedded() -> Client:
     """The home's database itself (commands that run the broker, the server or the demo)."""
-    from broker.client.sdk import Client
+    from broker.sdk import embedded_client
 
-    return Client(_state.get("home"))
+    return embedded_client(_state.get("home"))
 
 
 def _reader() -> Any:
@@ -530,6 +530,15 @@ def main() -> None:
         app()
     except OnepoolError as e:
         _err().print(f"[red]error:[/red] {_esc(str(e))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except ModuleNotFoundError as e:  # the thin client (`pip install onepool`) running a server command
+        from broker.sdk import SERVER_MODULES
+
+        if (e.name or "").split(".")[0] not in SERVER_MODULES:
+            raise
+        _err().print(f"[red]error:[/red] this command needs onepool's server parts ({_esc(e.name or '')} "
+                     "is not installed here): run `pip install 'onepool[server]'`", highlight=False,
+                     soft_wrap=True)
         sys.exit(2)
     except TimeoutError as e:
         _err().print(f"[red]timeout:[/red] {_esc(str(e))}", highlight=False, soft_wrap=True)
