@@ -22,7 +22,9 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,18 @@ from providers.local_runner import write_json
 
 log = logging.getLogger("onepool.agent")
 LOG_PIECE = 512 * 1024
+
+
+def rank_path(job_env: Mapping[str, str], agent_path: str | None = None) -> str:
+    """The PATH a rank starts with: the job's own when its spec sets PATH; else the folder of
+    the interpreter this agent runs on first (so the README's `python train.py` finds a
+    Python, the one onepool and its packages are installed in, on a host with only
+    `python3` or none on PATH), then the agent's PATH (`agent_path`, default its own)."""
+    if job_env.get("PATH"):
+        return job_env["PATH"]
+    rest = os.environ.get("PATH", "") if agent_path is None else agent_path
+    here = os.path.dirname(sys.executable)
+    return os.pathsep.join([here, *(p for p in rest.split(os.pathsep) if p and p != here)])
 
 
 class AgentError(Exception):
@@ -148,7 +162,7 @@ class Agent:
             log.info("agent: adopted rank %s of attempt %s", a["rank"], a["attempt_id"])
 
     def _start(self, a: dict[str, Any]) -> None:
-        env = {**a["env"], "ONEPOOL_AGENT_LEASE": str(self.lease),
+        env = {**a["env"], "PATH": rank_path(a["env"]), "ONEPOOL_AGENT_LEASE": str(self.lease),
                "ONEPOOL_AGENT_FENCE_S": f"{self.fence_s:g}", "ONEPOOL_NODE_ID": self.node}
         d = self.procs.run_dir(a["attempt_id"], a["rank"])
         d.mkdir(parents=True, exist_ok=True)

@@ -536,9 +536,9 @@ def main() -> None:
 
         if (e.name or "").split(".")[0] not in SERVER_MODULES:
             raise
-        _err().print(f"[red]error:[/red] this command needs onepool's server parts ({_esc(e.name or '')} "
-                     "is not installed here): run `pip install 'onepool[server]'`", highlight=False,
-                     soft_wrap=True)
+        msg = (f"this command needs onepool's server parts ({e.name} is not installed here): run "
+               "`pip install 'onepool[server]'`")
+        _err().print(f"[red]error:[/red] {_esc(msg)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except TimeoutError as e:
         _err().print(f"[red]timeout:[/red] {_esc(str(e))}", highlight=False, soft_wrap=True)
