@@ -141,8 +141,15 @@ def _ago(seconds: float | None) -> str:
 def apply(config: Annotated[Path, typer.Option("-c", "--config", metavar="FILE",
                                                help="the onepool.yaml to apply")] = Path("onepool.yaml"),
           as_json: JsonOpt = False) -> None:
-    """Apply an onepool.yaml: pools, teams, broker settings."""
-    cfg = _client().apply(config)
+    """Apply an onepool.yaml: pools, teams, broker settings. Refuses checkpoints kept where a
+    pool's nodes cannot reach them (broker.spec.unreachable_stores)."""
+    from broker.spec import load_config, unreachable_stores
+
+    cfg = load_config(config)
+    problems = unreachable_stores(cfg)
+    if problems:
+        raise SpecError(str(config), problems)
+    cfg = _client().apply(cfg)
     if as_json:
         _print_json(cfg.model_dump(mode="json"))
     else:
