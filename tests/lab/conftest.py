@@ -10,6 +10,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,21 @@ def _answers(url: str) -> bool:
         return False
 
 
+def _start_server(server: Host, objstore: Host, parts: dict[str, list[str]], config: str) -> str:
+    """The server machine's part of the README, as written: apply, an admin token, the server.
+    Returns the admin token `token create` printed."""
+    server.env.update({**pipx_style(server, "/home/ops"), **_aws(objstore)})
+    server.cwd = "/srv/lab"
+    server.write("/srv/lab/onepool.yaml", config)
+    srv = parts["the server machine"]
+    assert [c.split()[:2] for c in srv] == [["onepool", "apply"], ["onepool", "token"], ["onepool", "server"]]
+    server.sh(srv[0])
+    admin_token = re.findall(r"op_\S+", server.sh(srv[1]).stdout)[-1]
+    server.spawn(["bash", "-c", srv[2]], name="server")
+    wait_until("the server answers", lambda: _answers(f"http://{server.ip}:8421/v1/healthz"), 30)
+    return admin_token
+
+
 @pytest.fixture(scope="module")
 def readme_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReadmeLab]:
     logs = tmp_path_factory.mktemp("lab")
@@ -103,27 +119,23 @@ def _setup(lab: Lab, logs: Path, timings: dict[str, float], t0: float) -> Readme
     wait_until("the object store answers", lambda: _answers(f"http://{objstore.ip}:{S3_PORT}/"), 20)
     httpx.put(f"http://{objstore.ip}:{S3_PORT}/{BUCKET}", timeout=10).raise_for_status()
 
-    # the laptop: `pip install onepool` (the thin client only)
-    t = time.monotonic()
-    wheel = build_wheel(logs / "wheel")
-    timings["wheel_s"] = time.monotonic() - t
-    t = time.monotonic()
-    venv = install_thin_client(laptop, wheel, "/home/ada/venv")
-    timings["thin_venv_s"] = time.monotonic() - t
+    # the laptop: `pip install onepool` (the thin client only), while the server starts
+    def laptop_install() -> ThinVenv:
+        t = time.monotonic()
+        wheel = build_wheel(logs / "wheel")
+        timings["wheel_s"] = time.monotonic() - t
+        t = time.monotonic()
+        venv = install_thin_client(laptop, wheel, "/home/ada/venv")
+        timings["thin_venv_s"] = time.monotonic() - t
+        return venv
+
+    with ThreadPoolExecutor(1) as pool:
+        installing = pool.submit(laptop_install)
+        admin_token = _start_server(server, objstore, parts, config)
+        venv = installing.result()
     laptop_env = {"HOME": "/home/ada", "PATH": f"{venv.bin}:{BASE_PATH}"}
     laptop.env.update(laptop_env)
     laptop.cwd = "/home/ada"
-
-    # the server machine, as the README says
-    server.env.update({**pipx_style(server, "/home/ops"), **_aws(objstore)})
-    server.cwd = "/srv/lab"
-    server.write("/srv/lab/onepool.yaml", config)
-    srv = parts["the server machine"]
-    assert [c.split()[:2] for c in srv] == [["onepool", "apply"], ["onepool", "token"], ["onepool", "server"]]
-    server.sh(srv[0])
-    admin_token = re.findall(r"op_\S+", server.sh(srv[1]).stdout)[-1]
-    server.spawn(["bash", "-c", srv[2]], name="server")
-    wait_until("the server answers", lambda: _answers(f"http://{server.ip}:8421/v1/healthz"), 30)
 
     # an admin, anywhere (here: the laptop, over HTTP)
     adm = parts["an admin, anywhere"]
