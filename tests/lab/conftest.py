@@ -57,7 +57,7 @@ class ReadmeLab:
 
     def onepool(self, *args: str, env: dict[str, str] | None = None, check: bool = True) -> Any:
         """`onepool ARGS` on the laptop as the researcher (or `env`)."""
-        return self.laptop.run(["onepool", *args], env=env or self.researcher_env, check=check)
+        return self.laptop.onepool(*args, env=env or self.researcher_env, check=check)
 
     def job(self, job_id: int) -> dict[str, Any]:
         return json.loads(self.onepool("status", str(job_id), "--json").stdout)

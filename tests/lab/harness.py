@@ -76,6 +76,11 @@ class Host:
                                    f"stdout: {out.stdout[-3000:]}\nstderr: {out.stderr[-3000:]}")
         return out
 
+    def onepool(self, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+        """`onepool ARGS` as installed on this host (its PATH), e.g.
+        `lab.host("laptop").onepool("submit", "--name", "x", "--", "python", "t.py")`."""
+        return self.run(["onepool", *args], **kw)  # type: ignore[arg-type]
+
     def sh(self, script: str, **kw: object) -> subprocess.CompletedProcess[str]:
         """A bash script here (a README line as a user would type it)."""
         return self.run(["bash", "-c", script], **kw)  # type: ignore[arg-type]
