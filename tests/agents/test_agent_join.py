@@ -135,3 +135,10 @@ def test_a_used_token_beside_a_saved_credential_falls_back_to_the_credential(sit
     b = agent(site, state, t0)
     b.join()
     assert (b.node, b.credential) == ("box-5", a.credential)
+
+
+def test_applying_the_config_again_keeps_what_the_agent_reported(site: Site) -> None:
+    join(site, "box-6", gpus=3)
+    site.client.apply(site.client.config())
+    assert node(site, "box-6").gpus == 3
+    assert node(site, "box-7").gpus == 8  # no agent yet: the pool's size
