@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[cloud,dashboard,postgres,dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[server,cloud,dashboard,postgres,dev]'
 	@touch $(STAMP)
 
 demo: $(STAMP)

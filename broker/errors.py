@@ -77,3 +77,8 @@ class Unpriced(OnepoolError):
     """No price is known for a rented pool (the catalog has no offer for its provider, region,
     instance type, market and zone): set its `price_per_node_hour` in onepool.yaml. A pool that
     cannot be priced is never treated as free."""
+
+
+class BudgetError(OnepoolError):
+    """A submission's estimated cost does not fit its (or its team's) budget. Raise the
+    budget, shorten the expected duration, or allow spot."""

@@ -61,7 +61,7 @@ __all__ = [
     "PolicySettings", "PoolSpec",
     "Priority", "RebalanceSettings", "SlurmSpec", "SpotPolicy", "TaskIntervals", "TeamSpec",
     "check_job_fits", "load_config", "market_ok", "parse_config", "parse_job", "read_yaml",
-    "store_uri", "validate",
+    "store_uri", "unreachable_stores", "validate",
 ]
 
 
@@ -147,6 +147,10 @@ class PoolSpec(_Strict):
     market: Market = Market.ONPREM
     price_per_node_hour: float = Field(default=0.0, ge=0.0)
     store: str | None = None  # checkpoint store URI for this pool; default: the broker's store
+    # A file:// store (the pool's or the broker's) on a filesystem every node of the pool mounts
+    # (NFS, a Slurm cluster's shared disk): without it, `onepool apply` refuses such a store for
+    # a pool whose nodes are not the server (see unreachable_stores).
+    store_shared: bool = False
     # -- rented (cloud) pools: provider aws | gcp | libcloud (issue 4; see providers.registry) --
     max_nodes: int | None = Field(default=None, ge=1, le=10_000)  # rented pools grow up to this
     instance_type: str | None = None  # e.g. p4d.24xlarge, a2-highgpu-1g, a libcloud size id
@@ -449,6 +453,25 @@ def check_job_fits(spec: JobSpec, config: ClusterConfig, source: str = "job") ->
                 f"no pool of an acceptable type ({shapes})")
     if problems:
         raise SpecError(source, problems)
+
+
+def unreachable_stores(cfg: ClusterConfig) -> list[str]:
+    """One problem per pool whose nodes are not the server (agent, rented, Slurm) but whose
+    checkpoints go to a file:// store (its own, broker.checkpoint_store, or by default the
+    server's home) not declared `store_shared`: its nodes cannot reach that folder, so a job
+    preempted on one node would resume on another from nothing. `onepool apply` refuses them."""
+    problems = []
+    for i, p in enumerate(cfg.pools):
+        uri = p.store or cfg.broker.checkpoint_store
+        if p.provider == "local" or p.store_shared or (uri is not None and not uri.startswith("file://")):
+            continue
+        where = uri or "file://$ONEPOOL_HOME/checkpoints on the server (the default)"
+        problems.append(
+            f"pools[{i}] ({p.name}): its nodes (provider {p.provider}) are not the server, but its "
+            f"checkpoints go to {where}, which they cannot reach: set the pool's store (or "
+            "broker.checkpoint_store) to a bucket every node reaches (s3://..., gs://...), or add "
+            "`store_shared: true` to the pool if that folder is on a filesystem every node mounts")
+    return problems
 
 
 def market_ok(spot: SpotPolicy, market: Market) -> bool:

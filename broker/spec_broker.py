@@ -193,7 +193,8 @@ class BrokerSettings(PolicySettings):
     # (required when a pool rents nodes); a node whose agent has not been heard from for
     # `node_lost_after_s` is lost (its attempts requeue; a rented instance is terminated);
     # agents call in at least every `agent_heartbeat_s`. `agent_package` is the pip
-    # requirement the boot script installs when the image has no `onepool` command.
+    # requirement the boot script installs when the image has no `onepool` command (with the
+    # server extra, which the agent needs: "onepool[server,cloud] @ https://.../onepool.whl").
     server_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
     node_lost_after_s: float = Field(default=30.0, ge=3.0, le=3600.0)
     agent_heartbeat_s: float = Field(default=5.0, ge=0.5, le=600.0)

@@ -22,7 +22,8 @@ from tests.conftest import HOST_SETTINGS, ROOT, train
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 CONFIG = """
 pools:
-  - {name: onprem, provider: agent, gpu_type: A100, gpus_per_node: 2, nodes: 1}
+  - {name: onprem, provider: agent, gpu_type: A100, gpus_per_node: 2, nodes: 1,
+     store_shared: true}  # its agents run on this machine: the server's folder is theirs too
 teams: [{name: research}, {name: prod}]
 broker: {cycle_s: 0.3, grace_s: 10, min_run_s: 0, agent_heartbeat_s: 1, node_lost_after_s: 10}
 """

@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -119,20 +120,30 @@ class Agent:
                 "metadata": type(self.watcher).__name__ if self.watcher else "none"}
 
     def join(self) -> None:
-        """Use the saved credential, else redeem the join token. Raises AgentError."""
+        """Use the saved credential, unless a join token is given that is not the one it came
+        from (a new --join-token wins: an admin's fresh token replaces a revoked or stale
+        credential); else redeem the join token, sending the saved credential as proof that
+        this is the node's agent restarting. Raises AgentError."""
         saved = self.state_dir / "agent.json"
-        if saved.exists():
-            data = json.loads(saved.read_text())
-            if data.get("server") == self.server:
-                self.node, self.credential = data["node"], data["credential"]
-                self.heartbeat_s, self.fence_s = data.get("heartbeat_s", 5.0), data.get("fence_s", 20.0)
-                log.info("agent: node %s (saved credential)", self.node)
-                return
+        data = json.loads(saved.read_text()) if saved.exists() else {}
+        mine = data if data.get("server") == self.server else {}
+        if mine and (not self.join_token or mine.get("join_token_sha256") == _sha(self.join_token)):
+            self._use_saved(mine)
+            return
         if not self.join_token:
             raise AgentError(f"no saved credential in {saved} and no --join-token: ask an admin "
                              "for one (`onepool node join-token NODE`)")
-        r = self._post("/v1/agent/join", {"join_token": self.join_token, "info": self._info()},
-                       auth=False)
+        try:
+            r = self._post("/v1/agent/join", {"join_token": self.join_token, "info": self._info(),
+                                              "previous_credential": mine.get("credential")}, auth=False)
+        except AgentError as e:
+            if not mine:
+                raise
+            # a used or expired token beside a saved credential (a unit file that keeps the first
+            # token; a credential saved before tokens were remembered): the credential decides
+            log.warning("agent: the join token was refused (%s); using the saved credential", e)
+            self._use_saved(mine)
+            return
         reply = r.json()
         self.node, self.credential = reply["node"], reply["credential"]
         self.heartbeat_s, self.fence_s = reply["heartbeat_s"], reply["fence_s"]
@@ -140,10 +151,16 @@ class Agent:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump({"server": self.server, "node": self.node, "credential": self.credential,
-                       "heartbeat_s": self.heartbeat_s, "fence_s": self.fence_s}, f)
+                       "heartbeat_s": self.heartbeat_s, "fence_s": self.fence_s,
+                       "join_token_sha256": _sha(self.join_token)}, f)
         tmp.replace(saved)
         self.lease.touch()
         log.info("agent: joined as node %s of pool %s", self.node, reply["pool"])
+
+    def _use_saved(self, mine: dict[str, Any]) -> None:
+        self.node, self.credential = mine["node"], mine["credential"]
+        self.heartbeat_s, self.fence_s = mine.get("heartbeat_s", 5.0), mine.get("fence_s", 20.0)
+        log.info("agent: node %s (saved credential)", self.node)
 
     def _post(self, path: str, body: dict[str, Any], *, auth: bool = True,
               timeout: float | None = None) -> httpx.Response:
@@ -452,6 +469,11 @@ def _kind(e: BaseException) -> str:
     if isinstance(e, OSError) and e.errno:
         return errno.errorcode.get(e.errno, "agent_error").lower()
     return "agent_error"
+
+
+def _sha(token: str) -> str:
+    """What the saved credential remembers of the join token it came from."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def _message(r: httpx.Response) -> str:

@@ -14,8 +14,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from broker.control.budgets import BudgetError
 from broker.errors import (
+    BudgetError,
     CheckpointError,
     Forbidden,
     InvalidState,

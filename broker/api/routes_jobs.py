@@ -12,12 +12,10 @@ from starlette.concurrency import run_in_threadpool
 from broker.api.context import bearer, client, ctx, verify
 from broker.api.guard import authenticated
 from broker.client.sdk import MAX_PAGE, Client
-from broker.control.budgets import TeamBudget
 from broker.errors import OnepoolError, TooManyRequests, Unauthorized
 from broker.spec import MAX_ID, MAX_LOG_OFFSET, JobSpec
-from broker.state.costs import CostRow
 from broker.state.tokens import NotVerifiedHere
-from broker.state.views import EventInfo, JobInfo, LogChunk, LostWorkRow
+from broker.wire import CostRow, EventInfo, JobInfo, LogChunk, LostWorkRow, TeamBudget
 
 router = APIRouter(prefix="/v1")
 ClientDep = Annotated[Client, Depends(client)]

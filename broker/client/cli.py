@@ -98,9 +98,9 @@ def _client() -> Any:
 
 def _embedded() -> Client:
     """The home's database itself (commands that run the broker, the server or the demo)."""
-    from broker.client.sdk import Client
+    from broker.sdk import embedded_client
 
-    return Client(_state.get("home"))
+    return embedded_client(_state.get("home"))
 
 
 def _reader() -> Any:
@@ -141,8 +141,15 @@ def _ago(seconds: float | None) -> str:
 def apply(config: Annotated[Path, typer.Option("-c", "--config", metavar="FILE",
                                                help="the onepool.yaml to apply")] = Path("onepool.yaml"),
           as_json: JsonOpt = False) -> None:
-    """Apply an onepool.yaml: pools, teams, broker settings."""
-    cfg = _client().apply(config)
+    """Apply an onepool.yaml: pools, teams, broker settings. Refuses checkpoints kept where a
+    pool's nodes cannot reach them (broker.spec.unreachable_stores)."""
+    from broker.spec import load_config, unreachable_stores
+
+    cfg = load_config(config)
+    problems = unreachable_stores(cfg)
+    if problems:
+        raise SpecError(str(config), problems)
+    cfg = _client().apply(cfg)
     if as_json:
         _print_json(cfg.model_dump(mode="json"))
     else:
@@ -539,6 +546,15 @@ def main() -> None:
         app()
     except OnepoolError as e:
         _err().print(f"[red]error:[/red] {_esc(str(e))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except ModuleNotFoundError as e:  # the thin client (`pip install onepool`) running a server command
+        from broker.sdk import SERVER_MODULES
+
+        if (e.name or "").split(".")[0] not in SERVER_MODULES:
+            raise
+        msg = (f"this command needs onepool's server parts ({e.name} is not installed here): run "
+               "`pip install 'onepool[server]'`")
+        _err().print(f"[red]error:[/red] {_esc(msg)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except TimeoutError as e:
         _err().print(f"[red]timeout:[/red] {_esc(str(e))}", highlight=False, soft_wrap=True)

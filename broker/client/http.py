@@ -17,9 +17,8 @@ import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from broker.client.waits import wait_stopped
-from broker.control.budgets import BudgetError, TeamBudget
-from broker.control.health import Health
 from broker.errors import (
+    BudgetError,
     CheckpointError,
     Forbidden,
     InvalidState,
@@ -33,14 +32,16 @@ from broker.errors import (
     Unavailable,
 )
 from broker.spec import ClusterConfig, JobSpec, load_config
-from broker.state.costs import CostRow
-from broker.state.views import (
+from broker.wire import (
+    CostRow,
     EventInfo,
+    Health,
     JobInfo,
     JoinTokenInfo,
     LogChunk,
     LostWorkRow,
     NodeInfo,
+    TeamBudget,
     TokenInfo,
 )
 

@@ -23,10 +23,11 @@ from typing import Any
 from broker.client.filters import check_filters
 from broker.clock import Clock, SystemClock
 from broker.errors import NotConfigured, NotFound
-from broker.state.health_view import Health, assess
+from broker.state.health_view import assess
 from broker.state.schema_head import head_revision
 from broker.state.states import CheckpointState, EndReason, JobState
 from broker.state.views import JobInfo
+from broker.wire import Health
 
 LIVED = (CheckpointState.COMMITTED, CheckpointState.DAMAGED, CheckpointState.DELETED)
 FINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)  # as broker.client.sdk.FINAL

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from broker.state.views import JobInfo
+from broker.wire import JobInfo
 
 FINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 STOPPED = FINAL | {"BUDGET_EXHAUSTED"}  # what wait() returns on

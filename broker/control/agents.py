@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from sqlmodel import Session, col, or_, select
 
-from broker.errors import NotFound, Unauthorized
+from broker.errors import InvalidState, NotFound, Unauthorized
 from broker.output_log import DEFAULT_CAP, CappedOutput, per_rank_cap
 from broker.spec import MAX_ID, MAX_PID, DbId, LogOffset
 from broker.state import ledger
@@ -31,7 +31,7 @@ from broker.state.events import record
 from broker.state.model import Attempt, Node, NodeState, Notice, Pool
 from broker.state.model_access import NodeAgent, RankAssignment
 from broker.state.model_access import RankState as AState
-from broker.state.tokens import Verifier, redeem_join_token
+from broker.state.tokens import JOIN, NODE, Verifier, parse, redeem_join_token
 from providers import start_errors
 
 log = logging.getLogger("onepool.agents")
@@ -43,6 +43,9 @@ NOTICE_KINDS = ("spot_interruption", "rebalance", "preempted", "maintenance")
 class JoinRequest(BaseModel):
     join_token: str = Field(min_length=1, max_length=200)
     info: dict[str, Any] = Field(default_factory=dict)  # hostname, pid, gpus, gpu_type, ...
+    # The credential this agent held before (its saved one): proof that a join while the
+    # node's agent looks alive comes from that same agent, restarted with a new join token.
+    previous_credential: str | None = Field(default=None, max_length=200)
 
 
 class JoinReply(BaseModel):
@@ -125,20 +128,40 @@ class Timing:
 
 # -- routes' logic ------------------------------------------------------------------------------
 def join(s: Session, verifier: Verifier, req: JoinRequest, now: float, timing: Timing) -> JoinReply:
-    """Redeem a join token: the node is up (its agent's GPUs, capped at the pool's, are what the
-    policy may place on). Raises Unauthorized."""
+    """Redeem a join token. The node's GPUs follow what the agent reports, up to the pool's
+    size (fewer or more than before); it is up, unless the agent reports a GPU type that is not
+    the pool's: then it takes no work (state waiting) and an `agent_gpu_type` event says why.
+    Raises Unauthorized (bad token, node gone), or InvalidState when another agent serves the
+    node and is alive (called in within `lost_after_s`): nothing is changed then, the token
+    stays usable."""
+    before = _agent_row_of(s, req.join_token)
+    alive_since = None if before is None else _alive(before, now, timing)
+    same = before is not None and _same_agent(verifier, before, req.previous_credential)
     row, credential = redeem_join_token(s, verifier, req.join_token, now)
     node = s.get(Node, row.node)
     if node is None or node.state in (NodeState.RETIRED, NodeState.TERMINATED, NodeState.TERMINATING):
         raise Unauthorized(f"node {row.node} is no longer part of this broker")
+    if alive_since is not None and not same:
+        host = before.info.get("hostname", "?") if before is not None else "?"
+        raise InvalidState(
+            f"node {row.node} is served by a live agent (on {host}, "
+            f"last call {alive_since:.0f}s ago): stop that agent first; this one may join "
+            f"{timing.lost_after_s:g}s after it last called in")
     pool = s.get(Pool, node.pool)
     assert pool is not None
     row.info = {**_clean(req.info), "joined_at": now}
     s.add(row)
     reported = req.info.get("gpus")
-    if isinstance(reported, int) and 0 < reported < pool.gpus_per_node:
-        node.gpus = reported
-    if node.state in (NodeState.WAITING, NodeState.LOST, NodeState.LAUNCHING):
+    if isinstance(reported, int) and not isinstance(reported, bool) and reported > 0:
+        node.gpus = min(reported, pool.gpus_per_node)
+    wrong = _wrong_gpu_type(req.info.get("gpu_type"), pool.gpu_type)
+    if wrong:
+        node.state = NodeState.WAITING
+        record(s, now, "agent_gpu_type", f"agent on {req.info.get('hostname', '?')} reports GPU type "
+               f"{wrong!r} but pool {pool.name} is {pool.gpu_type}: node {node.id} takes no work until "
+               f"an agent with {pool.gpu_type} GPUs joins (or give the agent --gpu-type {pool.gpu_type} "
+               "if that is what it has)", node=node.id, pool=node.pool)
+    elif node.state in (NodeState.WAITING, NodeState.LOST, NodeState.LAUNCHING):
         if node.state == NodeState.LAUNCHING:  # [issue 13 metering hook] its boot ends
             node.ready_at = ledger.node_ready(s, node.id, now)
         node.state, node.idle_since = NodeState.UP, now
@@ -148,6 +171,44 @@ def join(s: Session, verifier: Verifier, req: JoinRequest, now: float, timing: T
            agent=row.info)
     return JoinReply(node=node.id, pool=node.pool, credential=credential,
                      heartbeat_s=timing.heartbeat_s, fence_s=timing.fence_s)
+
+
+def _agent_row_of(s: Session, join_token: str) -> NodeAgent | None:
+    """The agent row a join token names (not verified here: redeem_join_token does)."""
+    try:
+        tid = parse(join_token, JOIN)
+    except Unauthorized:
+        return None
+    return s.exec(select(NodeAgent).where(NodeAgent.join_id == tid)).first()
+
+
+def _alive(row: NodeAgent, now: float, timing: Timing) -> float | None:
+    """Seconds since the node's current agent last called in, if it holds a credential and
+    has called in within `lost_after_s`; else None."""
+    if row.credential_id is None or row.seen_at is None or row.lost_at is not None:
+        return None
+    ago = now - row.seen_at
+    return max(0.0, ago) if ago < timing.lost_after_s else None
+
+
+def _same_agent(verifier: Verifier, row: NodeAgent, previous: str | None) -> bool:
+    """Does `previous` prove the joining agent is the one holding the node's credential?"""
+    if not previous or row.credential_id is None or row.credential_hash is None:
+        return False
+    try:
+        cid = parse(previous, NODE)
+    except Unauthorized:
+        return False
+    return cid == row.credential_id and verifier.check(cid, previous, row.credential_hash)
+
+
+def _wrong_gpu_type(reported: Any, pool_type: str) -> str | None:
+    """The reported GPU type when it is not the pool's: it must name it (A100 in "NVIDIA
+    A100-SXM4-80GB", any case). Nothing reported, or "GPU" (the agent was not told), is
+    not a mismatch."""
+    if not isinstance(reported, str) or reported.strip() in ("", "GPU"):
+        return None
+    return None if pool_type.lower() in reported.lower() else reported[:80]
 
 
 def _clean(info: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from broker.errors import InvalidState, NotFound, OnepoolError, SpecError, Unpriced
+from broker.errors import BudgetError, InvalidState, NotFound, SpecError, Unpriced
 from broker.policy import Snapshot
 from broker.policy import budget as policy_budget
 from broker.policy.budget import team_budget_state
@@ -40,32 +40,9 @@ from broker.spec import ClusterConfig, JobSpec, Market, SpotPolicy, market_ok
 from broker.state.events import record
 from broker.state.ledger import price_in_force, spend_by_job, usd_per_gpu_hour
 from broker.state.model import Attempt, AttemptState, Job, JobState, LedgerEntry, Pool, Setting
-from broker.state.views import fmt_usd
+from broker.wire import TeamBudget, fmt_usd
 
 OVERRIDE = "budget:team:"
-
-
-class BudgetError(OnepoolError):
-    """A submission's estimated cost does not fit its (or its team's) budget. Raise the
-    budget, shorten the expected duration, or allow spot."""
-
-
-@dataclass(frozen=True)
-class TeamBudget:
-    """A team's windowed budget now. state: none | ok | low | exhausted."""
-
-    team: str
-    amount: float | None
-    window: str
-    window_start: float
-    window_end: float | None
-    spent: float
-    state: str
-    low_fraction: float
-
-    @property
-    def remaining(self) -> float | None:
-        return None if self.amount is None else self.amount - self.spent
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from sqlmodel import Session, select
 from broker.errors import NotConfigured, SpecError, Unpriced
 from broker.spec import ClusterConfig, parse_config
 from broker.state.model import Node, NodeState, Pool, Setting, Team
+from broker.state.model_access import NodeAgent
 
 CONFIG_KEY = "config"
 RENTED_KEY = "rented_pools"
@@ -49,7 +50,7 @@ def apply_config(s: Session, cfg: ClusterConfig) -> None:
             nid = f"{p.name}-{i}"
             node = s.get(Node, nid) or Node(id=nid, pool=p.name, gpus=p.gpus_per_node,
                                             state=_first_state(p.provider))
-            node.gpus = p.gpus_per_node
+            node.gpus = _gpus(s, nid, p.provider, p.gpus_per_node)
             if i >= p.nodes:
                 node.state = NodeState.RETIRED
             elif node.state == NodeState.RETIRED or p.provider == "local":
@@ -63,6 +64,16 @@ def apply_config(s: Session, cfg: ClusterConfig) -> None:
     rented = s.get(Setting, RENTED_KEY) or Setting(key=RENTED_KEY)
     rented.value = {**rented.value, **{p.name: p.model_dump(mode="json") for p in cfg.pools if p.rented}}
     s.add(rented)
+
+
+def _gpus(s: Session, node: str, provider: str, pool_gpus: int) -> int:
+    """A node's GPUs: the pool's, or for an agent-served node what its agent reported at its
+    last join, up to the pool's (broker.control.agents.join)."""
+    agent = s.get(NodeAgent, node) if provider == "agent" else None
+    reported = None if agent is None or agent.credential_id is None else agent.info.get("gpus")
+    if isinstance(reported, int) and not isinstance(reported, bool) and reported > 0:
+        return min(reported, pool_gpus)
+    return pool_gpus
 
 
 def _first_state(provider: str) -> str:

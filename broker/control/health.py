@@ -14,8 +14,9 @@ from sqlmodel import Session
 from broker.control.lease import NAME
 from broker.errors import NotConfigured
 from broker.spec import BrokerSettings
-from broker.state.health_view import Health, assess
+from broker.state.health_view import assess
 from broker.state.model import Lease
+from broker.wire import Health
 
 
 def settings(s: Session) -> BrokerSettings:

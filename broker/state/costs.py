@@ -30,28 +30,16 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from pydantic import BaseModel
 from sqlmodel import Session, col, select
 
 from broker.state.model import Attempt, Job, LedgerEntry, Pool
+from broker.wire import CostRow
 
 CostBy = Literal["experiment", "team", "job", "pool", "market", "day"]
 COST_BY: tuple[str, ...] = ("experiment", "team", "job", "pool", "market", "day")
 IDLE_ONPREM, IDLE_RENTED, BOOT_DRAIN = "idle on-prem", "idle rented", "boot/drain"
 UNOWNED = (IDLE_ONPREM, IDLE_RENTED, BOOT_DRAIN)
 NO_POOL = "checkpoint storage"
-
-
-class CostRow(BaseModel):
-    """Money under one key. `jobs` counts distinct jobs charged or losing work there."""
-
-    key: str
-    usd: float
-    gpu_hours: float
-    lost_gpu_hours: float
-    jobs: int
-    lost_usd: float = 0.0
-    idle_usd: float = 0.0
 
 
 def check_by(by: str) -> None:

@@ -5,23 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
-
-
-class Health(BaseModel):
-    broker_up: bool
-    leader: str | None  # holder id (host:pid:...) of the lease, None when free
-    fencing: int  # the lease's fencing number (how many times leadership changed hands)
-    lease_expires_at: float | None
-    last_cycle_at: float | None
-    last_cycle_age_s: float | None
-    stale_after_s: float
-    down_since: float | None  # when not up: the last sign of life (None: never ran)
-    summary: str  # one human line
-
-    @property
-    def ever_ran(self) -> bool:
-        return self.last_cycle_at is not None or self.fencing > 0
+from broker.wire import Health
 
 
 def assess(row: Any | None, lease_s: float, cycle_s: float, now: float) -> Health:
