@@ -144,7 +144,7 @@ def _setup(lab: Lab, logs: Path, timings: dict[str, float], t0: float) -> Readme
 
     # each GPU box: a join token from the admin, then the README's agent command
     box_of_node: dict[str, str] = {}
-    agent_line = parts["each GPU box"][0]
+    agent_line = "; ".join(parts["each GPU box"])
     for i, name in enumerate(BOXES):
         node = f"gpu-box-{i}"
         out = laptop.sh(adm[2].replace("gpu-box-0", node), env=admin_env).stdout

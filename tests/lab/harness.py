@@ -27,6 +27,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -187,8 +188,8 @@ class Lab:
         self._ip(["-n", ns, "addr", "add", f"{ip}/24", "dev", inner])
         self._ip(["-n", ns, "link", "set", inner, "up"])
         self._ip(["-n", ns, "link", "set", "lo", "up"])
-        mounts = " && ".join(f"mount -t tmpfs -o mode={'1777' if d == '/tmp' else '755'} tmpfs {d}"
-                             for d in PRIVATE)
+        mounts = " && ".join([*(f"mount -t tmpfs -o mode={'1777' if d == '/tmp' else '755'} tmpfs {d}"
+                                for d in PRIVATE), *_python_for_everyone()])
         script = (f"set -e; {mounts}; hostname {shlex.quote(name)}; "
                   f"printf %s {shlex.quote(hosts_file)} > /tmp/.lab-hosts; "
                   "mount --bind /tmp/.lab-hosts /etc/hosts; echo ready; exec sleep infinity")
@@ -259,3 +260,21 @@ def wait_until(what: str, cond: object, timeout: float = 30.0, step: float = 0.1
 
 
 __all__ = ["BASE_PATH", "Host", "Lab", "LabCommandFailed", "wait_until"]
+
+
+def _python_for_everyone() -> list[str]:
+    """Mount commands that let every user of a host run this Python, as on a real box whose
+    Python lives in /usr or /opt. Here it may live in a folder only root can enter (pyenv
+    under /root, 0700): then ranks that run as `nobody` could not start `python`. The host
+    gets a 0755 tmpfs over that folder with just the interpreter's tree bound back into it;
+    the folder's other files stay hidden."""
+    prefix = Path(sys.base_prefix).resolve()
+    closed = next((p for p in reversed(prefix.parents) if p != Path("/") and not p.stat().st_mode & 0o001),
+                  None)
+    if closed is None:
+        return []
+    keep = prefix.relative_to(closed).parts[0]
+    tree, stash = shlex.quote(str(closed / keep)), "/srv/.lab-python"
+    return [f"mkdir -p {stash}", f"mount --bind {tree} {stash}",
+            f"mount -t tmpfs -o mode=755 tmpfs {shlex.quote(str(closed))}",
+            f"mkdir -p {tree}", f"mount --bind {stash} {tree}", f"umount {stash}", f"rmdir {stash}"]
