@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastapi import Request
+from prometheus_client import CollectorRegistry
 
 from broker.api.batcher import SubmitBatcher
 from broker.api.mailbox import Mailbox
@@ -33,6 +34,7 @@ class ApiContext:
     # their next cycle.
     on_agent_report: Callable[[], None] = lambda: None
     check_s: float = 1.0  # long polls look at the database at least this often
+    metrics: CollectorRegistry = field(default_factory=CollectorRegistry)  # what /metrics serves
     _timing: tuple[float, Timing] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -84,7 +84,8 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
     @token_app.command("create")
     def token_create(
         team: Annotated[str, typer.Option(help="the team the token acts for")],
-        role: Annotated[str, typer.Option(help="member (its team only) | admin (everything)")] = "member",
+        role: Annotated[str, typer.Option(help="member (its team only) | admin (everything) | "
+                                          "metrics (GET /metrics only)")] = "member",
         note: Annotated[str, typer.Option(help="what the token is for")] = "",
         as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
     ) -> None:

@@ -16,6 +16,7 @@ from sqlmodel import Field, SQLModel
 class Role(StrEnum):
     MEMBER = "member"  # acts within its team only
     ADMIN = "admin"  # manages pools, teams, budgets and tokens; sees every team
+    METRICS = "metrics"  # reads GET /metrics only (a Prometheus scraper): no other route
 
 
 class ApiToken(SQLModel, table=True):

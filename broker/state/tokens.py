@@ -46,7 +46,7 @@ class NotVerifiedHere(Exception):
 @dataclass(frozen=True)
 class Principal:
     """Who makes a request. kind: local (the embedded, single-user mode: full rights), member,
-    admin, agent (a node agent: only the agent routes) or broker (the engine itself)."""
+    admin, metrics (a Prometheus scraper: GET /metrics only), agent (a node agent: only the agent routes) or broker (the engine itself)."""
 
     kind: str
     team: str | None
@@ -139,9 +139,11 @@ class Verifier:
                 self._ok.popitem(last=False)
         return True
 
-    def api_principal(self, s: Session, token: str | None, *, cached_only: bool = False) -> Principal:
+    def api_principal(self, s: Session, token: str | None, *, cached_only: bool = False,
+                      allow_metrics: bool = False) -> Principal:
         """The member or admin behind an API token. Raises Unauthorized (missing, malformed,
-        unknown, revoked); with cached_only, NotVerifiedHere for a token whose hash this
+        unknown, revoked); Forbidden for a metrics token unless `allow_metrics` (only GET
+        /metrics allows it); with cached_only, NotVerifiedHere for a token whose hash this
         Verifier has not checked yet (so a caller that must not stall runs no slow hash)."""
         if not token:
             raise Unauthorized("this API needs a token: send `Authorization: Bearer TOKEN` "
@@ -152,6 +154,9 @@ class Verifier:
             raise Unauthorized(f"token {tid} is not known to this server")
         if row.revoked_at is not None:
             raise Unauthorized(f"token {tid} was revoked; ask an admin for a new one")
+        if row.role == Role.METRICS and not allow_metrics:
+            raise Forbidden(f"token {tid} is a metrics token: it reads GET /metrics only "
+                            "(use a member or admin token here)")
         return Principal(row.role, row.team, row.id)
 
     def node_of_credential(self, s: Session, credential: str | None) -> NodeAgent:
