@@ -32,7 +32,17 @@ from sqlmodel import Session, col, select
 from broker.checkpoint.telemetry import cause_kind
 from broker.clock import Clock
 from broker.errors import NotConfigured
-from broker.state.model import Attempt, AttemptState, EndReason, Job, JobState, LedgerEntry, Node, NodeState, Pool
+from broker.state.model import (
+    Attempt,
+    AttemptState,
+    EndReason,
+    Job,
+    JobState,
+    LedgerEntry,
+    Node,
+    NodeState,
+    Pool,
+)
 from broker.state.model_access import NodeAgent
 from broker.state.store import Store
 

@@ -46,7 +46,8 @@ class NotVerifiedHere(Exception):
 @dataclass(frozen=True)
 class Principal:
     """Who makes a request. kind: local (the embedded, single-user mode: full rights), member,
-    admin, metrics (a Prometheus scraper: GET /metrics only), agent (a node agent: only the agent routes) or broker (the engine itself)."""
+    admin, metrics (a Prometheus scraper: GET /metrics only), agent (a node agent: only the
+    agent routes) or broker (the engine itself)."""
 
     kind: str
     team: str | None
