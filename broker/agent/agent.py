@@ -82,6 +82,7 @@ class Agent:
         self.heartbeat_s, self.fence_s = 5.0, 20.0
         self.reported_notices: set[str] = set()
         self.error: AgentError | None = None
+        self.syncs = {"ok": 0, "error": 0}  # onepool_agent_syncs_total (broker.observe.agent_metrics)
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -191,7 +192,12 @@ class Agent:
             body = {"ranks": self._reports(), "known": list(self.ranks),
                     "acked": {str(k): r.acked for k, r in self.ranks.items() if r.acked},
                     "wait_s": wait_s}
-        r = self._post("/v1/agent/sync", body, timeout=wait_s + 30)
+        try:
+            r = self._post("/v1/agent/sync", body, timeout=wait_s + 30)
+        except (AgentError, httpx.HTTPError, OSError):
+            self.syncs["error"] += 1
+            raise
+        self.syncs["ok"] += 1
         os.utime(self.lease) if self.lease.exists() else self.lease.touch()
         self._apply(r.json())
 
@@ -329,10 +335,21 @@ def _message(r: httpx.Response) -> str:
 
 
 def main(server: str, join_token: str | None, state_dir: Path, gpus: Gpus,
-         watcher: Watcher | None) -> int:
-    """`onepool agent`: run until SIGTERM/SIGINT."""
+         watcher: Watcher | None, metrics: tuple[str, int] | None = None) -> int:
+    """`onepool agent`: run until SIGTERM/SIGINT. `metrics` (host, port): serve this node's
+    Prometheus metrics there (broker.observe.agent_metrics) while it runs."""
     agent = Agent(server=server, state_dir=state_dir, gpus=gpus, join_token=join_token, watcher=watcher)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: agent.stop.set())
-    return agent.run()
+    listener = None
+    if metrics is not None:
+        from broker.observe.agent_metrics import serve
+
+        listener, port = serve(agent, *metrics)
+        log.info("agent: metrics on http://%s:%d/metrics", metrics[0], port)
+    try:
+        return agent.run()
+    finally:
+        if listener is not None:
+            listener.shutdown()  # type: ignore[attr-defined]

@@ -65,6 +65,11 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
         metadata_url: Annotated[str | None, typer.Option(
             "--metadata-url", envvar="ONEPOOL_METADATA_URL", metavar="URL",
             help="the metadata service's base URL (default: the cloud's)")] = None,
+        metrics_port: Annotated[int | None, typer.Option(
+            "--metrics-port", metavar="PORT", min=1, max=65535,
+            help="serve this node's Prometheus metrics at http://HOST:PORT/metrics (default: off)")] = None,
+        metrics_host: Annotated[str, typer.Option(
+            "--metrics-host", metavar="HOST", help="address of the metrics listener")] = "127.0.0.1",
     ) -> None:
         """Run the node agent: join the server, then run the ranks placed on this node."""
         from broker.agent.agent import main as agent_main
@@ -79,7 +84,8 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
             w = watcher(metadata, metadata_url)
         except ValueError as e:
             raise SpecError("agent", [str(e)]) from None
-        sys.exit(agent_main(server, join_token, state_dir, found, w))
+        metrics = (metrics_host, metrics_port) if metrics_port is not None else None
+        sys.exit(agent_main(server, join_token, state_dir, found, w, metrics))
 
     @token_app.command("create")
     def token_create(

@@ -165,9 +165,10 @@ def _lost_work(s: Session) -> Iterator[Metric]:
                                "(lost node), or the cause a notice named.",
                                labels=["cause", "team", "pool"])
     lost = CounterMetricFamily("onepool_lost_gpu_seconds", "GPU-seconds of work lost by ended "
-                               "attempts (since their last checkpoint), by cause, victim team and "
-                               "the team that caused it (preemptions; empty otherwise).",
-                               labels=["cause", "team", "by_team"])
+                               "attempts (since their last checkpoint), by end reason, cause (as "
+                               "`onepool lost --by cause`), victim team and the team that caused it "
+                               "(preemptions; empty otherwise).",
+                               labels=["reason", "cause", "team", "by_team"])
     by = aliased(Job)
     q = (select(Attempt.end_reason, Attempt.cause, Attempt.pool, Job.team, by.team,
                 func.count(), func.sum(Attempt.lost_gpu_s))
@@ -176,14 +177,15 @@ def _lost_work(s: Session) -> Iterator[Metric]:
          .group_by(Attempt.end_reason, Attempt.cause, Attempt.pool, Job.team, by.team))
     p: dict[tuple[str, str], float] = defaultdict(float)
     i: dict[tuple[str, str, str], float] = defaultdict(float)
-    lo: dict[tuple[str, str, str], float] = defaultdict(float)
+    lo: dict[tuple[str, str, str, str], float] = defaultdict(float)
     for reason, cause, pool, team, by_team, n, gpu_s in s.exec(q):
         kind = cause_kind(cause)
         if reason == EndReason.PREEMPTED:
             p[(team, by_team or "")] += n
         elif reason in INTERRUPTIONS:
             i[(kind, team, pool)] += n
-        lo[(kind, team, (by_team or "") if reason == EndReason.PREEMPTED else "")] += gpu_s or 0.0
+        caused_by = (by_team or "") if reason == EndReason.PREEMPTED else ""
+        lo[(str(reason).lower(), kind, team, caused_by)] += gpu_s or 0.0
     for fam, acc in ((pre, p), (intr, i), (lost, lo)):
         for key, v in sorted(acc.items()):
             fam.add_metric(list(key), v)

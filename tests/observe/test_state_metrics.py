@@ -126,9 +126,10 @@ def test_preemptions_interruptions_and_lost_work_by_cause_and_team(home: Client)
                  pool="onprem") == 1
     assert value(got, "onepool_interruptions_total", cause="node_failure", team="prod", pool="onprem") == 1
     lost = "onepool_lost_gpu_seconds_total"
-    assert value(got, lost, cause="preempted", team="research", by_team="prod") == 120.0
-    assert value(got, lost, cause="spot_interruption", team="research", by_team="") == 7.0
-    assert value(got, lost, cause="failed", team="prod", by_team="") == 3.0
+    assert value(got, lost, reason="preempted", cause="preempted", team="research", by_team="prod") == 120.0
+    assert value(got, lost, reason="interrupted", cause="spot_interruption", team="research",
+                 by_team="") == 7.0
+    assert value(got, lost, reason="failed", cause="failed", team="prod", by_team="") == 3.0
     assert not [k for k in got if "job" in dict(k[1]) or str(urgent.id) in dict(k[1]).values()]
 
 
