@@ -279,12 +279,10 @@ def registry_for(store: Store, clock: Clock) -> CollectorRegistry:
 
 
 def names(reg: CollectorRegistry) -> set[str]:
-    """Every sample name `reg` exposes now (`_bucket`, `_sum`, `_count`, `_total` included)."""
-    out: set[str] = set()
-    for m in reg.collect():
-        out.update(sm.name for sm in m.samples)
-        out.add(m.name)
-    return out
+    """Every series name `reg` exposes, also for families without a sample now: a counter's
+    `_total`, a histogram's `_bucket`, `_count` and `_sum`, a gauge's own name."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
+    return {m.name + sfx for m in reg.collect() for sfx in suffixes.get(m.type, ("",))}
 
 
 __all__ = ["CYCLE_SECONDS", "HTTP_SECONDS", "PLAN_SECONDS", "StateCollector",
