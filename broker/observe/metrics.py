@@ -42,6 +42,7 @@ from broker.state.model import (
     Node,
     NodeState,
     Pool,
+    Team,
 )
 from broker.state.model_access import NodeAgent
 from broker.state.store import Store
@@ -104,9 +105,12 @@ def _queue(s: Session) -> Iterator[Metric]:
     for key, (n, g) in sorted(acc.items()):
         jobs.add_metric(list(key), n)
         gpus.add_metric(list(key), g)
-    running = GaugeMetricFamily("onepool_jobs_running", "Jobs with a live attempt.", labels=["team"])
-    for team, n in s.exec(select(Job.team, func.count()).where(Job.state == JobState.RUNNING)
-                          .group_by(Job.team)):
+    running = GaugeMetricFamily("onepool_jobs_running", "Jobs with a live attempt (every team, 0 "
+                                "included).", labels=["team"])
+    per_team = dict.fromkeys(s.exec(select(Team.name)).all(), 0)
+    per_team.update(s.exec(select(Job.team, func.count()).where(Job.state == JobState.RUNNING)
+                           .group_by(Job.team)).all())
+    for team, n in sorted(per_team.items()):
         running.add_metric([team], n)
     return iter((jobs, gpus, running))
 

@@ -114,8 +114,10 @@ class AgentProc:
 
 def spawn_agent(url: str, state_dir: Path, *, join_token: str | None = None, gpus: int = 2,
                 gpu_type: str = "A100", prefix: list[str] | None = None,
-                metadata: str = "none", metadata_url: str | None = None) -> AgentProc:
-    """`onepool agent` as a separate process (in a namespace when `prefix` says so)."""
+                metadata: str = "none", metadata_url: str | None = None,
+                extra: list[str] | None = None) -> AgentProc:
+    """`onepool agent` as a separate process (in a namespace when `prefix` says so); `extra`:
+    more of its options."""
     state_dir.mkdir(parents=True, exist_ok=True)
     log = state_dir.parent / f"{state_dir.name}.log"
     argv = [sys.executable, "-m", "broker.client.cli", "agent", "--server", url, "--state-dir",
@@ -124,6 +126,7 @@ def spawn_agent(url: str, state_dir: Path, *, join_token: str | None = None, gpu
         argv += ["--join-token", join_token]
     if metadata_url:
         argv += ["--metadata-url", metadata_url]
+    argv += extra or []
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_")}
     with open(log, "ab") as f:
         p = subprocess.Popen([*(prefix or []), *argv], env=env, stdout=f, stderr=subprocess.STDOUT,

@@ -81,6 +81,7 @@ def test_pending_jobs_and_gpus_by_class_team_and_gpu_type(home: Client):
     typed = {"priority": "high", "team": "research", "gpu_type": "A100|L4"}
     assert value(got, "onepool_jobs_pending", **typed) == 1
     assert value(got, "onepool_jobs_running", team="prod") == 1
+    assert value(got, "onepool_jobs_running", team="research") == 0
     assert gpu_type_label([]) == "any"
 
 
