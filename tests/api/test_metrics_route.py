@@ -28,10 +28,13 @@ def test_metrics_needs_a_metrics_or_admin_token(api: Api, who: str | None, statu
     assert needle in r.text
 
 
-@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/jobs"), ("GET", "/v1/jobs/1"),
-                                              ("GET", "/v1/costs"), ("GET", "/v1/whoami")])
-def test_a_metrics_token_opens_no_other_route(api: Api, method: str, path: str):
-    r = api.http.request(method, path, headers=api.as_(_metrics_token(api)))
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("GET", "/v1/jobs", None), ("GET", "/v1/jobs/1", None), ("GET", "/v1/costs", None),
+    ("GET", "/v1/whoami", None), ("POST", "/v1/jobs/1/cancel", None),
+    ("POST", "/v1/jobs", {"name": "x", "command": ["true"]}),
+])
+def test_a_metrics_token_opens_no_other_route(api: Api, method: str, path: str, body: dict | None):
+    r = api.http.request(method, path, headers=api.as_(_metrics_token(api)), json=body)
     assert r.status_code == 403, r.text
     assert "metrics token" in r.json()["error"]["message"]
 
