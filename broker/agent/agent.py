@@ -5,7 +5,9 @@ rank's assignment).
 
 Threads: the poller long-polls /v1/agent/sync (each call a heartbeat); a reporter makes an
 immediate short sync when a rank exits; a shipper sends new output every second; a watcher
-reads the cloud's metadata service for interruption notices. A restarted agent adopts the
+reads the cloud's metadata service for interruption notices; a sampler reads each GPU's
+utilization (broker.agent.gpu_util: NVML where it loads) and each report carries the mean of
+every rank's GPUs since the previous one. A restarted agent adopts the
 ranks still running in `runs/` (nothing is started twice: starts are idempotent per rank
 folder), and reports those the broker has given up on, which it then kills.
 
@@ -30,6 +32,7 @@ from typing import Any
 import httpx
 
 from broker import __version__
+from broker.agent.gpu_util import SAMPLE_S, Reader, default_reader, gpus_of
 from broker.agent.hardware import Gpus
 from broker.agent.metadata import Watcher
 from providers.base import Handle, RankState
@@ -52,6 +55,9 @@ class Rank:
     handle: Handle
     shipped: int = 0
     acked: int = 0
+    gpus: tuple[int, ...] = ()  # its GPU indices (CUDA_VISIBLE_DEVICES)
+    util_sum: float = 0.0  # utilization samples since the last report (broker.agent.gpu_util)
+    util_n: int = 0
 
 
 @dataclass
@@ -66,6 +72,7 @@ class Agent:
     http: httpx.Client | None = None
     poll_timeout_s: float = 60.0
     stop: threading.Event = field(default_factory=threading.Event)
+    util: Reader | None = None  # GPU utilization (None: not reported)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -145,7 +152,8 @@ class Agent:
             if h is None:
                 continue
             self.ranks[a["assignment_id"]] = Rank(a["assignment_id"], a["attempt_id"], a["rank"], h,
-                                                  shipped=a.get("shipped", 0))
+                                                  shipped=a.get("shipped", 0),
+                                                  gpus=tuple(a.get("gpus", ())))
             log.info("agent: adopted rank %s of attempt %s", a["rank"], a["attempt_id"])
 
     def _start(self, a: dict[str, Any]) -> None:
@@ -153,7 +161,7 @@ class Agent:
                "ONEPOOL_AGENT_FENCE_S": f"{self.fence_s:g}", "ONEPOOL_NODE_ID": self.node}
         d = self.procs.run_dir(a["attempt_id"], a["rank"])
         d.mkdir(parents=True, exist_ok=True)
-        keep = {k: a[k] for k in ("assignment_id", "attempt_id", "rank")}
+        keep = {**{k: a[k] for k in ("assignment_id", "attempt_id", "rank")}, "gpus": gpus_of(a["env"])}
         (d / "assignment.json").write_text(json.dumps(keep))
         try:
             h = self.procs.start(a["attempt_id"], a["rank"], list(a["argv"]), env, recover=True)
@@ -162,7 +170,8 @@ class Agent:
                 f.write(f"onepool agent: cannot start the rank on node {self.node}: {e}\n")
             write_json(d / "exit.json", {"code": 127})
             h = {"rank": a["rank"], "pid": -1, "create_time": 0.0, "run_dir": str(d)}
-        self.ranks[a["assignment_id"]] = Rank(a["assignment_id"], a["attempt_id"], a["rank"], h)
+        self.ranks[a["assignment_id"]] = Rank(a["assignment_id"], a["attempt_id"], a["rank"], h,
+                                              gpus=tuple(keep["gpus"]))
         log.info("agent: rank %s of attempt %s started (pid %s)", a["rank"], a["attempt_id"], h["pid"])
 
     def _reports(self) -> list[dict[str, Any]]:
@@ -182,8 +191,22 @@ class Agent:
                 state = "lost"        # failure; the broker requeues it
 
             out.append({"assignment_id": r.assignment_id, "state": state,
-                        "pid": r.handle.get("pid"), "exit_code": st.exit_code})
+                        "pid": r.handle.get("pid"), "exit_code": st.exit_code,
+                        "gpu_util_pct": round(r.util_sum / r.util_n, 2) if r.util_n else None})
+            r.util_sum, r.util_n = 0.0, 0
         return out
+
+    def sample_utilization(self) -> None:
+        """One utilization sample of every GPU, added to the rank holding it. Raises OSError or
+        ValueError when the reader cannot read now."""
+        assert self.util is not None
+        per_gpu = self.util.read()
+        with self.lock:
+            for r in self.ranks.values():
+                vals = [per_gpu[g] for g in r.gpus if g in per_gpu]
+                if vals:
+                    r.util_sum += sum(vals) / len(vals)
+                    r.util_n += 1
 
     # -- the protocol ---------------------------------------------------------------------------
     def sync(self, wait_s: float) -> None:
@@ -317,7 +340,8 @@ class Agent:
             ("sync", 0.0, lambda: self.sync(self.heartbeat_s)),
             ("report", 0.0, self._report_on_change),
             ("ship logs", 1.0, self._ship_all),
-            *([("metadata", 2.0, self._watch)] if self.watcher else []))]
+            *([("metadata", 2.0, self._watch)] if self.watcher else []),
+            *([("gpu utilization", SAMPLE_S, self.sample_utilization)] if self.util else []))]
         for t in threads:
             t.start()
         while not self.stop.wait(0.5):
@@ -338,7 +362,8 @@ def main(server: str, join_token: str | None, state_dir: Path, gpus: Gpus,
          watcher: Watcher | None, metrics: tuple[str, int] | None = None) -> int:
     """`onepool agent`: run until SIGTERM/SIGINT. `metrics` (host, port): serve this node's
     Prometheus metrics there (broker.observe.agent_metrics) while it runs."""
-    agent = Agent(server=server, state_dir=state_dir, gpus=gpus, join_token=join_token, watcher=watcher)
+    agent = Agent(server=server, state_dir=state_dir, gpus=gpus, join_token=join_token, watcher=watcher,
+                  util=default_reader())
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: agent.stop.set())

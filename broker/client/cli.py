@@ -299,6 +299,12 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
             out.print("checkpoints lived in: " + ", ".join(info.checkpoint_stores), markup=False)
         if info.caused_lost_gpu_s:
             out.print(f"its preemptions cost other jobs {info.caused_lost_gpu_s:.1f} GPU-s")
+        live = info.attempt_list[-1] if info.attempt_list and info.attempt_list[-1].ended_at is None else None
+        if live is not None and live.gpu_util_pct is not None:
+            idle = (f"; HELD BUT IDLE: below 5% since {_ts(live.gpu_idle_since)}" if live.held_idle
+                    else "")
+            out.print(f"GPU utilization: {live.gpu_util_pct:.0f}% now, {live.gpu_util_mean_pct or 0:.0f}% "
+                      f"mean over this attempt{idle}", markup=False)
         return
     jobs = c.list(status=state, team=team, finished_limit=None if all_ or state else RECENT_FINISHED)
     _warn_if_down(c, "the states below may be stale")

@@ -23,9 +23,9 @@ from pydantic import BaseModel, Field
 from sqlmodel import Session, col, or_, select
 
 from broker.errors import NotFound, Unauthorized
-from broker.state import ledger
+from broker.state import ledger, utilization
 from broker.state.events import record
-from broker.state.model import Node, NodeState, Notice, Pool
+from broker.state.model import Attempt, Node, NodeState, Notice, Pool
 from broker.state.model_access import NodeAgent, RankAssignment
 from broker.state.model_access import RankState as AState
 from broker.state.tokens import Verifier, redeem_join_token
@@ -54,6 +54,9 @@ class RankReport(BaseModel):
     state: str = Field(pattern="^(running|exited|lost)$")
     pid: int | None = None
     exit_code: int | None = Field(default=None, ge=-255, le=255)
+    # The mean utilization (percent) of the rank's GPUs since the agent's previous report
+    # (broker.state.utilization); None: not sampled (no NVML on the node).
+    gpu_util_pct: float | None = Field(default=None, ge=0.0, le=100.0, allow_inf_nan=False)
 
 
 class SyncRequest(BaseModel):
@@ -192,6 +195,7 @@ def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Tim
             kill.append(row.id or 0)  # the broker gave up on it (node was lost): stop it
         if row.state not in LIVE and rep.state != "running":
             forget.append(row.id or 0)
+    _utilization(s, rows, req.ranks, now)
     for aid, seq in req.acked.items():
         row = rows.get(int(aid))
         if row is not None and seq > row.acked_seq:
@@ -205,6 +209,26 @@ def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Tim
                                              rank=r.rank, argv=r.argv, env=r.env) for r in live],
                      signals=signals, forget=forget, kill=kill,
                      heartbeat_s=timing.heartbeat_s, fence_s=timing.fence_s)
+
+
+def _utilization(s: Session, rows: dict[int | None, RankAssignment], reports: list[RankReport],
+                 now: float) -> None:
+    """Record the GPU utilization reported for running ranks, and fold it into their attempts."""
+    touched: set[int] = set()
+    for rep in reports:
+        row = rows.get(rep.assignment_id)
+        if rep.gpu_util_pct is not None and rep.state == "running" and row is not None and row.state in LIVE:
+            row.gpu_util_pct = rep.gpu_util_pct
+            s.add(row)
+            touched.add(row.attempt_id)
+    for aid in sorted(touched):
+        a = s.get(Attempt, aid)
+        if a is None or a.ended_at is not None:
+            continue
+        ranks = s.exec(select(RankAssignment.gpu_util_pct).where(
+            RankAssignment.attempt_id == aid, col(RankAssignment.state).in_(list(LIVE)))).all()
+        utilization.update_attempt(a, ranks, now)
+        s.add(a)
 
 
 def news_for(reply: SyncReply, known: set[int]) -> bool:

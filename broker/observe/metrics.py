@@ -46,6 +46,7 @@ from broker.state.model import (
 )
 from broker.state.model_access import NodeAgent
 from broker.state.store import Store
+from broker.state.utilization import IDLE_AFTER_S, IDLE_PCT, held_idle
 
 _CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _PLAN_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
@@ -84,6 +85,7 @@ class StateCollector(Collector):
         with self.store.session() as s:
             yield from _queue(s)
             yield from _capacity(s)
+            yield from _utilization(s, now)
             yield from _lost_work(s)
             yield from _spend(s, now)
             yield from _agents(s, now)
@@ -157,6 +159,37 @@ def _capacity(s: Session) -> Iterator[Metric]:
     for key, v in sorted(n_by.items()):
         nodes.add_metric(list(key), v)
     return iter((attempts, gpus, nodes))
+
+
+def _utilization(s: Session, now: float) -> Iterator[Metric]:
+    """GPU utilization of live attempts that agents sampled, and GPUs held but idle
+    (broker.state.utilization), by team and pool."""
+    util = GaugeMetricFamily("onepool_gpu_utilization_ratio", "Mean utilization (0-1) of the GPUs "
+                             "live attempts hold, weighted by GPUs; only attempts whose agents "
+                             "sample it (NVML).", labels=["team", "pool"])
+    idle_gpus = GaugeMetricFamily("onepool_gpus_held_idle", f"GPUs held by attempts below "
+                                  f"{IDLE_PCT:g}% for {IDLE_AFTER_S / 60:g} minutes or more.",
+                                  labels=["team", "pool"])
+    idle_jobs = GaugeMetricFamily("onepool_jobs_held_idle", "Jobs whose live attempt holds its GPUs "
+                                  "idle (as onepool_gpus_held_idle).", labels=["team"])
+    acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    jobs: dict[str, int] = defaultdict(int)
+    q = (select(Job.team, Attempt).join(Job, Job.id == Attempt.job_id)
+         .where(Attempt.state != AttemptState.ENDED, col(Attempt.gpu_util_pct).is_not(None)))
+    for team, a in s.exec(q):
+        row = acc[(team, a.pool)]
+        row[0] += (a.gpu_util_pct or 0.0) / 100.0 * a.gpus
+        row[1] += a.gpus
+        if held_idle(a, now):
+            row[2] += a.gpus
+            jobs[team] += 1
+    for (team, pool), (busy, gpus, idle) in sorted(acc.items()):
+        if gpus:
+            util.add_metric([team, pool], busy / gpus)
+        idle_gpus.add_metric([team, pool], idle)
+    for team, n in sorted(jobs.items()):
+        idle_jobs.add_metric([team], n)
+    return iter((util, idle_gpus, idle_jobs))
 
 
 def _lost_work(s: Session) -> Iterator[Metric]:

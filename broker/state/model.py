@@ -139,6 +139,14 @@ class Attempt(SQLModel, table=True):
     progress_at: float | None = None
     progress_rate: float | None = None
     progress_read_at: float | None = None
+    # GPU utilization its agents sampled (issue 30, broker.control.agents): the newest mean over
+    # its ranks (percent), the time-weighted mean over the seconds it was sampled, when it was
+    # last sampled, and since when it has been below the idle threshold (None: it is not).
+    gpu_util_pct: float | None = None
+    gpu_util_mean_pct: float | None = None
+    gpu_util_s: float = 0.0
+    gpu_util_at: float | None = None
+    gpu_idle_since: float | None = None
 
 
 class Checkpoint(SQLModel, table=True):

@@ -77,6 +77,7 @@ class RankAssignment(SQLModel, table=True):
     started_at: float | None = None
     ended_at: float | None = None
     log_bytes: int = 0  # bytes of output the agent has shipped so far
+    gpu_util_pct: float | None = None  # the agent's newest mean utilization of the rank's GPUs
 
 
 class IdempotentSubmit(SQLModel, table=True):
