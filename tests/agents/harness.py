@@ -115,9 +115,9 @@ class AgentProc:
 def spawn_agent(url: str, state_dir: Path, *, join_token: str | None = None, gpus: int = 2,
                 gpu_type: str = "A100", prefix: list[str] | None = None,
                 metadata: str = "none", metadata_url: str | None = None,
-                extra: list[str] | None = None) -> AgentProc:
+                extra: list[str] | None = None, env: dict[str, str] | None = None) -> AgentProc:
     """`onepool agent` as a separate process (in a namespace when `prefix` says so); `extra`:
-    more of its options."""
+    more of its options; `env`: variables it gets (it inherits none of this one's ONEPOOL_*)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     log = state_dir.parent / f"{state_dir.name}.log"
     argv = [sys.executable, "-m", "broker.client.cli", "agent", "--server", url, "--state-dir",
@@ -127,9 +127,9 @@ def spawn_agent(url: str, state_dir: Path, *, join_token: str | None = None, gpu
     if metadata_url:
         argv += ["--metadata-url", metadata_url]
     argv += extra or []
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_")}
+    environ = {**{k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_")}, **(env or {})}
     with open(log, "ab") as f:
-        p = subprocess.Popen([*(prefix or []), *argv], env=env, stdout=f, stderr=subprocess.STDOUT,
+        p = subprocess.Popen([*(prefix or []), *argv], env=environ, stdout=f, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True)
     return AgentProc(p, state_dir, log)
 

@@ -5,11 +5,13 @@ processes, sockets, SQL and Prometheus are real."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from broker.agent.gpu_util import FILE_ENV
 from tests.agents.harness import Site, agents_cleanup, make_site, spawn_agent, wait_for
 from tests.conftest import drive, kill_leftovers, train
 from tests.observe.prom import Prometheus, Target, free_port, prometheus
@@ -34,8 +36,11 @@ def test_prometheus_sees_a_preemption_and_a_spot_interruption(site: Site, tmp_pa
     agent_port = free_port()
     with agents_cleanup() as agents:
         join = c.join_token("onprem-0").join_token
+        util = tmp_path / "gpu-util.json"  # the agent's NVML test double: GPU 0 at 1%, GPU 1 at 3%
+        util.write_text(json.dumps({"0": 1.0, "1": 3.0}))
         agents.append(spawn_agent(site.url, tmp_path / "agent", join_token=join,
-                                  extra=["--metrics-port", str(agent_port)]))
+                                  extra=["--metrics-port", str(agent_port)],
+                                  env={FILE_ENV: str(util)}))
         wait_for("onprem-0 joined", lambda: any(n.id == "onprem-0" and n.state == "up" for n in c.nodes()))
         targets = [Target("onepool", site.url.removeprefix("http://"), token),
                    Target("onepool-agent", f"127.0.0.1:{agent_port}")]
@@ -54,6 +59,9 @@ def _preempt_then_interrupt(site: Site, clock, prom: Prometheus) -> None:  # typ
     prom.wait_value('onepool_agent_ranks{state="running"}', 1)
     prom.wait_value('onepool_jobs_running{team="research"}', 1)
     prom.wait_value('onepool_gpus{pool="onprem",state="in_use"}', 2)
+    # The samples came through the agent's heartbeats: 2% over the rank's two GPUs.
+    prom.wait_value('onepool_gpu_utilization_ratio{team="research",pool="onprem"}', 0.02)
+    assert c.get(j).gpu_util_pct == 2.0
     clock.advance(30)
     u = c.submit(name="urgent", team="prod", command=train(4), gpus_per_node=2, priority="urgent").id
     drive(site.engine, lambda: c.get(u).status == "SUCCEEDED" and c.get(j).status == "RUNNING"
@@ -96,4 +104,4 @@ def _check(site: Site, prom: Prometheus) -> None:
     wait_for("rules evaluated",
              lambda: all(r.get("lastEvaluation", "").startswith("2") for r in prom.rules()))
     rules = prom.rules()
-    assert len(rules) == 7 and all(r["health"] == "ok" for r in rules), rules
+    assert len(rules) == 8 and all(r["health"] == "ok" for r in rules), rules
