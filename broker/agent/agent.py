@@ -35,6 +35,7 @@ from broker import __version__
 from broker.agent.gpu_util import SAMPLE_S, Reader, default_reader, gpus_of
 from broker.agent.hardware import Gpus
 from broker.agent.metadata import Watcher
+from broker.observe.logs import context
 from providers.base import Handle, RankState
 from providers.local import LocalProcesses
 from providers.local_runner import write_json
@@ -154,7 +155,8 @@ class Agent:
             self.ranks[a["assignment_id"]] = Rank(a["assignment_id"], a["attempt_id"], a["rank"], h,
                                                   shipped=a.get("shipped", 0),
                                                   gpus=tuple(a.get("gpus", ())))
-            log.info("agent: adopted rank %s of attempt %s", a["rank"], a["attempt_id"])
+            log.info("agent: adopted rank %s of attempt %s", a["rank"], a["attempt_id"],
+                     extra=context(attempt=a["attempt_id"], node=self.node))
 
     def _start(self, a: dict[str, Any]) -> None:
         env = {**a["env"], "ONEPOOL_AGENT_LEASE": str(self.lease),
@@ -172,7 +174,8 @@ class Agent:
             h = {"rank": a["rank"], "pid": -1, "create_time": 0.0, "run_dir": str(d)}
         self.ranks[a["assignment_id"]] = Rank(a["assignment_id"], a["attempt_id"], a["rank"], h,
                                               gpus=tuple(keep["gpus"]))
-        log.info("agent: rank %s of attempt %s started (pid %s)", a["rank"], a["attempt_id"], h["pid"])
+        log.info("agent: rank %s of attempt %s started (pid %s)", a["rank"], a["attempt_id"], h["pid"],
+                 extra=context(attempt=a["attempt_id"], node=self.node))
 
     def _reports(self) -> list[dict[str, Any]]:
         out = []
@@ -236,13 +239,13 @@ class Agent:
                     self.procs.signal(rk.handle, sig["signal"])
                     rk.acked = sig["seq"]
                     log.info("agent: signal %s to rank %s of attempt %s", sig["signal"], rk.rank,
-                             rk.attempt_id)
+                             rk.attempt_id, extra=context(attempt=rk.attempt_id, node=self.node))
             for aid in reply["kill"]:
                 rk = self.ranks.get(aid)
                 if rk is not None:
                     self.procs.signal(rk.handle, signal.SIGKILL)
                     log.info("agent: killed rank %s of attempt %s (ended on the broker)", rk.rank,
-                             rk.attempt_id)
+                             rk.attempt_id, extra=context(attempt=rk.attempt_id, node=self.node))
             forget = [self.ranks[a] for a in reply["forget"] if a in self.ranks]
         for rk in forget:
             self.ship(rk)

@@ -446,15 +446,17 @@ def broker(config: Annotated[Path | None, typer.Option("-c", "--config", metavar
                                                         help="apply this onepool.yaml first")] = None,
            cycle_s: Annotated[float | None, typer.Option(
                "--cycle-s", metavar="S", help="seconds between cycles (default: broker.cycle_s)")] = None,
-           once: Annotated[bool, typer.Option("--once", help="run one cycle and exit")] = False
+           once: Annotated[bool, typer.Option("--once", help="run one cycle and exit")] = False,
+           log_format: Annotated[str, typer.Option(
+               "--log-format", envvar="ONEPOOL_LOG_FORMAT", metavar="FORMAT",
+               help="text | json (one object a line, with job, attempt and node where they apply)")] = "text",
            ) -> None:
     """Run the broker loop (reconcile, then schedule every cycle)."""
-    import logging
-
     from broker.clock import SystemClock
     from broker.control import service
+    from broker.observe.logs import setup
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    setup(log_format)
     c = _embedded()
     if config is not None:
         c.apply(config)

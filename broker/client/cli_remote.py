@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
+LogFormat = Annotated[str, typer.Option("--log-format", envvar="ONEPOOL_LOG_FORMAT", metavar="FORMAT",
+                                        help="text | json (one object a line, with job, attempt "
+                                        "and node where they apply)")]
+
+
 def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[], Any],
              console: Callable[[], Console], print_json: Callable[[Any], None]) -> None:
     token_app = typer.Typer(no_args_is_help=True, help="API tokens: who may act, for which team.")
@@ -34,11 +39,13 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
                                                     help="apply this onepool.yaml first")] = None,
         no_broker: Annotated[bool, typer.Option("--no-broker", help="serve the API only (another "
                                                 "process runs the broker loop)")] = False,
+        log_format: LogFormat = "text",
     ) -> None:
         """Serve the HTTP API (/v1, tokens) and run the broker loop beside it."""
         from broker.api.server import serve
+        from broker.observe.logs import setup
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        setup(log_format)
         c = embedded()
         if config is not None:
             c.apply(config)
@@ -70,14 +77,16 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
             help="serve this node's Prometheus metrics at http://HOST:PORT/metrics (default: off)")] = None,
         metrics_host: Annotated[str, typer.Option(
             "--metrics-host", metavar="HOST", help="address of the metrics listener")] = "127.0.0.1",
+        log_format: LogFormat = "text",
     ) -> None:
         """Run the node agent: join the server, then run the ranks placed on this node."""
         from broker.agent.agent import main as agent_main
         from broker.agent.hardware import detect
         from broker.agent.metadata import watcher
         from broker.errors import SpecError
+        from broker.observe.logs import setup
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        setup(log_format)
         logging.getLogger("httpx").setLevel(logging.WARNING)
         try:
             found = detect(gpus, gpu_type)

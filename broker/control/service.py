@@ -37,6 +37,7 @@ from broker.control.executors import Executors
 from broker.control.lease import Lease, lease_row
 from broker.control.scheduled import TaskScheduler
 from broker.errors import LeaseLost, NotLeader
+from broker.observe.logs import context
 from broker.state.store import Store
 from providers.base import Executor
 
@@ -153,11 +154,12 @@ def _pause(lease: Lease, stop: threading.Event, wake: threading.Event, seconds: 
 
 
 def describe(rep: CycleReport) -> None:
+    """Log what a cycle did, one line per job (JSON logs carry the job as a field)."""
     for j in rep.preempted:
-        log.info("job %s: preempting", j)
+        log.info("job %s: preempting", j, extra=context(job=j))
     for j in rep.killed:
-        log.info("job %s: killed after grace", j)
+        log.info("job %s: killed after grace", j, extra=context(job=j))
     for j, why in rep.ended:
-        log.info("job %s: attempt ended %s", j, why)
+        log.info("job %s: attempt ended %s", j, why, extra=context(job=j))
     for j in rep.started:
-        log.info("job %s: started", j)
+        log.info("job %s: started", j, extra=context(job=j))
