@@ -225,6 +225,9 @@ class PoolSpec(_Strict):
 BudgetWindow = Literal["day", "week", "month", "total"]  # calendar windows, UTC
 
 
+SECRET_FIELDS = ("webhook_url", "webhook_secret")  # never echoed in an error
+
+
 class TeamSpec(_Strict):
     """A team: its fair-share weight and how many GPUs it may hold at high/urgent."""
 
@@ -236,6 +239,25 @@ class TeamSpec(_Strict):
     budget_usd: float | None = Field(default=None, ge=0.0)
     budget_window: BudgetWindow = "month"
     budget_low_fraction: float = Field(default=0.2, ge=0.0, le=1.0)
+    # Notifications (issue 30, broker.control.notify): a Slack-compatible webhook that hears of
+    # the team's jobs ending, failing, preempted or interrupted, and its budget running low or
+    # out. Both are secrets: never logged.
+    webhook_url: str | None = Field(default=None, max_length=2000)
+    webhook_secret: str | None = Field(default=None, min_length=16, max_length=200)
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^\s/]+\S*$", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+    @model_validator(mode="after")
+    def _signed(self) -> TeamSpec:
+        if self.webhook_url and not self.webhook_secret:
+            raise ValueError("webhook_secret: required with webhook_url (at least 16 characters; "
+                             "deliveries are signed with it)")
+        return self
 
 
 class ClusterConfig(_Strict):
@@ -336,7 +358,7 @@ def _format(err: ValidationError, prefix: str = "") -> list[str]:
             msg = msg.removeprefix("Value error, ")
         got = e.get("input")
         shown = "" if e["type"] in ("missing", "extra_forbidden") or "(got" in msg else f" (got {got!r})"
-        if isinstance(got, dict | list):
+        if isinstance(got, dict | list) or (e["loc"] and e["loc"][-1] in SECRET_FIELDS):
             shown = ""
         out.append(f"{prefix}{loc}: {msg}{shown}")
     return out

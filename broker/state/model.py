@@ -15,7 +15,7 @@ from broker.state.states import AttemptState, CheckpointState, EndReason, JobSta
 
 __all__ = ["Attempt", "AttemptState", "Checkpoint", "CheckpointState", "EndReason", "Event", "Job",
            "JobState", "LedgerEntry", "Node", "NodeMeter", "NodeState", "Pool", "PriceChange",
-           "SchedulerJob", "Setting", "Team"]
+           "SchedulerJob", "Setting", "Team", "WebhookDelivery"]
 
 
 def _json(default: Any = None) -> Any:
@@ -294,3 +294,23 @@ class SchedulerJob(SQLModel, table=True):
     id: str = Field(primary_key=True, max_length=191)
     next_run_time: float | None = Field(default=None, index=True)
     job_state: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+
+
+# -- notifications (issue 30): see broker/control/notify.py -------------------------------------
+class WebhookDelivery(SQLModel, table=True):
+    """One notification to one team's webhook: made once from event `event_id` (unique per
+    team), sent until a 2xx answers it (`delivered_at`), `attempts` times so far, next at
+    `next_at`. `last_error` says why the last try failed, never with the URL."""
+
+    __table_args__ = (Index("ix_webhookdelivery_team_event", "team", "event_id", unique=True),)
+    id: int | None = Field(default=None, primary_key=True)
+    team: str = Field(max_length=63)
+    event_id: int
+    kind: str = Field(max_length=32)
+    payload: dict = _json(dict)
+    created_at: float
+    attempts: int = 0
+    next_at: float = Field(index=True)
+    delivered_at: float | None = Field(default=None, index=True)
+    last_error: str | None = Field(default=None, max_length=200)
+

@@ -1,0 +1,174 @@
+"""Webhooks (broker.control.notify): a receiver on loopback that is down for a while gets each
+notification exactly once after it comes back (idempotency key, retries with backoff on the
+injected clock), signed with the team's secret; the URL appears in no log line or row."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlmodel import select
+
+from broker.client.sdk import Client
+from broker.clock import FakeClock
+from broker.control.notify import Notifier, backoff_s
+from broker.errors import SpecError
+from broker.spec import parse_config
+from broker.state.events import record
+from broker.state.model import Job, WebhookDelivery
+from tests.conftest import config
+
+SECRET = "s3cret-s3cret-s3cret"
+
+
+@dataclass
+class Receiver:
+    """A webhook endpoint: answers 503 while `down`, else 200; keeps what it accepted by key
+    (a second delivery of a key is answered 200 and counted as a duplicate)."""
+
+    down: bool = True
+    accepted: dict[str, dict[str, Any]] = field(default_factory=dict)
+    duplicates: int = 0
+    refused: int = 0
+    url: str = ""
+
+    def start(self) -> ThreadingHTTPServer:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if outer.down:
+                    outer.refused += 1
+                    self.send_response(503)
+                else:
+                    key = self.headers["Idempotency-Key"]
+                    if key in outer.accepted:
+                        outer.duplicates += 1
+                    else:
+                        outer.accepted[key] = {"body": body, "ts": self.headers["X-Onepool-Timestamp"],
+                                               "sig": self.headers["X-Onepool-Signature"]}
+                    self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{httpd.server_address[1]}/hooks/T0KEN-in-the-path"
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        return httpd
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    httpd = r.start()
+    yield r
+    httpd.shutdown()
+
+
+def site(tmp_path: Path, clock: FakeClock, url: str) -> Client:
+    c = Client(tmp_path / "home", clock=clock)
+    c.apply(parse_config(config(teams=[{"name": "research", "webhook_url": url, "webhook_secret": SECRET},
+                                       {"name": "prod"}])))
+    return c
+
+
+def events(c: Client, clock: FakeClock) -> dict[str, int]:
+    """A job of research that is preempted and then fails, research's budget running low, and a
+    job of prod (no webhook) that succeeds, and an event kind nobody is notified of."""
+    with c.store.session() as s:
+        jobs = [Job(name=n, team=t, submit_time=0.0, queued_at=0.0) for n, t in (("bert", "research"),
+                                                                                 ("gpt", "prod"))]
+        for j in jobs:
+            s.add(j)
+        s.flush()
+        made = {
+            "preempted": record(s, clock.now(), "preempted", "preempted for job 9", job_id=jobs[0].id),
+            "failed": record(s, clock.now(), "failed", "attempt 2 ended: FAILED (exit code 1)",
+                             job_id=jobs[0].id),
+            "team_budget_low": record(s, clock.now(), "team_budget_low", "team research has spent $80",
+                                      team="research")}
+        record(s, clock.now(), "succeeded", "attempt 1 ended: COMPLETED", job_id=jobs[1].id)
+        record(s, clock.now(), "started", "on a100-0", job_id=jobs[0].id)
+        s.commit()
+        return {k: int(e.id or 0) for k, e in made.items()}
+
+
+@pytest.mark.both_dbs
+def test_each_notification_arrives_exactly_once_after_an_outage(tmp_path: Path, clock: FakeClock,
+                                                                 receiver: Receiver, caplog):
+    c = site(tmp_path, clock, receiver.url)
+    n = Notifier(c.store, clock)
+    assert n.step() == 0  # the cursor starts at the newest event: history is not replayed
+    ids = events(c, clock)
+    caplog.set_level(logging.DEBUG)
+    assert n.step() == 0 and receiver.refused == 3  # down: every try refused
+    assert n.step() == 0 and receiver.refused == 3  # not due again before its backoff
+    clock.advance(backoff_s(1))
+    assert n.step() == 0 and receiver.refused == 6
+    receiver.down = False
+    clock.advance(backoff_s(2) - 1)
+    assert n.step() == 0  # still backing off
+    clock.advance(1)
+    assert n.step() == 3
+    clock.advance(3600)
+    assert n.step() == 0  # delivered ones are never sent again
+    assert receiver.duplicates == 0
+    assert sorted(receiver.accepted) == sorted(f"onepool-event-{i}" for i in ids.values())
+    for key, got in receiver.accepted.items():
+        body = json.loads(got["body"])
+        expected = "sha256=" + hmac.new(SECRET.encode(), got["ts"].encode() + b"." + got["body"],
+                                        hashlib.sha256).hexdigest()
+        assert hmac.compare_digest(got["sig"], expected)
+        assert body["onepool"]["key"] == key and body["onepool"]["team"] == "research"
+        assert body["text"].startswith("onepool: ")
+    kinds = {json.loads(g["body"])["onepool"]["kind"] for g in receiver.accepted.values()}
+    assert kinds == {"preempted", "failed", "team_budget_low"}
+    with c.store.session() as s:
+        rows = s.exec(select(WebhookDelivery)).all()
+        assert {(r.attempts, r.last_error) for r in rows} == {(2, "HTTP 503")}
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "HTTP 503" in logged and "T0KEN" not in logged  # httpx logs every URL at INFO: filtered
+
+
+def test_a_refused_connection_is_retried_and_never_names_the_url(tmp_path: Path, clock: FakeClock, caplog):
+    c = site(tmp_path, clock, "http://127.0.0.1:9/hooks/T0KEN")  # nothing listens on port 9
+    n = Notifier(c.store, clock)
+    n.step()
+    events(c, clock)
+    caplog.set_level(logging.DEBUG)
+    assert n.step() == 0
+    with c.store.session() as s:
+        rows = s.exec(select(WebhookDelivery)).all()
+    assert len(rows) == 3 and all(r.attempts == 1 and r.last_error == "ConnectError" for r in rows)
+    assert all(r.next_at == clock.now() + backoff_s(1) for r in rows)
+    assert "T0KEN" not in " ".join(r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(("team", "problem"), [
+    ({"webhook_url": "https://hooks.example/x"}, "webhook_secret: required with webhook_url"),
+    ({"webhook_url": "ftp://hooks.example/T0KEN", "webhook_secret": SECRET},
+     "webhook_url: must be an http:// or https:// URL"),
+    ({"webhook_url": "https://hooks.example/x", "webhook_secret": "T0KEN"}, "webhook_secret: String should"),
+])
+def test_bad_webhook_settings_name_the_field_and_never_echo_the_secret(team: dict, problem: str):
+    with pytest.raises(SpecError) as e:
+        parse_config(config(teams=[{"name": "research", **team}]))
+    assert problem in str(e.value) and "T0KEN" not in str(e.value)
+
+
+@pytest.mark.parametrize(("attempts", "wait"), [(1, 2.0), (2, 4.0), (5, 32.0), (30, 600.0)])
+def test_backoff_doubles_up_to_ten_minutes(attempts: int, wait: float):
+    assert backoff_s(attempts) == wait
