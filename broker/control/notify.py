@@ -182,12 +182,14 @@ class Notifier:
         return None if 200 <= r.status_code < 300 else f"HTTP {r.status_code}"
 
     def run(self, stop: threading.Event, every_s: float = 1.0) -> None:
-        """Step every `every_s` until `stop`: a failing round is logged and the loop goes on."""
-        while not stop.wait(every_s):
+        """Step now and every `every_s` until `stop`: a failing round is logged and the loop
+        goes on."""
+        while not stop.is_set():
             try:
                 self.step()
             except Exception:  # the loop must outlive any one round; logged with its traceback
                 log.exception("webhook round failed; next round in %.0fs", every_s)
+            stop.wait(every_s)
 
     def close(self) -> None:
         self.http.close()

@@ -172,3 +172,63 @@ def test_bad_webhook_settings_name_the_field_and_never_echo_the_secret(team: dic
 @pytest.mark.parametrize(("attempts", "wait"), [(1, 2.0), (2, 4.0), (5, 32.0), (30, 600.0)])
 def test_backoff_doubles_up_to_ten_minutes(attempts: int, wait: float):
     assert backoff_s(attempts) == wait
+
+
+@pytest.mark.e2e
+def test_the_leader_sends_from_its_own_thread_and_a_stuck_receiver_never_stalls_the_cycle(tmp_path: Path):
+    """The broker loop (service.run) leads; the receiver holds every request until released.
+    Meanwhile a job runs and succeeds (the cycle goes on); once released, the notification of its
+    end arrives, once."""
+    from broker.clock import SystemClock
+    from broker.control import service
+    from tests.conftest import kill_leftovers, train
+
+    release, asked = threading.Event(), threading.Event()
+    got: list[bytes] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            asked.set()
+            ok = release.wait(4.0)  # the notifier's own timeout is 5 s
+            if ok:
+                got.append(body)
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    clock = SystemClock()
+    c = site(tmp_path, clock, f"http://127.0.0.1:{httpd.server_address[1]}/hook")  # type: ignore[arg-type]
+    Notifier(c.store, clock).step()  # webhooks start here (the cursor), not at the loop's first round
+    stop = threading.Event()
+    loop = threading.Thread(target=service.run, args=(c.store, clock), kwargs={"stop": stop, "cycle_s": 0.1},
+                            daemon=True)
+    loop.start()
+    try:
+        first = c.submit(name="first", team="research", command=train(2), gpus_per_node=1).id
+        _wait(lambda: c.get(first).status == "SUCCEEDED")
+        _wait(asked.is_set)  # the notifier now waits on the receiver
+        second = c.submit(name="second", team="research", command=train(2), gpus_per_node=1).id
+        _wait(lambda: c.get(second).status == "SUCCEEDED")  # ...and the cycle went on
+        release.set()
+        _wait(lambda: len(got) >= 2)
+        keys = [json.loads(b)["onepool"]["key"] for b in got]
+        assert len(keys) == len(set(keys)) == 2
+        assert {json.loads(b)["onepool"]["job"] for b in got} == {first, second}
+    finally:
+        stop.set()
+        release.set()
+        loop.join(timeout=30)
+        httpd.shutdown()
+        kill_leftovers(tmp_path / "home" / "runs")
+
+
+def _wait(cond: Any, timeout: float = 60.0) -> None:
+    from tests.agents.harness import wait_for
+
+    wait_for("condition", cond, timeout=timeout)
