@@ -256,7 +256,8 @@ def jobs_table(jobs: list[JobInfo], title: str = "jobs") -> Table:
                right=("id", "GPUs", "attempts", "preempted", "wait s", "GPU-s", "lost GPU-s",
                       "resumed from", "egress $"))
     for j in jobs:
-        t.add_row(str(j.id), _esc(j.name), _esc(j.team), j.priority, j.status,
+        t.add_row(str(j.id), _esc(j.name), _esc(j.team), j.priority,
+                  j.status + (" (held idle)" if j.held_idle else ""),
                   f"{j.nodes}x{j.gpus_per_node}", str(j.attempts), str(j.preemptions),
                   f"{j.wait_s:.1f}", f"{j.gpu_s:.0f}", f"{j.lost_gpu_s:.1f}",
                   "" if j.resumed_from_step is None else str(j.resumed_from_step), _progress(j),

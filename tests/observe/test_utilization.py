@@ -117,6 +117,9 @@ def test_idle_ranks_reported_by_sync_flag_the_job_in_status_and_metrics(tmp_path
     out = CliRunner().invoke(app, ["status", str(job.id)], env={"ONEPOOL_HOME": str(c.store.home),
                                                                  "COLUMNS": "200"})
     assert "GPU utilization: 2% now" in out.output and "HELD BUT IDLE" in out.output, out.output
+    listing = CliRunner().invoke(app, ["status", "--team", "research"],
+                                 env={"ONEPOOL_HOME": str(c.store.home), "COLUMNS": "250"})
+    assert "RUNNING (held idle)" in listing.output, listing.output
 
     report((1.0, 60.0))
     info = c.get(job.id)
