@@ -219,7 +219,9 @@ class LedgerEntry(SQLModel, table=True):
     checkpoint's `gb` GiB kept in object storage over [start, end]; `checkpoint_id` set, and
     `usd_per_gpu_hour` holds the USD per GiB-hour)."""
 
-    __table_args__ = (Index("ix_ledger_node_attempt_kind", "node", "attempt_id", "kind", "end"),)
+    # ix_ledger_spend covers GET /metrics' spend by team, pool and kind (an index-only scan).
+    __table_args__ = (Index("ix_ledger_node_attempt_kind", "node", "attempt_id", "kind", "end"),
+                      Index("ix_ledger_spend", "team", "pool", "kind", "usd"))
     id: int | None = Field(default=None, primary_key=True)
     kind: str = Field(max_length=8)
     pool: str = Field(max_length=63, index=True)

@@ -1,6 +1,7 @@
 """GPU utilization from the agents (issue 30): per rank its newest sample, per attempt its newest
 mean over its ranks, its time-weighted mean and since when it has been below the idle threshold;
-the webhook deliveries' outbox (broker.control.notify)
+the webhook deliveries' outbox (broker.control.notify); an index covering the metrics' spend
+by team, pool and kind
 
 Revision ID: 0018
 Revises: 0011
@@ -29,6 +30,8 @@ def upgrade() -> None:
                                           server_default=None if nullable else "0"))
     with op.batch_alter_table("rankassignment", schema=None) as batch_op:
         batch_op.add_column(sa.Column("gpu_util_pct", sa.Float(), nullable=True))
+    with op.batch_alter_table("ledgerentry", schema=None) as batch_op:
+        batch_op.create_index("ix_ledger_spend", ["team", "pool", "kind", "usd"], unique=False)
     op.create_table(
         "webhookdelivery",
         sa.Column("id", sa.Integer(), nullable=False),
@@ -50,6 +53,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("webhookdelivery")
+    with op.batch_alter_table("ledgerentry", schema=None) as batch_op:
+        batch_op.drop_index("ix_ledger_spend")
     with op.batch_alter_table("rankassignment", schema=None) as batch_op:
         batch_op.drop_column("gpu_util_pct")
     with op.batch_alter_table("attempt", schema=None) as batch_op:
