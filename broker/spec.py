@@ -228,6 +228,20 @@ BudgetWindow = Literal["day", "week", "month", "total"]  # calendar windows, UTC
 SECRET_FIELDS = ("webhook_url", "webhook_secret")  # never echoed in an error
 
 
+def webhook_url(v: str | None) -> str | None:
+    """A team's or a job's webhook URL: http(s) only. Raises ValueError (without the value)."""
+    if v is not None and not re.match(r"^https?://[^\s/]+\S*$", v):
+        raise ValueError("must be an http:// or https:// URL")
+    return v
+
+
+def webhook_signed(url: str | None, secret: str | None) -> None:
+    """Raises ValueError when a webhook URL comes without the secret that signs its deliveries."""
+    if url and not secret:
+        raise ValueError("webhook_secret: required with webhook_url (at least 16 characters; "
+                         "deliveries are signed with it)")
+
+
 class TeamSpec(_Strict):
     """A team: its fair-share weight and how many GPUs it may hold at high/urgent."""
 
@@ -248,15 +262,11 @@ class TeamSpec(_Strict):
     @field_validator("webhook_url")
     @classmethod
     def _url(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^https?://[^\s/]+\S*$", v):
-            raise ValueError("must be an http:// or https:// URL")
-        return v
+        return webhook_url(v)
 
     @model_validator(mode="after")
     def _signed(self) -> TeamSpec:
-        if self.webhook_url and not self.webhook_secret:
-            raise ValueError("webhook_secret: required with webhook_url (at least 16 characters; "
-                             "deliveries are signed with it)")
+        webhook_signed(self.webhook_url, self.webhook_secret)
         return self
 
 
@@ -319,6 +329,20 @@ class JobSpec(_Strict):
     spot: SpotPolicy = SpotPolicy.ALLOWED
     checkpoint_interval_s: float = Field(default=1800.0, gt=0.0)
     expected_duration_s: float | None = Field(default=None, gt=0.0)
+    # Its own webhook (issue 30, broker.control.notify): hears of this job's end, failure,
+    # preemption and interruption, besides its team's. Secrets: never shown or logged.
+    webhook_url: str | None = Field(default=None, max_length=2000)
+    webhook_secret: str | None = Field(default=None, min_length=16, max_length=200)
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook(cls, v: str | None) -> str | None:
+        return webhook_url(v)
+
+    @model_validator(mode="after")
+    def _webhook_signed(self) -> JobSpec:
+        webhook_signed(self.webhook_url, self.webhook_secret)
+        return self
 
     @field_validator("command", mode="before")
     @classmethod

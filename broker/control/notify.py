@@ -3,12 +3,13 @@ least once with backoff, never on the scheduling cycle's path.
 
 A team with `webhook_url` and `webhook_secret` in onepool.yaml hears of its jobs ending
 (succeeded, failed, cancelled, budget_exhausted), preempted and interrupted, and of its budget
-running low or out. The source is the event log:
+running low or out; a job submitted with its own `webhook_url` and `webhook_secret` hears of
+its own end, preemption and interruption. The source is the event log:
 
 1. `enqueue` reads the events after a cursor (a Setting row; on first use the cursor starts at
    the newest event, so enabling webhooks does not replay history) and writes one
-   WebhookDelivery row per event and team, with the cursor, in one transaction: each event
-   becomes at most one delivery, also across restarts.
+   WebhookDelivery row per event and target (`team:NAME`, `job:ID`), with the cursor, in one
+   transaction: each event becomes at most one delivery per target, also across restarts.
 2. `send_due` posts each undelivered row whose `next_at` has come: body
    `{"text": "...", "onepool": {...}}` (Slack shows `text`), headers `Idempotency-Key:
    onepool-event-ID` (the same on every retry: a receiver that saw it ignores it),
@@ -89,6 +90,20 @@ def _teams(s: Session) -> dict[str, TeamSpec]:
     return teams
 
 
+def _hooks(s: Session, targets: list[str]) -> dict[str, tuple[str, str]]:
+    """(URL, secret) of each target that has a webhook now (read at send time: a changed URL or
+    secret applies to deliveries still due)."""
+    teams = _teams(s)
+    out = {f"team:{name}": (t.webhook_url, t.webhook_secret) for name, t in teams.items()
+           if t.webhook_url and t.webhook_secret}
+    ids = [int(x.removeprefix("job:")) for x in targets if x.startswith("job:")]
+    for j in s.exec(select(Job).where(col(Job.id).in_(ids))) if ids else []:
+        if j.webhook_url and j.webhook_secret:
+            _SECRETS.urls.add(j.webhook_url)
+            out[f"job:{j.id}"] = (j.webhook_url, j.webhook_secret)
+    return out
+
+
 def enqueue(s: Session, now: float) -> int:
     """Turn the events after the cursor into deliveries for teams with a webhook; advance the
     cursor. Returns how many deliveries it made. The caller commits."""
@@ -108,7 +123,10 @@ def enqueue(s: Session, now: float) -> int:
     for e in events:
         job = jobs.get(e.job_id) if e.job_id is not None else None
         team = job.team if job is not None else e.data.get("team")
-        if e.kind not in KINDS or team not in teams:
+        targets = [f"team:{team}"] if team in teams else []
+        if job is not None and job.webhook_url:
+            targets.append(f"job:{job.id}")
+        if e.kind not in KINDS or not targets:
             continue
         what = (f"job {job.id} ({job.name}) of team {team} {KINDS[e.kind]}" if job is not None
                 else f"team {team}'s {KINDS[e.kind]}")
@@ -116,9 +134,10 @@ def enqueue(s: Session, now: float) -> int:
                    "onepool": {"key": f"onepool-event-{e.id}", "event_id": e.id, "kind": e.kind,
                                "time": e.time, "team": team, "job": job.id if job else None,
                                "job_name": job.name if job else None, "message": e.message}}
-        s.add(WebhookDelivery(team=team, event_id=e.id or 0, kind=e.kind, payload=payload,
-                              created_at=now, next_at=now))
-        made += 1
+        for target in targets:
+            s.add(WebhookDelivery(target=target, team=str(team), event_id=e.id or 0, kind=e.kind,
+                                  payload=payload, created_at=now, next_at=now))
+            made += 1
     row.value = {"event_id": int(events[-1].id or 0)}
     s.add(row)
     return made
@@ -145,12 +164,12 @@ class Notifier:
             due = s.exec(select(WebhookDelivery).where(col(WebhookDelivery.delivered_at).is_(None),
                                                        WebhookDelivery.next_at <= now)
                          .order_by(col(WebhookDelivery.id)).limit(BATCH)).all()
-            teams = _teams(s)
+            hooks = _hooks(s, [d.target for d in due])
             s.expunge_all()
         done = 0
         for d in due:
-            team = teams.get(d.team)
-            error = "the team has no webhook now" if team is None else self._post(d, team)
+            hook = hooks.get(d.target)
+            error = "no webhook there now" if hook is None else self._post(d, *hook)
             with self.store.session() as s:
                 row = s.get(WebhookDelivery, d.id)
                 if row is None or row.delivered_at is not None:
@@ -161,22 +180,21 @@ class Notifier:
                     row.attempts += 1
                     row.next_at = self.clock.now() + backoff_s(row.attempts)
                     row.last_error = error[:200]
-                    log.warning("webhook delivery %s (event %s) to team %s failed (%s); try %d in %.0fs",
-                                row.id, row.event_id, row.team, row.last_error, row.attempts + 1,
+                    log.warning("webhook delivery %s (event %s) to %s failed (%s); try %d in %.0fs",
+                                row.id, row.event_id, row.target, row.last_error, row.attempts + 1,
                                 row.next_at - self.clock.now())
                 s.add(row)
                 s.commit()
         return done
 
-    def _post(self, d: WebhookDelivery, team: TeamSpec) -> str | None:
+    def _post(self, d: WebhookDelivery, url: str, secret: str) -> str | None:
         """Send one delivery; None when a 2xx answered, else why not (never the URL)."""
-        assert team.webhook_url and team.webhook_secret
         body = json.dumps(d.payload, sort_keys=True).encode()
         ts = f"{self.clock.now():.0f}"
         headers = {"Content-Type": "application/json", "Idempotency-Key": d.payload["onepool"]["key"],
-                   "X-Onepool-Timestamp": ts, "X-Onepool-Signature": signature(team.webhook_secret, ts, body)}
+                   "X-Onepool-Timestamp": ts, "X-Onepool-Signature": signature(secret, ts, body)}
         try:
-            r = self.http.post(team.webhook_url, content=body, headers=headers)
+            r = self.http.post(url, content=body, headers=headers)
         except httpx.HTTPError as e:
             return type(e).__name__  # its text may hold the URL
         return None if 200 <= r.status_code < 300 else f"HTTP {r.status_code}"

@@ -96,6 +96,9 @@ class Job(SQLModel, table=True):
     last_checkpoint_at: float | None = None
     waiting_reason: str | None = None
     submitted_by: str | None = Field(default=None, max_length=120)  # who submitted it (issue 9)
+    # Its own webhook (issue 30, broker.control.notify): secrets, never in a view or a log.
+    webhook_url: str | None = Field(default=None, max_length=2000)
+    webhook_secret: str | None = Field(default=None, max_length=200)
 
     @property
     def gpus(self) -> int:
@@ -300,12 +303,13 @@ class SchedulerJob(SQLModel, table=True):
 
 # -- notifications (issue 30): see broker/control/notify.py -------------------------------------
 class WebhookDelivery(SQLModel, table=True):
-    """One notification to one team's webhook: made once from event `event_id` (unique per
-    team), sent until a 2xx answers it (`delivered_at`), `attempts` times so far, next at
-    `next_at`. `last_error` says why the last try failed, never with the URL."""
+    """One notification to one webhook (`target`: a team's or a job's): made once from event
+    `event_id` (unique per target), sent until a 2xx answers it (`delivered_at`), `attempts`
+    times so far, next at `next_at`. `last_error` says why the last try failed, never the URL."""
 
-    __table_args__ = (Index("ix_webhookdelivery_team_event", "team", "event_id", unique=True),)
+    __table_args__ = (Index("ix_webhookdelivery_target_event", "target", "event_id", unique=True),)
     id: int | None = Field(default=None, primary_key=True)
+    target: str = Field(max_length=80)  # team:NAME or job:ID, whose webhook it goes to
     team: str = Field(max_length=63)
     event_id: int
     kind: str = Field(max_length=32)

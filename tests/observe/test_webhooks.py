@@ -169,6 +169,33 @@ def test_bad_webhook_settings_name_the_field_and_never_echo_the_secret(team: dic
     assert problem in str(e.value) and "T0KEN" not in str(e.value)
 
 
+def test_a_job_with_its_own_webhook_hears_of_itself_and_its_team_of_everything(tmp_path: Path,
+                                                                               clock: FakeClock):
+    team_hook, job_hook = Receiver(down=False), Receiver(down=False)
+    servers = [team_hook.start(), job_hook.start()]
+    try:
+        c = site(tmp_path, clock, team_hook.url)
+        n = Notifier(c.store, clock)
+        n.step()
+        own = f"{job_hook.url}/own-T0KEN"
+        j = c.submit(name="bert", team="research", command=["true"], webhook_url=own,
+                     webhook_secret="job-secret-job-secret")
+        assert "T0KEN" not in json.dumps(c.get(j.id).model_dump())  # never in a view
+        with c.store.session() as s:
+            record(s, clock.now(), "preempted", "preempted for job 9", job_id=j.id)
+            record(s, clock.now(), "team_budget_low", "team research has spent $80", team="research")
+            s.commit()
+        assert n.step() == 3
+        assert len(team_hook.accepted) == 2 and len(job_hook.accepted) == 1
+        [got] = job_hook.accepted.values()
+        assert json.loads(got["body"])["onepool"]["kind"] == "preempted"
+        assert got["sig"] == "sha256=" + hmac.new(b"job-secret-job-secret", got["ts"].encode() + b"."
+                                                  + got["body"], hashlib.sha256).hexdigest()
+    finally:
+        for srv in servers:
+            srv.shutdown()
+
+
 @pytest.mark.parametrize(("attempts", "wait"), [(1, 2.0), (2, 4.0), (5, 32.0), (30, 600.0)])
 def test_backoff_doubles_up_to_ten_minutes(attempts: int, wait: float):
     assert backoff_s(attempts) == wait

@@ -1,7 +1,7 @@
-"""GPU utilization from the agents (issue 30): per rank its newest sample, per attempt its newest
-mean over its ranks, its time-weighted mean and since when it has been below the idle threshold;
-the webhook deliveries' outbox (broker.control.notify); an index covering the metrics' spend
-by team, pool and kind
+"""observability (issue 30): GPU utilization from the agents (per rank its newest sample, per
+attempt its newest mean over its ranks, its time-weighted mean and since when it has been below
+the idle threshold); a job's own webhook and the webhook deliveries' outbox
+(broker.control.notify); an index covering the metrics' spend by team, pool and kind
 
 Revision ID: 0018
 Revises: 0011
@@ -32,9 +32,15 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("gpu_util_pct", sa.Float(), nullable=True))
     with op.batch_alter_table("ledgerentry", schema=None) as batch_op:
         batch_op.create_index("ix_ledger_spend", ["team", "pool", "kind", "usd"], unique=False)
+    with op.batch_alter_table("job", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("webhook_url", sqlmodel.sql.sqltypes.AutoString(length=2000),
+                                      nullable=True))
+        batch_op.add_column(sa.Column("webhook_secret", sqlmodel.sql.sqltypes.AutoString(length=200),
+                                      nullable=True))
     op.create_table(
         "webhookdelivery",
         sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("target", sqlmodel.sql.sqltypes.AutoString(length=80), nullable=False),
         sa.Column("team", sqlmodel.sql.sqltypes.AutoString(length=63), nullable=False),
         sa.Column("event_id", sa.Integer(), nullable=False),
         sa.Column("kind", sqlmodel.sql.sqltypes.AutoString(length=32), nullable=False),
@@ -46,13 +52,16 @@ def upgrade() -> None:
         sa.Column("last_error", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True),
         sa.PrimaryKeyConstraint("id"))
     with op.batch_alter_table("webhookdelivery", schema=None) as batch_op:
-        batch_op.create_index("ix_webhookdelivery_team_event", ["team", "event_id"], unique=True)
+        batch_op.create_index("ix_webhookdelivery_target_event", ["target", "event_id"], unique=True)
         batch_op.create_index(batch_op.f("ix_webhookdelivery_next_at"), ["next_at"], unique=False)
         batch_op.create_index(batch_op.f("ix_webhookdelivery_delivered_at"), ["delivered_at"], unique=False)
 
 
 def downgrade() -> None:
     op.drop_table("webhookdelivery")
+    with op.batch_alter_table("job", schema=None) as batch_op:
+        batch_op.drop_column("webhook_secret")
+        batch_op.drop_column("webhook_url")
     with op.batch_alter_table("ledgerentry", schema=None) as batch_op:
         batch_op.drop_index("ix_ledger_spend")
     with op.batch_alter_table("rankassignment", schema=None) as batch_op:
