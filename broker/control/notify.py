@@ -195,7 +195,7 @@ class Notifier:
                    "X-Onepool-Timestamp": ts, "X-Onepool-Signature": signature(secret, ts, body)}
         try:
             r = self.http.post(url, content=body, headers=headers)
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, httpx.InvalidURL) as e:
             return type(e).__name__  # its text may hold the URL
         return None if 200 <= r.status_code < 300 else f"HTTP {r.status_code}"
 

@@ -143,8 +143,13 @@ def test_each_notification_arrives_exactly_once_after_an_outage(tmp_path: Path, 
     assert "HTTP 503" in logged and "T0KEN" not in logged  # httpx logs every URL at INFO: filtered
 
 
-def test_a_refused_connection_is_retried_and_never_names_the_url(tmp_path: Path, clock: FakeClock, caplog):
-    c = site(tmp_path, clock, "http://127.0.0.1:9/hooks/T0KEN")  # nothing listens on port 9
+@pytest.mark.parametrize(("url", "error"), [
+    ("http://127.0.0.1:9/hooks/T0KEN", "ConnectError"),  # nothing listens on port 9
+    ("http://[::1/hooks/T0KEN", "InvalidURL"),  # passes the config's check, not httpx's
+])
+def test_a_failed_send_is_retried_and_never_names_the_url(tmp_path: Path, clock: FakeClock, caplog,
+                                                          url: str, error: str):
+    c = site(tmp_path, clock, url)
     n = Notifier(c.store, clock)
     n.step()
     events(c, clock)
@@ -152,7 +157,7 @@ def test_a_refused_connection_is_retried_and_never_names_the_url(tmp_path: Path,
     assert n.step() == 0
     with c.store.session() as s:
         rows = s.exec(select(WebhookDelivery)).all()
-    assert len(rows) == 3 and all(r.attempts == 1 and r.last_error == "ConnectError" for r in rows)
+    assert len(rows) == 3 and all(r.attempts == 1 and r.last_error == error for r in rows)
     assert all(r.next_at == clock.now() + backoff_s(1) for r in rows)
     assert "T0KEN" not in " ".join(r.getMessage() for r in caplog.records)
 
