@@ -17,6 +17,7 @@ demo: $(STAMP)
 # What tests need from outside Python is installed here, never inside a test.
 test-deps: $(STAMP)
 	infra/test/install-chromium.sh
+	infra/test/install-prometheus.sh
 	$(BIN)/python -c "from tests.postgres import ensure_installed; ensure_installed()"
 	tests/slurm/start_slurm.sh || echo "the Slurm test cluster cannot run here: its tests will be skipped" >&2
 

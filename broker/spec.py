@@ -239,6 +239,23 @@ class PoolSpec(_Strict):
 BudgetWindow = Literal["day", "week", "month", "total"]  # calendar windows, UTC
 
 
+SECRET_FIELDS = ("webhook_url", "webhook_secret")  # never echoed in an error
+
+
+def webhook_url(v: str | None) -> str | None:
+    """A team's or a job's webhook URL: http(s) only. Raises ValueError (without the value)."""
+    if v is not None and not re.match(r"^https?://[^\s/]+\S*$", v):
+        raise ValueError("must be an http:// or https:// URL")
+    return v
+
+
+def webhook_signed(url: str | None, secret: str | None) -> None:
+    """Raises ValueError when a webhook URL comes without the secret that signs its deliveries."""
+    if url and not secret:
+        raise ValueError("webhook_secret: required with webhook_url (at least 16 characters; "
+                         "deliveries are signed with it)")
+
+
 class TeamSpec(_Strict):
     """A team: its fair-share weight and how many GPUs it may hold at high/urgent."""
 
@@ -250,6 +267,21 @@ class TeamSpec(_Strict):
     budget_usd: float | None = Field(default=None, ge=0.0)
     budget_window: BudgetWindow = "month"
     budget_low_fraction: float = Field(default=0.2, ge=0.0, le=1.0)
+    # Notifications (issue 30, broker.control.notify): a Slack-compatible webhook that hears of
+    # the team's jobs ending, failing, preempted or interrupted, and its budget running low or
+    # out. Both are secrets: never logged.
+    webhook_url: str | None = Field(default=None, max_length=2000)
+    webhook_secret: str | None = Field(default=None, min_length=16, max_length=200)
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        return webhook_url(v)
+
+    @model_validator(mode="after")
+    def _signed(self) -> TeamSpec:
+        webhook_signed(self.webhook_url, self.webhook_secret)
+        return self
 
 
 class ClusterConfig(_Strict):
@@ -317,6 +349,20 @@ class JobSpec(_Strict):
     spot: SpotPolicy = SpotPolicy.ALLOWED
     checkpoint_interval_s: float = Field(default=1800.0, gt=0.0)
     expected_duration_s: float | None = Field(default=None, gt=0.0)
+    # Its own webhook (issue 30, broker.control.notify): hears of this job's end, failure,
+    # preemption and interruption, besides its team's. Secrets: never shown or logged.
+    webhook_url: str | None = Field(default=None, max_length=2000)
+    webhook_secret: str | None = Field(default=None, min_length=16, max_length=200)
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook(cls, v: str | None) -> str | None:
+        return webhook_url(v)
+
+    @model_validator(mode="after")
+    def _webhook_signed(self) -> JobSpec:
+        webhook_signed(self.webhook_url, self.webhook_secret)
+        return self
 
     @field_validator("command", mode="before")
     @classmethod
@@ -363,7 +409,7 @@ def _format(err: ValidationError, prefix: str = "") -> list[str]:
         got = e.get("input")
         quiet = e["type"] in ("missing", "extra_forbidden") or "(got" in msg
         shown = "" if quiet else f" (got {_short(got)})"
-        if isinstance(got, dict | list):
+        if isinstance(got, dict | list) or (e["loc"] and e["loc"][-1] in SECRET_FIELDS):
             shown = ""
         out.append(f"{prefix}{loc}: {msg}{shown}")
     return out

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from broker.utilization import held_idle
+
 if TYPE_CHECKING:
     from broker.state.model import Attempt, Event, Job
 
@@ -54,6 +56,11 @@ class AttemptInfo(BaseModel):
     progress_total: int | None = None
     progress_at: float | None = None
     progress_rate: float | None = None  # steps per second over this attempt
+    # GPU utilization its agents sampled (broker.utilization), percent; None: not sampled.
+    gpu_util_pct: float | None = None
+    gpu_util_mean_pct: float | None = None
+    gpu_idle_since: float | None = None
+    held_idle: bool = False  # holds its GPUs below 5% for 10 minutes or more
 
     @property
     def eta(self) -> float | None:
@@ -76,7 +83,9 @@ class AttemptInfo(BaseModel):
                    restart_overhead_s=a.restart_overhead_s, restore_bytes=a.restore_bytes,
                    egress_bytes=a.egress_bytes, egress_usd=a.egress_usd,
                    progress_step=a.progress_step, progress_total=a.progress_total,
-                   progress_at=a.progress_at, progress_rate=a.progress_rate)
+                   progress_at=a.progress_at, progress_rate=a.progress_rate,
+                   gpu_util_pct=a.gpu_util_pct, gpu_util_mean_pct=a.gpu_util_mean_pct,
+                   gpu_idle_since=a.gpu_idle_since, held_idle=held_idle(a, now))
 
 
 class JobInfo(BaseModel):
@@ -113,6 +122,8 @@ class JobInfo(BaseModel):
     progress_step: int | None = None
     progress_total: int | None = None
     eta: float | None = None
+    gpu_util_pct: float | None = None  # its live attempt's newest GPU utilization (percent)
+    held_idle: bool = False  # its live attempt holds GPUs idle (broker.utilization)
 
     @classmethod
     def of(cls, j: Job, attempts: list[Attempt], now: float, *, stores: list[str] | None = None,
@@ -138,7 +149,9 @@ class JobInfo(BaseModel):
                    egress_usd=sum(a.egress_usd for a in infos), caused_lost_gpu_s=caused_lost_gpu_s,
                    progress_step=last.progress_step if last else None,
                    progress_total=last.progress_total if last else None,
-                   eta=last.eta if last is not None and running else None)
+                   eta=last.eta if last is not None and running else None,
+                   gpu_util_pct=last.gpu_util_pct if last is not None and running else None,
+                   held_idle=last is not None and running and last.held_idle)
 
 
 class EventInfo(BaseModel):

@@ -114,7 +114,8 @@ def experiment_jobs(s: Session, experiment: str) -> list[dict[str, Any]]:
 
 
 def job_attempts(s: Session, job_id: int) -> list[dict[str, Any]]:
-    """One job's attempts: where each ran, when, why it ended, its steps, what it cost and lost."""
+    """One job's attempts: where each ran, when, why it ended, its steps, its GPU utilization
+    (newest and mean, percent; None where no agent sampled it), what it cost and lost."""
     usd = attempt_costs(s, job_id)
     out = []
     for a in s.exec(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)):
@@ -125,6 +126,7 @@ def job_attempts(s: Session, job_id: int) -> list[dict[str, Any]]:
                                                                       EndReason.COMPLETED else ""),
                     "from_step": a.restored_step, "to_step": a.reached_step,
                     "reported_step": a.progress_step, "lost_gpu_hours": a.lost_gpu_s / 3600.0,
+                    "gpu_util_pct": a.gpu_util_pct, "gpu_util_mean_pct": a.gpu_util_mean_pct,
                     "usd": usd.get(a.id or 0, 0.0), "id": a.id})
     return out
 

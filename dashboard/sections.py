@@ -132,7 +132,10 @@ def job_page(jobs: list[Any], get: Callable[[int], Any], attempts_of: Callable[[
     st.caption(f"{j.name}: team {j.team}, experiment {j.experiment}, {j.priority}, "
                f"{j.nodes}x{j.gpus_per_node} GPUs; submitted {when(j.submit_time)}"
                + (f", ended {when(j.end_time)}" if j.end_time else "")
-               + (f"; waiting: {j.waiting_reason}" if j.waiting_reason else ""))
+               + (f"; waiting: {j.waiting_reason}" if j.waiting_reason else "")
+               + (f"; GPU utilization {j.gpu_util_pct:.0f}%" if j.gpu_util_pct is not None else ""))
+    if j.held_idle:
+        st.warning("held but idle: its GPUs have been below 5% utilization for 10 minutes or more")
     att = pd.DataFrame(attempts_of(jid))
     st.markdown("**attempts**")
     if att.empty:

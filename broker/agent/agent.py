@@ -5,7 +5,9 @@ rank's assignment).
 
 Threads: the poller long-polls /v1/agent/sync (each call a heartbeat); a reporter makes an
 immediate short sync when a rank exits; a shipper sends new output every second; a watcher
-reads the cloud's metadata service for interruption notices. A restarted agent adopts the
+reads the cloud's metadata service for interruption notices; a sampler reads each GPU's
+utilization (broker.agent.gpu_util: NVML where it loads) and each report carries the mean of
+every rank's GPUs since the previous one. A restarted agent adopts the
 ranks still running in `runs/` (nothing is started twice: starts are idempotent per rank
 folder), and reports those the broker has given up on, which it then kills.
 
@@ -41,8 +43,10 @@ from typing import Any
 import httpx
 
 from broker import __version__, output_log
+from broker.agent.gpu_util import SAMPLE_S, Reader, default_reader, gpus_of
 from broker.agent.hardware import Gpus
 from broker.agent.metadata import Watcher
+from broker.observe.logs import context
 from providers import start_errors
 from providers.base import Handle, RankState, RankStatus, StartFailed
 from providers.isolation import Isolation
@@ -72,6 +76,9 @@ class Rank:
     shipped: int = 0
     acked: int = 0
     failed: RankStatus | None = None  # it could not start: how it ended (providers.start_errors)
+    gpus: tuple[int, ...] = ()  # its GPU indices (CUDA_VISIBLE_DEVICES)
+    util_sum: float = 0.0  # utilization samples since the last report (broker.agent.gpu_util)
+    util_n: int = 0
 
 
 @dataclass
@@ -89,6 +96,7 @@ class Agent:
     retry_s: float = 0.5  # a loop's first wait after a failure, doubled up to retry_max_s
     retry_max_s: float = 10.0
     isolation: Isolation | None = None  # who ranks run as, what they get (default: the host's)
+    util: Reader | None = None  # GPU utilization (None: not reported)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -106,6 +114,7 @@ class Agent:
         self.heartbeat_s, self.fence_s = 5.0, 20.0
         self.reported_notices: set[str] = set()
         self.error: AgentError | None = None
+        self.syncs = {"ok": 0, "error": 0}  # onepool_agent_syncs_total (broker.observe.agent_metrics)
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -188,8 +197,10 @@ class Agent:
                 continue
             if h is None:
                 continue
-            self.ranks[aid] = Rank(aid, attempt, rank, h, shipped=int(a.get("shipped", 0) or 0))
-            log.info("agent: adopted rank %s of attempt %s", a["rank"], a["attempt_id"])
+            self.ranks[aid] = Rank(aid, attempt, rank, h, shipped=int(a.get("shipped", 0) or 0),
+                                   gpus=tuple(int(g) for g in a.get("gpus", ()) if isinstance(g, int)))
+            log.info("agent: adopted rank %s of attempt %s", rank, attempt,
+                     extra=context(attempt=attempt, node=self.node))
 
     def _start(self, a: dict[str, Any]) -> None:
         """Start one assigned rank. Whatever goes wrong with it (StartFailed: its working
@@ -201,8 +212,9 @@ class Agent:
             env = {**a["env"], "ONEPOOL_AGENT_LEASE": str(self.lease),
                    "ONEPOOL_AGENT_FENCE_S": f"{self.fence_s:g}", "ONEPOOL_NODE_ID": self.node}
             d.mkdir(parents=True, exist_ok=True)
+            gpus = gpus_of(a["env"])
             (d / "assignment.json").write_text(json.dumps({"assignment_id": aid, "attempt_id": attempt,
-                                                           "rank": rank}))
+                                                           "rank": rank, "gpus": gpus}))
             h = self.procs.start(attempt, rank, list(a["argv"]), env, recover=True)
         except StartFailed as e:  # its working directory, its command, its size: its own
             self._failed_start(aid, attempt, rank, e.cause, str(e))
@@ -211,8 +223,9 @@ class Agent:
             log.exception("agent: rank %s of attempt %s: cannot start it", rank, attempt)
             self._failed_start(aid, attempt, rank, start_errors.cause(_kind(e)), f"{type(e).__name__}: {e}")
             return
-        self.ranks[aid] = Rank(aid, attempt, rank, h)
-        log.info("agent: rank %s of attempt %s started (pid %s)", rank, attempt, h["pid"])
+        self.ranks[aid] = Rank(aid, attempt, rank, h, gpus=tuple(gpus))
+        log.info("agent: rank %s of attempt %s started (pid %s)", rank, attempt, h["pid"],
+                 extra=context(attempt=attempt, node=self.node))
 
     def _failed_start(self, aid: int, attempt: int, rank: int, cause: str, why: str) -> None:
         """Record a rank that could not start: reported as exited with its `cause`. Its folder
@@ -256,7 +269,9 @@ class Agent:
             pid = r.handle.get("pid")
             if not isinstance(pid, int) or not 0 <= pid < 1 << 31:  # none (a failed start) or forged
                 pid = None
-            rep = {"assignment_id": r.assignment_id, "state": state, "pid": pid, "exit_code": code}
+            rep = {"assignment_id": r.assignment_id, "state": state, "pid": pid, "exit_code": code,
+                   "gpu_util_pct": round(r.util_sum / r.util_n, 2) if r.util_n else None}
+            r.util_sum, r.util_n = 0.0, 0
             if state == "exited" and start_errors.well_formed(st.cause):
                 rep["cause"] = st.cause
             out.append(rep)
@@ -271,6 +286,18 @@ class Agent:
             st = self.procs.status(r.handle)
         return st
 
+    def sample_utilization(self) -> None:
+        """One utilization sample of every GPU, added to the rank holding it. Raises OSError or
+        ValueError when the reader cannot read now."""
+        assert self.util is not None
+        per_gpu = self.util.read()
+        with self.lock:
+            for r in self.ranks.values():
+                vals = [per_gpu[g] for g in r.gpus if g in per_gpu]
+                if vals:
+                    r.util_sum += sum(vals) / len(vals)
+                    r.util_n += 1
+
     # -- the protocol ---------------------------------------------------------------------------
     def sync(self, wait_s: float) -> None:
         """One sync: report, then act on the answer. Raises AgentError, httpx errors."""
@@ -278,7 +305,12 @@ class Agent:
             body = {"ranks": self._reports(), "known": list(self.ranks),
                     "acked": {str(k): r.acked for k, r in self.ranks.items() if r.acked},
                     "wait_s": wait_s}
-        r = self._post("/v1/agent/sync", body, timeout=wait_s + 30)
+        try:
+            r = self._post("/v1/agent/sync", body, timeout=wait_s + 30)
+        except (AgentError, httpx.HTTPError, OSError):
+            self.syncs["error"] += 1
+            raise
+        self.syncs["ok"] += 1
         os.utime(self.lease) if self.lease.exists() else self.lease.touch()
         self._apply(r.json())
 
@@ -295,14 +327,14 @@ class Agent:
                         self.procs.signal(rk.handle, sig["signal"])
                     rk.acked = sig["seq"]
                     log.info("agent: signal %s to rank %s of attempt %s", sig["signal"], rk.rank,
-                             rk.attempt_id)
+                             rk.attempt_id, extra=context(attempt=rk.attempt_id, node=self.node))
             for aid in reply["kill"]:
                 rk = self.ranks.get(aid)
                 if rk is not None:
                     with self._one(rk, "kill"):
                         self.procs.signal(rk.handle, signal.SIGKILL)
                     log.info("agent: killed rank %s of attempt %s (ended on the broker)", rk.rank,
-                             rk.attempt_id)
+                             rk.attempt_id, extra=context(attempt=rk.attempt_id, node=self.node))
             forget = [self.ranks[a] for a in reply["forget"] if a in self.ranks]
         for rk in forget:
             with self._one(rk, "ship its last output"):
@@ -446,7 +478,8 @@ class Agent:
             ("sync", 0.0, lambda: self.sync(self.heartbeat_s), False),
             ("report", 0.0, self._report_on_change, False),
             ("ship logs", 1.0, self._ship_all, False),
-            *([("metadata", 2.0, self._watch, True)] if self.watcher else []))]
+            *([("metadata", 2.0, self._watch, True)] if self.watcher else []),
+            *([("gpu utilization", SAMPLE_S, self.sample_utilization, True)] if self.util else []))]
         for t in threads:
             t.start()
         while not self.stop.wait(0.5):
@@ -484,11 +517,23 @@ def _message(r: httpx.Response) -> str:
 
 
 def main(server: str, join_token: str | None, state_dir: Path, gpus: Gpus,
-         watcher: Watcher | None, isolation: Isolation | None = None) -> int:
-    """`onepool agent`: run until SIGTERM/SIGINT."""
+         watcher: Watcher | None, isolation: Isolation | None = None,
+         metrics: tuple[str, int] | None = None) -> int:
+    """`onepool agent`: run until SIGTERM/SIGINT. `metrics` (host, port): serve this node's
+    Prometheus metrics there (broker.observe.agent_metrics) while it runs."""
     agent = Agent(server=server, state_dir=state_dir, gpus=gpus, join_token=join_token, watcher=watcher,
-                  isolation=isolation)
+                  isolation=isolation, util=default_reader())
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: agent.stop.set())
-    return agent.run()
+    listener = None
+    if metrics is not None:
+        from broker.observe.agent_metrics import serve
+
+        listener, port = serve(agent, *metrics)
+        log.info("agent: metrics on http://%s:%d/metrics", metrics[0], port)
+    try:
+        return agent.run()
+    finally:
+        if listener is not None:
+            listener.shutdown()  # type: ignore[attr-defined]

@@ -10,11 +10,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from broker import __version__
-from broker.api import errors, routes_admin, routes_agent, routes_jobs
+from broker.api import errors, routes_admin, routes_agent, routes_jobs, routes_metrics
 from broker.api.context import ApiContext
 from broker.api.guard import Guard
 from broker.api.mailbox import Mailbox
 from broker.clock import Clock
+from broker.observe.metrics import registry_for
 from broker.state.store import Store
 
 
@@ -23,7 +24,8 @@ def create_app(store: Store, clock: Clock, *, mailbox: Mailbox | None = None,
                check_s: float = 1.0) -> FastAPI:
     """The API over `store`. `mailbox` and `on_agent_report` connect it to a broker loop in
     the same process (agents' polls wake on the engine's writes, the engine on agents'
-    reports); without them each side polls the database."""
+    reports); without them each side polls the database. `GET /metrics` serves Prometheus
+    metrics of `store` and of this process (broker.api.routes_metrics)."""
     context = ApiContext(store=store, clock=clock, mailbox=mailbox or Mailbox(), check_s=check_s)
     if on_agent_report is not None:
         context.on_agent_report = on_agent_report
@@ -36,9 +38,11 @@ def create_app(store: Store, clock: Clock, *, mailbox: Mailbox | None = None,
     app = FastAPI(title="onepool", version=__version__, lifespan=lifespan,
                   description="One priority queue over every GPU a group can reach. "
                               "Send `Authorization: Bearer TOKEN` (from `onepool token create`).")
+    context.metrics = registry_for(store, clock)
     app.state.ctx = context
     errors.install(app)
-    app.add_middleware(Guard, limits=context.limits, clock=clock)  # before any route's work
-    for r in (routes_jobs.router, routes_admin.router, routes_agent.router):
+    for r in (routes_jobs.router, routes_admin.router, routes_agent.router, routes_metrics.router):
         app.include_router(r)
+    app.add_middleware(routes_metrics.TimedRoutes)
+    app.add_middleware(Guard, limits=context.limits, clock=clock)  # outermost: before any work
     return app

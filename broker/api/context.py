@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import anyio.to_thread
 from anyio import CapacityLimiter
 from fastapi import Request
+from prometheus_client import CollectorRegistry
 
 from broker.api.batcher import SubmitBatcher
 from broker.api.guard import authenticated
@@ -52,6 +53,7 @@ class ApiContext:
     _settings: tuple[float, Timing, ApiSettings, int] | None = None
     _refreshing: bool = False
     refreshed: asyncio.Future[None] | None = None
+    metrics: CollectorRegistry = field(default_factory=CollectorRegistry)  # what /metrics serves
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:

@@ -263,7 +263,8 @@ def jobs_table(jobs: list[JobInfo], title: str = "jobs") -> Table:
                right=("id", "GPUs", "attempts", "preempted", "wait s", "GPU-s", "lost GPU-s",
                       "resumed from", "egress $"))
     for j in jobs:
-        t.add_row(str(j.id), _esc(j.name), _esc(j.team), j.priority, j.status,
+        t.add_row(str(j.id), _esc(j.name), _esc(j.team), j.priority,
+                  j.status + (" (held idle)" if j.held_idle else ""),
                   f"{j.nodes}x{j.gpus_per_node}", str(j.attempts), str(j.preemptions),
                   f"{j.wait_s:.1f}", f"{j.gpu_s:.0f}", f"{j.lost_gpu_s:.1f}",
                   "" if j.resumed_from_step is None else str(j.resumed_from_step), _progress(j),
@@ -306,6 +307,12 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
             out.print("checkpoints lived in: " + ", ".join(info.checkpoint_stores), markup=False)
         if info.caused_lost_gpu_s:
             out.print(f"its preemptions cost other jobs {info.caused_lost_gpu_s:.1f} GPU-s")
+        live = info.attempt_list[-1] if info.attempt_list and info.attempt_list[-1].ended_at is None else None
+        if live is not None and live.gpu_util_pct is not None:
+            idle = (f"; HELD BUT IDLE: below 5% since {_ts(live.gpu_idle_since)}" if live.held_idle
+                    else "")
+            out.print(f"GPU utilization: {live.gpu_util_pct:.0f}% now, {live.gpu_util_mean_pct or 0:.0f}% "
+                      f"mean over this attempt{idle}", markup=False)
         return
     jobs = c.list(status=state, team=team, finished_limit=None if all_ or state else RECENT_FINISHED)
     _warn_if_down(c, "the states below may be stale")
@@ -453,18 +460,20 @@ def broker(config: Annotated[Path | None, typer.Option("-c", "--config", metavar
                                                         help="apply this onepool.yaml first")] = None,
            cycle_s: Annotated[float | None, typer.Option(
                "--cycle-s", metavar="S", help="seconds between cycles (default: broker.cycle_s)")] = None,
-           once: Annotated[bool, typer.Option("--once", help="run one cycle and exit")] = False
+           once: Annotated[bool, typer.Option("--once", help="run one cycle and exit")] = False,
+           log_format: Annotated[str, typer.Option(
+               "--log-format", envvar="ONEPOOL_LOG_FORMAT", metavar="FORMAT",
+               help="text | json (one object a line, with job, attempt and node where they apply)")] = "text",
            ) -> None:
     """Run the broker loop (reconcile, then schedule every cycle). Its local pools' ranks run
     as ONEPOOL_RUN_AS and get ONEPOOL_PASS_ENV (see providers.isolation)."""
-    import logging
-
     from broker.clock import SystemClock
     from broker.control import service
+    from broker.observe.logs import setup
     from providers.isolation import Isolation
 
     Isolation.for_host("broker settings (ONEPOOL_RUN_AS, ONEPOOL_PASS_ENV)")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    setup(log_format)
     c = _embedded()
     if config is not None:
         c.apply(config)

@@ -41,6 +41,11 @@ def join_token_of(token: str | None, token_file: Path | None) -> str | None:
     return lines[0].strip()
 
 
+LogFormat = Annotated[str, typer.Option("--log-format", envvar="ONEPOOL_LOG_FORMAT", metavar="FORMAT",
+                                        help="text | json (one object a line, with job, attempt "
+                                        "and node where they apply)")]
+
+
 def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[], Any],
              console: Callable[[], Console], print_json: Callable[[Any], None]) -> None:
     token_app = typer.Typer(no_args_is_help=True, help="API tokens: who may act, for which team.")
@@ -57,15 +62,17 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
                                                     help="apply this onepool.yaml first")] = None,
         no_broker: Annotated[bool, typer.Option("--no-broker", help="serve the API only (another "
                                                 "process runs the broker loop)")] = False,
+        log_format: LogFormat = "text",
     ) -> None:
         """Serve the HTTP API (/v1, tokens) and run the broker loop beside it. Its local pools'
         ranks run as ONEPOOL_RUN_AS and get ONEPOOL_PASS_ENV (see providers.isolation)."""
         from broker.api.server import serve
+        from broker.observe.logs import setup
         from providers.isolation import Isolation
 
         Isolation.for_host("server settings (ONEPOOL_RUN_AS, ONEPOOL_PASS_ENV)")
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        setup(log_format)
         c = embedded()
         if config is not None:
             c.apply(config)
@@ -107,14 +114,21 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
         jobs_dir: Annotated[Path | None, typer.Option(
             "--jobs-dir", envvar="ONEPOOL_JOBS_DIR", metavar="DIR",
             help="the folders of ranks that run as another user (default: /var/lib/onepool-jobs)")] = None,
+        metrics_port: Annotated[int | None, typer.Option(
+            "--metrics-port", metavar="PORT", min=1, max=65535,
+            help="serve this node's Prometheus metrics at http://HOST:PORT/metrics (default: off)")] = None,
+        metrics_host: Annotated[str, typer.Option(
+            "--metrics-host", metavar="HOST", help="address of the metrics listener")] = "127.0.0.1",
+        log_format: LogFormat = "text",
     ) -> None:
         """Run the node agent: join the server, then run the ranks placed on this node."""
         from broker.agent.agent import main as agent_main
         from broker.agent.hardware import detect
         from broker.agent.metadata import watcher
         from broker.errors import SpecError
+        from broker.observe.logs import setup
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        setup(log_format)
         logging.getLogger("httpx").setLevel(logging.WARNING)
         token = join_token_of(join_token, join_token_file)
         from broker.spec_types import parse_pass_env
@@ -127,12 +141,14 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
         except ValueError as e:
             raise SpecError("agent", [str(e)]) from None
         iso = Isolation.for_host("agent", run_as=run_as, pass_env=names, jobs_dir=jobs_dir)
-        sys.exit(agent_main(server, token, state_dir, found, w, iso))
+        metrics = (metrics_host, metrics_port) if metrics_port is not None else None
+        sys.exit(agent_main(server, token, state_dir, found, w, iso, metrics))
 
     @token_app.command("create")
     def token_create(
         team: Annotated[str, typer.Option(help="the team the token acts for")],
-        role: Annotated[str, typer.Option(help="member (its team only) | admin (everything)")] = "member",
+        role: Annotated[str, typer.Option(help="member (its team only) | admin (everything) | "
+                                          "metrics (GET /metrics only)")] = "member",
         note: Annotated[str, typer.Option(help="what the token is for")] = "",
         as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
     ) -> None:

@@ -188,7 +188,7 @@ class Client(AdminMixin):
                   priority=js.priority.value, budget_usd=js.budget_usd, spot=js.spot.value,
                   checkpoint_interval_s=js.checkpoint_interval_s,
                   expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now,
-                  submitted_by=p.actor)
+                  submitted_by=p.actor, webhook_url=js.webhook_url, webhook_secret=js.webhook_secret)
         staged = StagedSubmit(self, digest, js=js, job=job, key=idempotency_key,
                               budget_note=budget_note, store_root=default_store_root(cfg, self.store.home))
         if slot is not None:

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from sqlmodel import Session, col, or_, select
 
+from broker import utilization
 from broker.errors import InvalidState, NotFound, Unauthorized
 from broker.output_log import DEFAULT_CAP, CappedOutput, per_rank_cap
 from broker.spec import MAX_ID, MAX_PID, DbId, LogOffset
@@ -63,6 +64,9 @@ class RankReport(BaseModel):
     exit_code: int | None = Field(default=None, ge=-255, le=255)
     # why it could not start at all (providers.start_errors), with state "exited"
     cause: str | None = Field(default=None, pattern=start_errors.PATTERN)
+    # The mean utilization (percent) of the rank's GPUs since the agent's previous report
+    # (broker.utilization); None: not sampled (no NVML on the node).
+    gpu_util_pct: float | None = Field(default=None, ge=0.0, le=100.0, allow_inf_nan=False)
 
 
 class SyncRequest(BaseModel):
@@ -264,6 +268,7 @@ def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Tim
             kill.append(row.id or 0)  # the broker gave up on it (node was lost): stop it
         if row.state not in LIVE and rep.state != "running":
             forget.append(row.id or 0)
+    _utilization(s, rows, req.ranks, now)
     for aid, seq in req.acked.items():
         row = rows.get(int(aid))
         if row is not None and seq > row.acked_seq:
@@ -277,6 +282,26 @@ def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Tim
                                              rank=r.rank, argv=r.argv, env=r.env) for r in live],
                      signals=signals, forget=forget, kill=kill,
                      heartbeat_s=timing.heartbeat_s, fence_s=timing.fence_s)
+
+
+def _utilization(s: Session, rows: dict[int | None, RankAssignment], reports: list[RankReport],
+                 now: float) -> None:
+    """Record the GPU utilization reported for running ranks, and fold it into their attempts."""
+    touched: set[int] = set()
+    for rep in reports:
+        row = rows.get(rep.assignment_id)
+        if rep.gpu_util_pct is not None and rep.state == "running" and row is not None and row.state in LIVE:
+            row.gpu_util_pct = rep.gpu_util_pct
+            s.add(row)
+            touched.add(row.attempt_id)
+    for aid in sorted(touched):
+        a = s.get(Attempt, aid)
+        if a is None or a.ended_at is not None:
+            continue
+        ranks = s.exec(select(RankAssignment.gpu_util_pct).where(
+            RankAssignment.attempt_id == aid, col(RankAssignment.state).in_(list(LIVE)))).all()
+        utilization.update_attempt(a, ranks, now)
+        s.add(a)
 
 
 def news_for(reply: SyncReply, known: set[int]) -> bool:

@@ -38,6 +38,7 @@ from broker.control.lease import FencedStore, Lease, lease_row
 from broker.control.rebalancer import Rebalancer
 from broker.crashpoints import crash_point
 from broker.errors import NotLeader
+from broker.observe.metrics import CYCLE_SECONDS, PLAN_SECONDS
 from broker.output_log import CAP_ENV, per_rank_cap
 from broker.policy import Placement, Plan, PolicyConfig, Preemption, plan
 from broker.state.events import record
@@ -135,7 +136,13 @@ class Engine(AttemptGuards, Duties):
 
     # -- the cycle ------------------------------------------------------------------------
     def cycle(self) -> CycleReport:
-        """One scheduling round. Returns what it did."""
+        """One scheduling round. Returns what it did. Its wall time (and plan()'s) goes to this
+        process's histograms onepool_cycle_duration_seconds and onepool_plan_duration_seconds
+        (a cycle that raised too)."""
+        with CYCLE_SECONDS.time():
+            return self._cycle()
+
+    def _cycle(self) -> CycleReport:
         rep = CycleReport()
         self.store.ensure()  # a broker that was paused longer than its lease stops here
         now = self.clock.now()
@@ -157,7 +164,9 @@ class Engine(AttemptGuards, Duties):
         self.capacity.sync(now)  # [issue 4 hook] launches finished, notices acted on, idleness
         self.rebalancer.advance(now, rep)  # [issue 12 hook] in-flight moves: checkpoint, stop, place
         with self.store.session() as s:
-            p = plan(self.snapshot(s, now))
+            snap = self.snapshot(s, now)
+            with PLAN_SECONDS.time():
+                p = plan(snap)
             rep.plan = p
             waiting = dict(p.waiting)
             for j in s.exec(select(Job).where(Job.state == JobState.PENDING)).all():

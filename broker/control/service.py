@@ -2,6 +2,8 @@
 until told to stop. Any long-running broker loop (`onepool broker`, `onepool server`) runs
 this same `run()`.
 
+While it leads (not with `--once`), a thread sends the teams' webhooks (broker.control.notify).
+
 Periodic tasks (refresh prices, rebalance, scale down idle rented nodes, sweep orphans,
 enforce budgets, decay fair-share usage, checkpoint retention) run on the leader's
 APScheduler schedule, kept in the database (broker.control.scheduled), on this loop's thread
@@ -35,8 +37,10 @@ from broker.control.config_apply import applied_config
 from broker.control.engine import CycleReport, Engine
 from broker.control.executors import Executors
 from broker.control.lease import Lease, lease_row
+from broker.control.notify import Notifier
 from broker.control.scheduled import TaskScheduler
 from broker.errors import LeaseLost, NotLeader
+from broker.observe.logs import context
 from broker.state.store import Store
 from providers.base import Executor
 
@@ -98,6 +102,9 @@ def _lead(store: Store, clock: Clock, executor: Executor, lease: Lease, cycle_s:
     n, failures = 0, 0
     engine: Engine | None = None
     tasks: TaskScheduler | None = None
+    notifier: Notifier | None = None
+    notifying: threading.Thread | None = None
+    stop_notifier = threading.Event()
     try:
         engine = Engine(store, clock, executor, lease=lease)
         engine.wake = wake.set
@@ -107,6 +114,10 @@ def _lead(store: Store, clock: Clock, executor: Executor, lease: Lease, cycle_s:
         tasks.start()
         if max_cycles is None:
             tasks.attach(engine)  # the duties run as tasks, no longer in every cycle
+            notifier = Notifier(store, clock)  # [issue 30] webhooks, off the cycle's thread
+            notifying = threading.Thread(target=notifier.run, args=(stop_notifier,), daemon=True,
+                                         name="webhooks")
+            notifying.start()
         reconciled = False
         while not stop.is_set():
             try:
@@ -132,6 +143,11 @@ def _lead(store: Store, clock: Clock, executor: Executor, lease: Lease, cycle_s:
     except LeaseLost as e:
         log.warning("%s: standing by", e)
     finally:
+        stop_notifier.set()
+        if notifying is not None:
+            notifying.join(timeout=10)  # a delivery in flight ends within its 5 s timeout
+        if notifier is not None:
+            notifier.close()
         if tasks is not None:
             tasks.shutdown()
         if engine is not None:
@@ -153,11 +169,12 @@ def _pause(lease: Lease, stop: threading.Event, wake: threading.Event, seconds: 
 
 
 def describe(rep: CycleReport) -> None:
+    """Log what a cycle did, one line per job (JSON logs carry the job as a field)."""
     for j in rep.preempted:
-        log.info("job %s: preempting", j)
+        log.info("job %s: preempting", j, extra=context(job=j))
     for j in rep.killed:
-        log.info("job %s: killed after grace", j)
+        log.info("job %s: killed after grace", j, extra=context(job=j))
     for j, why in rep.ended:
-        log.info("job %s: attempt ended %s", j, why)
+        log.info("job %s: attempt ended %s", j, why, extra=context(job=j))
     for j in rep.started:
-        log.info("job %s: started", j)
+        log.info("job %s: started", j, extra=context(job=j))

@@ -15,7 +15,7 @@ from broker.state.states import AttemptState, CheckpointState, EndReason, JobSta
 
 __all__ = ["Attempt", "AttemptState", "Checkpoint", "CheckpointState", "EndReason", "Event", "Job",
            "JobState", "LedgerEntry", "Node", "NodeMeter", "NodeState", "Pool", "PriceChange",
-           "SchedulerJob", "Setting", "Team"]
+           "SchedulerJob", "Setting", "Team", "WebhookDelivery"]
 
 
 def _json(default: Any = None) -> Any:
@@ -96,6 +96,9 @@ class Job(SQLModel, table=True):
     last_checkpoint_at: float | None = None
     waiting_reason: str | None = None
     submitted_by: str | None = Field(default=None, max_length=120)  # who submitted it (issue 9)
+    # Its own webhook (issue 30, broker.control.notify): secrets, never in a view or a log.
+    webhook_url: str | None = Field(default=None, max_length=2000)
+    webhook_secret: str | None = Field(default=None, max_length=200)
 
     @property
     def gpus(self) -> int:
@@ -139,6 +142,14 @@ class Attempt(SQLModel, table=True):
     progress_at: float | None = None
     progress_rate: float | None = None
     progress_read_at: float | None = None
+    # GPU utilization its agents sampled (issue 30, broker.control.agents): the newest mean over
+    # its ranks (percent), the time-weighted mean over the seconds it was sampled, when it was
+    # last sampled, and since when it has been below the idle threshold (None: it is not).
+    gpu_util_pct: float | None = None
+    gpu_util_mean_pct: float | None = None
+    gpu_util_s: float = 0.0
+    gpu_util_at: float | None = None
+    gpu_idle_since: float | None = None
 
 
 class Checkpoint(SQLModel, table=True):
@@ -211,7 +222,9 @@ class LedgerEntry(SQLModel, table=True):
     checkpoint's `gb` GiB kept in object storage over [start, end]; `checkpoint_id` set, and
     `usd_per_gpu_hour` holds the USD per GiB-hour)."""
 
-    __table_args__ = (Index("ix_ledger_node_attempt_kind", "node", "attempt_id", "kind", "end"),)
+    # ix_ledger_spend covers GET /metrics' spend by team, pool and kind (an index-only scan).
+    __table_args__ = (Index("ix_ledger_node_attempt_kind", "node", "attempt_id", "kind", "end"),
+                      Index("ix_ledger_spend", "team", "pool", "kind", "usd"))
     id: int | None = Field(default=None, primary_key=True)
     kind: str = Field(max_length=8)
     pool: str = Field(max_length=63, index=True)
@@ -286,3 +299,24 @@ class SchedulerJob(SQLModel, table=True):
     id: str = Field(primary_key=True, max_length=191)
     next_run_time: float | None = Field(default=None, index=True)
     job_state: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+
+
+# -- notifications (issue 30): see broker/control/notify.py -------------------------------------
+class WebhookDelivery(SQLModel, table=True):
+    """One notification to one webhook (`target`: a team's or a job's): made once from event
+    `event_id` (unique per target), sent until a 2xx answers it (`delivered_at`), `attempts`
+    times so far, next at `next_at`. `last_error` says why the last try failed, never the URL."""
+
+    __table_args__ = (Index("ix_webhookdelivery_target_event", "target", "event_id", unique=True),)
+    id: int | None = Field(default=None, primary_key=True)
+    target: str = Field(max_length=80)  # team:NAME or job:ID, whose webhook it goes to
+    team: str = Field(max_length=63)
+    event_id: int
+    kind: str = Field(max_length=32)
+    payload: dict = _json(dict)
+    created_at: float
+    attempts: int = 0
+    next_at: float = Field(index=True)
+    delivered_at: float | None = Field(default=None, index=True)
+    last_error: str | None = Field(default=None, max_length=200)
+

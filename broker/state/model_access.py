@@ -17,6 +17,7 @@ from sqlmodel import Field, SQLModel
 class Role(StrEnum):
     MEMBER = "member"  # acts within its team only
     ADMIN = "admin"  # manages pools, teams, budgets and tokens; sees every team
+    METRICS = "metrics"  # reads GET /metrics only (a Prometheus scraper): no other route
 
 
 class ApiToken(SQLModel, table=True):
@@ -78,6 +79,7 @@ class RankAssignment(SQLModel, table=True):
     ended_at: float | None = None
     log_bytes: int = 0  # bytes of output the agent has shipped so far
     cause: str | None = Field(default=None, max_length=64)  # start_failed:<kind>: it could not start
+    gpu_util_pct: float | None = None  # the agent's newest mean utilization of the rank's GPUs
 
 
 class IdempotentSubmit(SQLModel, table=True):

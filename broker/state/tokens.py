@@ -44,7 +44,8 @@ class NotVerifiedHere(Exception):
 @dataclass(frozen=True)
 class Principal:
     """Who makes a request. kind: local (the embedded, single-user mode: full rights), member,
-    admin, agent (a node agent: only the agent routes) or broker (the engine itself)."""
+    admin, metrics (a Prometheus scraper: GET /metrics only), agent (a node agent: only the
+    agent routes) or broker (the engine itself)."""
 
     kind: str
     team: str | None
@@ -120,9 +121,11 @@ class Verifier:
             raise NotVerifiedHere()
         return self.hasher.check(stored_hash, token)
 
-    def api_principal(self, s: Session, token: str | None, *, cached_only: bool = False) -> Principal:
+    def api_principal(self, s: Session, token: str | None, *, cached_only: bool = False,
+                      allow_metrics: bool = False) -> Principal:
         """The member or admin behind an API token. Raises Unauthorized (missing, malformed,
-        unknown, revoked); with cached_only, NotVerifiedHere for a row whose old hash needs a
+        unknown, revoked); Forbidden for a metrics token unless `allow_metrics` (only GET
+        /metrics allows it); with cached_only, NotVerifiedHere for a row whose old hash needs a
         slow check. A row with an old hash is upgraded in `s` (the caller commits)."""
         if not token:
             raise Unauthorized("this API needs a token: send `Authorization: Bearer TOKEN` "
@@ -134,6 +137,9 @@ class Verifier:
             raise Unauthorized(f"token {tid} is not known to this server")
         if row.revoked_at is not None:
             raise Unauthorized(f"token {tid} was revoked; ask an admin for a new one")
+        if row.role == Role.METRICS and not allow_metrics:
+            raise Forbidden(f"token {tid} is a metrics token: it reads GET /metrics only "
+                            "(use a member or admin token here)")
         if verdict is Check.OK_UPGRADE:
             row.hash = hash_secret(token)
             s.add(row)

@@ -115,9 +115,11 @@ class AgentProc:
 def spawn_agent(url: str, state_dir: Path, *, join_token: str | None = None, gpus: int = 2,
                 gpu_type: str = "A100", prefix: list[str] | None = None,
                 metadata: str = "none", metadata_url: str | None = None,
-                args: Sequence[str] = ()) -> AgentProc:
+                args: Sequence[str] = (), extra: list[str] | None = None,
+                env: dict[str, str] | None = None) -> AgentProc:
     """`onepool agent` as a separate process (in a namespace when `prefix` says so), with
-    `args` appended to its command line."""
+    `args` and `extra` appended to its command line; `env`: variables it gets besides this
+    process's (it inherits none of this one's ONEPOOL_* but the host settings)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     log = state_dir.parent / f"{state_dir.name}.log"
     argv = [sys.executable, "-m", "broker.client.cli", "agent", "--server", url, "--state-dir",
@@ -126,11 +128,11 @@ def spawn_agent(url: str, state_dir: Path, *, join_token: str | None = None, gpu
         argv += ["--join-token", join_token]
     if metadata_url:
         argv += ["--metadata-url", metadata_url]
-    argv += list(args)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("ONEPOOL_") or k in HOST_SETTINGS}
+    argv += [*args, *(extra or [])]
+    environ = {**{k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_") or k in HOST_SETTINGS},
+               **(env or {})}
     with open(log, "ab") as f:
-        p = subprocess.Popen([*(prefix or []), *argv], env=env, stdout=f, stderr=subprocess.STDOUT,
+        p = subprocess.Popen([*(prefix or []), *argv], env=environ, stdout=f, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True)
     return AgentProc(p, state_dir, log)
 

@@ -142,3 +142,29 @@ def test_rebalancing_shows_each_move_with_expected_and_realized_saving(app):
     assert list(df["job"]) == [2, 1] and list(df["expected_saving_usd"]) == [4.0, 10.0]
     m = {x.label: x.value for x in _tab(at, "Rebalancing").metric}
     assert (m["moves"], m["expected net saving ($)"], m["realized saving ($)"]) == ("2", "11.00", "7.50")
+
+
+def test_job_page_shows_gpu_utilization_and_held_but_idle(tmp_path, monkeypatch):
+    """The running job's attempt sampled at 2% for 11 minutes (broker.utilization)."""
+    import time
+
+    from sqlmodel import select
+
+    from broker.state.model import Attempt
+
+    c = seed(tmp_path / "home")
+    with c.store.session() as s:
+        a = s.exec(select(Attempt).where(Attempt.ended_at == None)).first()  # noqa: E711
+        assert a is not None
+        a.gpu_util_pct, a.gpu_util_mean_pct, a.gpu_util_at = 2.0, 3.0, time.time()
+        a.gpu_idle_since = time.time() - 660
+        s.add(a)
+        s.commit()
+    monkeypatch.setenv("ONEPOOL_HOME", str(c.store.home))
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    assert not at.exception, at.exception
+    job = _tab(at, "Job")
+    assert any("GPU utilization 2%" in x.value for x in job.caption)
+    assert any("held but idle" in w.value for w in job.warning)
+    att = _frame(at, "Job", 0)
+    assert list(att["gpu_util_pct"].dropna()) == [2.0]
