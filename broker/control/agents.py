@@ -32,6 +32,7 @@ from broker.state.events import record
 from broker.state.model import Attempt, Node, NodeState, Notice, Pool
 from broker.state.model_access import NodeAgent, RankAssignment
 from broker.state.model_access import RankState as AState
+from broker.state.token_hash import Check
 from broker.state.tokens import JOIN, NODE, Verifier, parse, redeem_join_token
 from providers import start_errors
 
@@ -203,7 +204,7 @@ def _same_agent(verifier: Verifier, row: NodeAgent, previous: str | None) -> boo
         cid = parse(previous, NODE)
     except Unauthorized:
         return False
-    return cid == row.credential_id and verifier.check(cid, previous, row.credential_hash)
+    return cid == row.credential_id and verifier.check(previous, row.credential_hash) is not Check.BAD
 
 
 def _wrong_gpu_type(reported: Any, pool_type: str) -> str | None:
