@@ -174,9 +174,13 @@ def submit(
     = None,
     env: Annotated[list[str] | None, typer.Option("--env", metavar="KEY=VALUE",
                                                   help="an environment variable (repeat for more)")] = None,
+    array: Annotated[str | None, typer.Option(
+        "--array", metavar="RANGE", help="one job per index, e.g. 0-99%10 (at most 10 at once); "
+                                         "each sees ONEPOOL_ARRAY_INDEX")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Queue a job: `onepool submit --name x --team t --gpus 2 -- python train.py`."""
+    """Queue a job: `onepool submit --name x --team t --gpus 2 -- python train.py`. An array
+    (`--array`) or a `sweep:` grid in the job YAML makes one job per element."""
     data: dict[str, Any] = {}
     if file is not None:
         import yaml
@@ -191,7 +195,7 @@ def submit(
     flags = {"name": name, "team": team, "experiment": experiment, "priority": priority,
              "budget_usd": budget_usd, "gpus_per_node": gpus, "nodes": nodes, "gpu_types": gpu_type,
              "spot": spot, "checkpoint_interval_s": checkpoint_interval_s,
-             "command": command or None}
+             "command": command or None, "array": array}
     data.update({k: v for k, v in flags.items() if v is not None})
     if env:
         bad = [e for e in env if "=" not in e]
@@ -212,7 +216,9 @@ def submit(
     if as_json:
         _print_json(info.model_dump())
     else:
-        _out().print(f"submitted job {info.id} ({info.name}, {info.priority})", markup=False)
+        _out().print(f"submitted job {info.id} ({info.name}, {info.priority})" if info.array_id is None
+                     else f"submitted array {info.array_id} ({info.name}, {info.priority}): its "
+                          f"elements are jobs {info.id} and up", markup=False)
         for e in c.events(info.id):  # money (issue 6): why it was made spot-only
             if e.kind == "budget_spot_only":
                 _out().print(e.message, markup=False)
@@ -256,7 +262,8 @@ def jobs_table(jobs: list[JobInfo], title: str = "jobs") -> Table:
                right=("id", "GPUs", "attempts", "preempted", "wait s", "GPU-s", "lost GPU-s",
                       "resumed from", "egress $"))
     for j in jobs:
-        t.add_row(str(j.id), _esc(j.name), _esc(j.team), j.priority, j.status,
+        name = j.name if j.array_id is None else f"{j.name} [{j.array_id}:{j.array_index}]"
+        t.add_row(str(j.id), _esc(name), _esc(j.team), j.priority, j.status,
                   f"{j.nodes}x{j.gpus_per_node}", str(j.attempts), str(j.preemptions),
                   f"{j.wait_s:.1f}", f"{j.gpu_s:.0f}", f"{j.lost_gpu_s:.1f}",
                   "" if j.resumed_from_step is None else str(j.resumed_from_step), _progress(j),

@@ -174,14 +174,16 @@ class Client(AdminMixin):
         now = self.clock.now()
         js, budget_note = budget_rules.check_submission(s, cfg, js, now, batch.overridden)  # money (issue 6)
         workdir = existing_workdir(js.workdir) if p.kind == "local" else remote_workdir(js.workdir)
-        job = Job(name=js.name, experiment=js.experiment, team=js.team, command=js.command,
-                  env=js.env, workdir=workdir,
-                  gpus_per_node=js.gpus_per_node, nodes=js.nodes, gpu_types=js.gpu_types,
-                  priority=js.priority.value, budget_usd=js.budget_usd, spot=js.spot.value,
-                  checkpoint_interval_s=js.checkpoint_interval_s,
-                  expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now,
-                  submitted_by=p.actor)
-        staged = StagedSubmit(self, digest, js=js, job=job, key=idempotency_key,
+        jobs = [Job(name=js.name, experiment=js.experiment, team=js.team, command=command,
+                    env=env, workdir=workdir,
+                    gpus_per_node=js.gpus_per_node, nodes=js.nodes, gpu_types=js.gpu_types,
+                    priority=js.priority.value, budget_usd=js.budget_usd, spot=js.spot.value,
+                    checkpoint_interval_s=js.checkpoint_interval_s,
+                    expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now,
+                    submitted_by=p.actor, array_index=None if index < 0 else index,
+                    array_limit=js.array_limit)
+                for index, command, env in js.elements()]  # arrays and sweeps (issue 29)
+        staged = StagedSubmit(self, digest, js=js, job=jobs[0], more=jobs[1:], key=idempotency_key,
                               budget_note=budget_note, store_root=default_store_root(cfg, self.store.home))
         if slot is not None:
             batch.staged[slot] = staged

@@ -98,6 +98,7 @@ class Engine(AttemptGuards, Duties):
         self.rebalancer = Rebalancer(self)  # moves to cheaper capacity (issue 12)
         self.team_budgets: list[budgets.TeamBudget] = []  # as of the last cycle
         self._team_budget_state: dict[str, str] = {}  # money (issue 6): last team budget states
+        self.held: dict[int, str] = {}  # jobs held out of the last snapshot, and why (issue 29)
         self._quarantined: set[int] = set()  # attempts that fail even to be failed (skipped)
         self.wake: Callable[[], None] = lambda: None  # the loop's "cycle now" (service.run sets it)
 
@@ -157,7 +158,7 @@ class Engine(AttemptGuards, Duties):
         with self.store.session() as s:
             p = plan(self.snapshot(s, now))
             rep.plan = p
-            waiting = dict(p.waiting)
+            waiting = {**self.held, **dict(p.waiting)}  # held: see broker.control.holds
             for j in s.exec(select(Job).where(Job.state == JobState.PENDING)).all():
                 if j.waiting_reason != waiting.get(j.id):
                     j.waiting_reason = waiting.get(j.id)

@@ -96,6 +96,18 @@ class Job(SQLModel, table=True):
     last_checkpoint_at: float | None = None
     waiting_reason: str | None = None
     submitted_by: str | None = Field(default=None, max_length=120)  # who submitted it (issue 9)
+    # Arrays, dependencies, retries (issue 29): its array (the id of the array's first
+    # element), index and limit of elements running at once; the jobs it waits for, as
+    # [[job_id, "ok" | "any" | "failed"], ...]; retries of its own failures allowed and made,
+    # the exit codes never retried, and the earliest time its next try may start.
+    array_id: int | None = Field(default=None, index=True)
+    array_index: int | None = None
+    array_limit: int | None = None
+    after: list = _json(list)
+    retries: int = 0
+    retried: int = 0
+    no_retry_exit_codes: list = _json(list)
+    not_before: float | None = None
 
     @property
     def gpus(self) -> int:

@@ -108,6 +108,9 @@ class JobInfo(BaseModel):
     progress_step: int | None = None
     progress_total: int | None = None
     eta: float | None = None
+    # Issue 29: its array (the first element's id) and index; None: not an array element.
+    array_id: int | None = None
+    array_index: int | None = None
 
     @classmethod
     def of(cls, j: Job, attempts: list[Attempt], now: float, *, stores: list[str] | None = None,
@@ -133,7 +136,8 @@ class JobInfo(BaseModel):
                    egress_usd=sum(a.egress_usd for a in infos), caused_lost_gpu_s=caused_lost_gpu_s,
                    progress_step=last.progress_step if last else None,
                    progress_total=last.progress_total if last else None,
-                   eta=last.eta if last is not None and running else None)
+                   eta=last.eta if last is not None and running else None,
+                   array_id=j.array_id, array_index=j.array_index)
 
 
 class EventInfo(BaseModel):
