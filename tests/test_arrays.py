@@ -83,7 +83,7 @@ def test_sweep_runs_at_most_its_limit_at_once(make_cluster, tmp_path):
     held = [c.get(i) for i in ids[2:]]
     assert all(j.status == "PENDING" and "at most 2 elements running" in (j.waiting_reason or "")
                for j in held)
-    drive(eng, done)
+    drive(eng, done, advance=1.0)
     assert most == 2
     for n, i in enumerate(ids):
         log = (c.store.home / "runs" / f"attempt-{c.get(i).attempt_list[0].id}" / "rank-0" /
@@ -92,6 +92,9 @@ def test_sweep_runs_at_most_its_limit_at_once(make_cluster, tmp_path):
     with c.store.session() as s:
         sub = s.exec(select(Event).where(Event.kind == "submitted", Event.job_id == ids[3])).one()
         assert f"element 3 of array {first.id}" in sub.message
+    eng.cycle()  # the ledger charged up to the last end
+    row = next(r for r in c.costs("array") if r.key == f"array {first.id}")
+    assert row.jobs == 4 and row.gpu_hours > 0
 
 
 def test_cli_array_and_yaml_sweep(tmp_path, monkeypatch):
@@ -100,7 +103,8 @@ def test_cli_array_and_yaml_sweep(tmp_path, monkeypatch):
     from rich.console import Console
 
     import broker.client.cli
-    from tests.test_cli import CONFIG, cli, cli_json, flat
+    from broker.client.cli import app
+    from tests.test_cli import CONFIG, cli, cli_json, flat, runner
 
     monkeypatch.setattr(broker.client.cli, "out", Console(width=250))
     home = tmp_path / "home"
@@ -119,3 +123,10 @@ def test_cli_array_and_yaml_sweep(tmp_path, monkeypatch):
     assert "arr [1:2]" in cli(home, "status").stdout
     with Client(home).store.session() as s:
         assert s.get(Job, 5).command == ["python", "t.py", "--lr", "0.0003"]
+    assert [j["id"] for j in cli_json(home, "status", "--array", "4")] == [4, 5]
+    cli(home, "cancel", "2")
+    after = cli_json(home, "cancel", "--array", "1")
+    assert [(j["id"], j["status"]) for j in after] == [(1, "CANCELLED"), (2, "CANCELLED"), (3, "CANCELLED")]
+    assert cli_json(home, "status", "5")["status"] == "PENDING"
+    res = runner.invoke(app, ["--home", str(home), "cancel", "--array", "2"])
+    assert res.exit_code != 0 and "no array with id 2" in str(res.exception)

@@ -280,6 +280,8 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
            team: Annotated[str | None, typer.Option(metavar="TEAM", help="only this team's jobs")] = None,
            all_: Annotated[bool, typer.Option("--all", help=f"every finished job too (default: the "
                                                            f"{RECENT_FINISHED} newest)")] = False,
+           array: Annotated[int | None, typer.Option("--array", metavar="ARRAY",
+                                                     help="only this array's elements")] = None,
            as_json: JsonOpt = False) -> None:
     """Show jobs: every one not finished and the newest finished ones (or one job with its
     attempts), with progress and an ETA when jobs report them."""
@@ -307,7 +309,12 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
         if info.caused_lost_gpu_s:
             out.print(f"its preemptions cost other jobs {info.caused_lost_gpu_s:.1f} GPU-s")
         return
-    jobs = c.list(status=state, team=team, finished_limit=None if all_ or state else RECENT_FINISHED)
+    if array is not None:
+        from broker.client.cli_arrays import elements
+
+        jobs = elements(c, array, team)
+    else:
+        jobs = c.list(status=state, team=team, finished_limit=None if all_ or state else RECENT_FINISHED)
     _warn_if_down(c, "the states below may be stale")
     if as_json:
         _print_json([j.model_dump() for j in jobs])
@@ -381,8 +388,19 @@ def lost(by: Annotated[str, typer.Option(metavar="KEY", help="team|job (who pree
 
 @app.command()
 def cancel(job: Annotated[int, typer.Argument(metavar="JOB", help="the job's id")],
+           array: Annotated[bool, typer.Option("--array", help="JOB is an array: cancel every "
+                                                               "element not ended")] = False,
            as_json: JsonOpt = False) -> None:
     """Cancel a job: a pending one at once; a running one gets SIGTERM and its grace period."""
+    if array:
+        from broker.client.cli_arrays import cancel_array
+
+        infos = cancel_array(_client(), job)
+        if as_json:
+            _print_json([i.model_dump() for i in infos])
+        else:
+            _out().print(jobs_table(infos, f"array {job}"))
+        return
     info = _client().cancel(job)
     if as_json:
         _print_json(info.model_dump())
