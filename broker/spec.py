@@ -302,6 +302,19 @@ class JobSpec(_Strict):
     array: str | None = None
     sweep: dict[str, list[str | int | float | bool]] | None = None
     max_running: int | None = Field(default=None, ge=1)  # elements running at once (None: any)
+    # Retries of the job's own failures (issue 29, broker.policy.retries): up to `retries`
+    # times, after a backoff doubling from retry_backoff_s; these exit codes are never retried.
+    retries: int = Field(default=0, ge=0, le=100)
+    retry_backoff_s: float = Field(default=30.0, ge=0.0, le=86400.0)
+    no_retry_exit_codes: list[int] = Field(default_factory=list)
+
+    @field_validator("no_retry_exit_codes")
+    @classmethod
+    def _exit_codes(cls, v: list[int]) -> list[int]:
+        bad = [c for c in v if not 1 <= c <= 255]
+        if bad:
+            raise ValueError(f"exit codes are 1 to 255 (got {bad[0]})")
+        return sorted(set(v))
 
     @field_validator("array")
     @classmethod

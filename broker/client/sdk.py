@@ -181,7 +181,8 @@ class Client(AdminMixin):
                     checkpoint_interval_s=js.checkpoint_interval_s,
                     expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now,
                     submitted_by=p.actor, array_index=None if index < 0 else index,
-                    array_limit=js.array_limit)
+                    array_limit=js.array_limit, retries=js.retries, retry_backoff_s=js.retry_backoff_s,
+                    no_retry_exit_codes=js.no_retry_exit_codes)
                 for index, command, env in js.elements()]  # arrays and sweeps (issue 29)
         staged = StagedSubmit(self, digest, js=js, job=jobs[0], more=jobs[1:], key=idempotency_key,
                               budget_note=budget_note, store_root=default_store_root(cfg, self.store.home))

@@ -28,7 +28,7 @@ from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.resume import RestorePoint, fetch_restore_point
 from broker.checkpoint.telemetry import cause_of
 from broker.clock import Clock
-from broker.control import agents, budgets
+from broker.control import agents, budgets, retries
 from broker.control.capacity_manager import CapacityManager
 from broker.control.config_apply import applied_config
 from broker.control.duties import Duties
@@ -286,7 +286,9 @@ class Engine(AttemptGuards, Duties):
                                                                           a.last_checkpoint_at)
             a.lost_gpu_s = max(0.0, now - since) * a.gpus
         s.add(a)
-        if reason in REQUEUE:
+        if reason == EndReason.FAILED and retries.retry_failed(s, job, a, now, code):
+            pass  # issue 29: its own failure, retried after a backoff (broker.control.retries)
+        elif reason in REQUEUE:
             job.state, job.queued_at = JobState.PENDING, now
             if reason == EndReason.PREEMPTED:
                 job.preemptions += 1

@@ -106,6 +106,7 @@ class Job(SQLModel, table=True):
     after: list = _json(list)
     retries: int = 0
     retried: int = 0
+    retry_backoff_s: float = 30.0
     no_retry_exit_codes: list = _json(list)
     not_before: float | None = None
 

@@ -111,6 +111,8 @@ class JobInfo(BaseModel):
     # Issue 29: its array (the first element's id) and index; None: not an array element.
     array_id: int | None = None
     array_index: int | None = None
+    retries: int = 0  # retries of its own failures allowed (issue 29) ...
+    retried: int = 0  # ... and made so far
 
     @classmethod
     def of(cls, j: Job, attempts: list[Attempt], now: float, *, stores: list[str] | None = None,
@@ -137,7 +139,8 @@ class JobInfo(BaseModel):
                    progress_step=last.progress_step if last else None,
                    progress_total=last.progress_total if last else None,
                    eta=last.eta if last is not None and running else None,
-                   array_id=j.array_id, array_index=j.array_index)
+                   array_id=j.array_id, array_index=j.array_index, retries=j.retries,
+                   retried=j.retried)
 
 
 class EventInfo(BaseModel):

@@ -25,6 +25,7 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column('after', sa.JSON(), nullable=False, server_default='[]'))
         batch_op.add_column(sa.Column('retries', sa.Integer(), nullable=False, server_default='0'))
         batch_op.add_column(sa.Column('retried', sa.Integer(), nullable=False, server_default='0'))
+        batch_op.add_column(sa.Column('retry_backoff_s', sa.Float(), nullable=False, server_default='30'))
         batch_op.add_column(sa.Column('no_retry_exit_codes', sa.JSON(), nullable=False,
                                       server_default='[]'))
         batch_op.add_column(sa.Column('not_before', sa.Float(), nullable=True))
@@ -34,6 +35,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     with op.batch_alter_table('job', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_job_array_id'))
-        for c in ('not_before', 'no_retry_exit_codes', 'retried', 'retries', 'after', 'array_limit',
-                  'array_index', 'array_id'):
+        for c in ('not_before', 'no_retry_exit_codes', 'retry_backoff_s', 'retried', 'retries',
+                  'after', 'array_limit', 'array_index', 'array_id'):
             batch_op.drop_column(c)
