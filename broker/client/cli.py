@@ -177,6 +177,10 @@ def submit(
     array: Annotated[str | None, typer.Option(
         "--array", metavar="RANGE", help="one job per index, e.g. 0-99%10 (at most 10 at once); "
                                          "each sees ONEPOOL_ARRAY_INDEX")] = None,
+    after: Annotated[list[str] | None, typer.Option(
+        "--after", metavar="JOB[:ok|:any|:failed]", help="start only after this job succeeded "
+        "(:ok, the default), ended (:any) or failed; ARRAY[*]:COND for every element of an array, "
+        "ARRAY[i]:COND for the element with the same index (repeat for more)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Queue a job: `onepool submit --name x --team t --gpus 2 -- python train.py`. An array
@@ -195,7 +199,7 @@ def submit(
     flags = {"name": name, "team": team, "experiment": experiment, "priority": priority,
              "budget_usd": budget_usd, "gpus_per_node": gpus, "nodes": nodes, "gpu_types": gpu_type,
              "spot": spot, "checkpoint_interval_s": checkpoint_interval_s,
-             "command": command or None, "array": array}
+             "command": command or None, "array": array, "after": after}
     data.update({k: v for k, v in flags.items() if v is not None})
     if env:
         bad = [e for e in env if "=" not in e]

@@ -32,6 +32,7 @@ from broker.checkpoint import telemetry
 from broker.checkpoint.index import default_store_root, stores_of
 from broker.client.filters import check_filters
 from broker.client.sdk_admin import AdminMixin
+from broker.client.submit_deps import resolve_after
 from broker.client.submits import StagedSubmit, SubmitBatch, write_submits
 from broker.client.waits import FINAL, wait_stopped
 from broker.clock import Clock, SystemClock
@@ -174,6 +175,8 @@ class Client(AdminMixin):
         now = self.clock.now()
         js, budget_note = budget_rules.check_submission(s, cfg, js, now, batch.overridden)  # money (issue 6)
         workdir = existing_workdir(js.workdir) if p.kind == "local" else remote_workdir(js.workdir)
+        elements = js.elements()  # arrays, sweeps and dependencies (issue 29)
+        after = resolve_after(s, self, js, [i for i, _, _ in elements])
         jobs = [Job(name=js.name, experiment=js.experiment, team=js.team, command=command,
                     env=env, workdir=workdir,
                     gpus_per_node=js.gpus_per_node, nodes=js.nodes, gpu_types=js.gpu_types,
@@ -182,8 +185,8 @@ class Client(AdminMixin):
                     expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now,
                     submitted_by=p.actor, array_index=None if index < 0 else index,
                     array_limit=js.array_limit, retries=js.retries, retry_backoff_s=js.retry_backoff_s,
-                    no_retry_exit_codes=js.no_retry_exit_codes)
-                for index, command, env in js.elements()]  # arrays and sweeps (issue 29)
+                    no_retry_exit_codes=js.no_retry_exit_codes, after=deps)
+                for (index, command, env), deps in zip(elements, after, strict=True)]
         staged = StagedSubmit(self, digest, js=js, job=jobs[0], more=jobs[1:], key=idempotency_key,
                               budget_note=budget_note, store_root=default_store_root(cfg, self.store.home))
         if slot is not None:

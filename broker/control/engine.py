@@ -28,7 +28,7 @@ from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.resume import RestorePoint, fetch_restore_point
 from broker.checkpoint.telemetry import cause_of
 from broker.clock import Clock
-from broker.control import agents, budgets, retries
+from broker.control import agents, budgets, holds, retries
 from broker.control.capacity_manager import CapacityManager
 from broker.control.config_apply import applied_config
 from broker.control.duties import Duties
@@ -140,6 +140,7 @@ class Engine(AttemptGuards, Duties):
         now = self.clock.now()
         with self.store.session() as s:
             self._cancel_requested(s, now)
+            holds.end_never_met(s, now)  # [issue 29 hook] dependencies that can never be met
         self._watch_agents(now)
         if self.slurm is not None:  # [issue 14 hook] Slurm nodes, free GPUs and job states
             self.slurm.sync(now)

@@ -113,6 +113,7 @@ class JobInfo(BaseModel):
     array_index: int | None = None
     retries: int = 0  # retries of its own failures allowed (issue 29) ...
     retried: int = 0  # ... and made so far
+    after: list[list] = []  # [[job_id, "ok" | "any" | "failed"], ...]: the jobs it waits for
 
     @classmethod
     def of(cls, j: Job, attempts: list[Attempt], now: float, *, stores: list[str] | None = None,
@@ -140,7 +141,7 @@ class JobInfo(BaseModel):
                    progress_total=last.progress_total if last else None,
                    eta=last.eta if last is not None and running else None,
                    array_id=j.array_id, array_index=j.array_index, retries=j.retries,
-                   retried=j.retried)
+                   retried=j.retried, after=list(j.after or []))
 
 
 class EventInfo(BaseModel):
