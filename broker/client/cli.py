@@ -181,6 +181,9 @@ def submit(
         "--after", metavar="JOB[:ok|:any|:failed]", help="start only after this job succeeded "
         "(:ok, the default), ended (:any) or failed; ARRAY[*]:COND for every element of an array, "
         "ARRAY[i]:COND for the element with the same index (repeat for more)")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="submit nothing: print where the job would run, when it would start, "
+                          "what it would cost")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Queue a job: `onepool submit --name x --team t --gpus 2 -- python train.py`. An array
@@ -215,6 +218,15 @@ def submit(
                                 if k != "command" else "command: required (after --)"
                                 for k in missing])
     c = _client()
+    if dry_run:  # issue 29: the estimate, nothing written
+        from broker.client.cli_estimate import summary
+
+        est = c.estimate(data)
+        if as_json:
+            _print_json(est.model_dump())
+        else:
+            _out().print(summary(est, _ts), markup=False)
+        return
     info = c.submit(data)
     _warn_if_down(c, f"job {info.id} waits in the queue until one runs (`onepool broker`)")
     if as_json:
@@ -286,6 +298,8 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
                                                            f"{RECENT_FINISHED} newest)")] = False,
            array: Annotated[int | None, typer.Option("--array", metavar="ARRAY",
                                                      help="only this array's elements")] = None,
+           estimate: Annotated[bool, typer.Option("--estimate", help="also when each pending job "
+                                                  "(the first 50) would start, where, at what cost")] = False,
            as_json: JsonOpt = False) -> None:
     """Show jobs: every one not finished and the newest finished ones (or one job with its
     attempts), with progress and an ETA when jobs report them."""
@@ -320,6 +334,17 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
     else:
         jobs = c.list(status=state, team=team, finished_limit=None if all_ or state else RECENT_FINISHED)
     _warn_if_down(c, "the states below may be stale")
+    if estimate:  # issue 29: the same estimate as submit --dry-run, per pending job
+        from broker.client.cli_estimate import table
+        from broker.client.sdk_estimate import MAX_ESTIMATES
+
+        ests = _client().estimates([j.id for j in jobs if j.status == "PENDING"][:MAX_ESTIMATES])
+        if as_json:
+            _print_json({"jobs": [j.model_dump() for j in jobs], "estimates": [e.model_dump() for e in ests]})
+        else:
+            _out().print(jobs_table(jobs))
+            _out().print(table(ests, _ts, _table))
+        return
     if as_json:
         _print_json([j.model_dump() for j in jobs])
     else:

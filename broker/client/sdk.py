@@ -32,6 +32,7 @@ from broker.checkpoint import telemetry
 from broker.checkpoint.index import default_store_root, stores_of
 from broker.client.filters import check_filters
 from broker.client.sdk_admin import AdminMixin
+from broker.client.sdk_estimate import EstimateMixin
 from broker.client.submit_deps import resolve_after
 from broker.client.submits import StagedSubmit, SubmitBatch, write_submits
 from broker.client.waits import FINAL, wait_stopped
@@ -73,7 +74,7 @@ def remote_workdir(workdir: str | None) -> str | None:
     return workdir
 
 
-class Client(AdminMixin):
+class Client(AdminMixin, EstimateMixin):
     """The embedded client. `principal` is who acts (default: the local user, with every
     right, as whoever can open the database file has them anyway)."""
 
