@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from broker import __version__
-from broker.api import errors, routes_admin, routes_agent, routes_jobs
+from broker.api import errors, routes_admin, routes_agent, routes_estimate, routes_jobs
 from broker.api.context import ApiContext
 from broker.api.mailbox import Mailbox
 from broker.clock import Clock
@@ -37,6 +37,6 @@ def create_app(store: Store, clock: Clock, *, mailbox: Mailbox | None = None,
                               "Send `Authorization: Bearer TOKEN` (from `onepool token create`).")
     app.state.ctx = context
     errors.install(app)
-    for r in (routes_jobs.router, routes_admin.router, routes_agent.router):
+    for r in (routes_jobs.router, routes_admin.router, routes_agent.router, routes_estimate.router):
         app.include_router(r)
     return app

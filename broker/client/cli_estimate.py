@@ -11,7 +11,7 @@ from broker.state.views import fmt_usd
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from broker.state.views import EstimateInfo
+    from broker.client.estimate_info import EstimateInfo
 
 
 def _wait(s: float | None) -> str:

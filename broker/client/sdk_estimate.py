@@ -10,8 +10,8 @@ from broker.errors import SpecError
 from broker.spec import JobSpec, check_job_fits
 
 if TYPE_CHECKING:
+    from broker.client.estimate_info import EstimateInfo
     from broker.client.sdk import Client
-    from broker.state.views import EstimateInfo
 
 MAX_ESTIMATES = 50  # pending jobs estimated per call at most (each is three replays)
 

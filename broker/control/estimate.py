@@ -13,12 +13,12 @@ from dataclasses import replace
 
 from sqlmodel import Session
 
+from broker.client.estimate_info import EstimateInfo
 from broker.control import holds
 from broker.control.snapshots import build_snapshot, runtime_history
 from broker.policy import PendingView, PolicyConfig, PoolView, Snapshot
 from broker.policy.forecast import Forecast, forecast
 from broker.spec import ClusterConfig, JobSpec, PoolSpec
-from broker.state.views import EstimateInfo
 
 NEW_JOB = -1  # the id the job being estimated has in the replay (real ids are positive)
 

@@ -160,26 +160,6 @@ class EventInfo(BaseModel):
                    message=e.message, data=e.data, actor=e.actor)
 
 
-class EstimateInfo(BaseModel):
-    """When a job would start and what it would cost (issue 29, broker.policy.forecast): its
-    pool, GPU type and market, its start (epoch s) at p10/p50/p90 and the wait to the p50,
-    its runtime as estimated, and its cost, expected and with the spot interruption risk.
-    Start and cost None: the replay did not start it within its horizon."""
-
-    model_config = ConfigDict(defer_build=True)
-    job_id: int | None  # None: a job not submitted (`submit --dry-run`)
-    pool: str | None
-    gpu_type: str | None
-    market: str | None
-    start_p10: float | None
-    start_p50: float | None
-    start_p90: float | None
-    wait_p50_s: float | None
-    runtime_s: float
-    cost_usd: float | None
-    cost_with_risk_usd: float | None
-
-
 class LostWorkRow(BaseModel):
     """Lost work under one key (a preempting team or job, or a cause)."""
 
