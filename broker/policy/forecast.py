@@ -69,7 +69,11 @@ def replay(snap: Snapshot, job_id: int, scale: float = 1.0, unknown_runtime_s: f
     now = snap.now
     running = [replace(r, expected_end=_end(r, now, scale, unknown_runtime_s)) for r in snap.running]
     pending = {p.job_id: p for p in snap.pending}
-    pools = {p.name: p for p in snap.pools}
+    # the nodes' cached use (used, releases, ready) describes `snap.running` only: plan()
+    # derives it from the replay's running attempts instead
+    pools = {p.name: replace(p, nodes=tuple(replace(n, used=None, releases=None, ready=None, ready_until=0.0)
+                                            for n in p.nodes)) for p in snap.pools}
+    snap = replace(snap, pools=tuple(pools.values()))
     fake_attempt = -1
     for _ in range(MAX_STEPS):
         s = replace(snap, now=now, running=tuple(running), pending=tuple(pending.values()),
