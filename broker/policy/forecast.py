@@ -11,8 +11,11 @@ What is not known is assumed, and said here:
 - A running or started job without an estimate runs `unknown_runtime_s` more (an attempt
   past its estimate too: it has outrun it).
 - A victim of a preemption leaves the replay (it would requeue; its return is not modelled).
-- The band: the replay is run with every remaining runtime scaled by `BAND` (p10, p50, p90);
-  sooner ends make an earlier start. The scales are calibrated by bench/estimates.py.
+- The band: the replay gives the p50; what it cannot see (jobs submitted later that go
+  ahead, runtimes off their estimates, victims requeued) is the spread around it: p10 and p90
+  are the p50's wait scaled by WAIT_BAND, the 10th and 90th percentiles of actual / predicted
+  wait that bench/estimates.py measured on the shared trace (its first 8,000 jobs; the
+  benchmark reports on later jobs).
 
 Cost: the job's estimate (or `unknown_runtime_s`) times its GPUs at the pool's price; with
 spot risk, plus the work each expected interruption loses (half a checkpoint interval and
@@ -22,12 +25,13 @@ spot risk, plus the work each expected interruption loses (half a checkpoint int
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from broker.policy.plan import plan
 from broker.policy.snapshot import PendingView, PoolView, RunningView, Snapshot
 
-BAND = {"p10": 0.5, "p50": 1.0, "p90": 1.8}  # remaining runtimes scaled, per quantile
+WAIT_BAND = {"p10": 0.2, "p90": 2.4}  # the p50's wait scaled, see the module doc
 MAX_STEPS = 400  # plan() calls per replay at most
 
 
@@ -104,28 +108,31 @@ def replay(snap: Snapshot, job_id: int, scale: float = 1.0, unknown_runtime_s: f
 
 
 def forecast(snap: Snapshot, job_id: int, unknown_runtime_s: float = 4 * 3600.0,
-             restart_s: float = 60.0) -> Forecast:
+             restart_s: float = 60.0, band: Mapping[str, float] | None = None,
+             cycle_s: float = 0.0) -> Forecast:
     """The job's pool, start band and cost (see the module doc). `job_id` must be pending in
-    `snap`; raises KeyError otherwise."""
+    `snap`; raises KeyError otherwise. `band`: the wait ratios of p10 and p90 (default
+    WAIT_BAND). `cycle_s`: how often the broker plans; a start the replay finds at t happens
+    by the next cycle (p50: half a cycle later; p90: a whole one)."""
     job = next((p for p in snap.pending if p.job_id == job_id), None)
     if job is None:
         raise KeyError(f"job {job_id} is not pending in the snapshot")
-    starts = {q: replay(snap, job_id, scale, unknown_runtime_s) for q, scale in BAND.items()}
-    mid = starts["p50"]
-    where = mid.pool or next((st.pool for st in starts.values() if st.pool), None)
-    pool = next((p for p in snap.pools if p.name == where), None)
+    ratios = band or WAIT_BAND
+    mid = replay(snap, job_id, 1.0, unknown_runtime_s)
+    pool = next((p for p in snap.pools if p.name == mid.pool), None)
     runtime = job.expected_duration_s or unknown_runtime_s
     cost = risk = None
     if pool is not None:
         cost, risk = job_cost(job, pool, runtime, restart_s)
-    ats = sorted(st.at for st in starts.values() if st.at is not None)
-    # the band is kept ordered: a replay with shorter runtimes may, by a different order of
-    # starts, start the job later than a longer one
-    band = [starts[q].at for q in BAND]
-    if len(ats) == len(band):
-        band = list(ats)
-    return Forecast(job_id, where, pool.gpu_type if pool else None,
-                    pool.market.value if pool else None, band[0], band[1], band[2], runtime, cost, risk)
+    p10: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    if mid.at is not None:
+        wait = mid.at - snap.now
+        p10, p50, p90 = (snap.now + wait * ratios["p10"], mid.at + cycle_s / 2.0,
+                         snap.now + wait * ratios["p90"] + cycle_s)
+    return Forecast(job_id, mid.pool, pool.gpu_type if pool else None,
+                    pool.market.value if pool else None, p10, p50, p90, runtime, cost, risk)
 
 
 def job_cost(job: PendingView, pool: PoolView, runtime_s: float, restart_s: float) -> tuple[float, float]:
