@@ -142,3 +142,12 @@ def test_rebalancing_shows_each_move_with_expected_and_realized_saving(app):
     assert list(df["job"]) == [2, 1] and list(df["expected_saving_usd"]) == [4.0, 10.0]
     m = {x.label: x.value for x in _tab(at, "Rebalancing").metric}
     assert (m["moves"], m["expected net saving ($)"], m["realized saving ($)"]) == ("2", "11.00", "7.50")
+
+
+def test_job_page_shows_the_estimate_of_a_waiting_job(app):
+    """Issue 29: beside a pending job, the same estimate as `onepool status --estimate`."""
+    c, at = app
+    waiting = next(j for j in c.list() if j.status == "PENDING")
+    at.selectbox(key="job_page").select(waiting.id).run()
+    captions = [x.value for x in _tab(at, "Job").caption]
+    assert any(t.startswith("estimate: pool a100 (A100, onprem); starts in") for t in captions), captions
