@@ -9,9 +9,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Query
 
 from broker.api.context import client
-from broker.client.estimate_info import EstimateInfo
+from broker.client.estimate_info import MAX_ESTIMATES, EstimateInfo
 from broker.client.sdk import MAX_ID, Client
-from broker.client.sdk_estimate import MAX_ESTIMATES
 from broker.errors import SpecError
 
 router = APIRouter(prefix="/v1")

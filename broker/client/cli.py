@@ -336,7 +336,7 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
     _warn_if_down(c, "the states below may be stale")
     if estimate:  # issue 29: the same estimate as submit --dry-run, per pending job
         from broker.client.cli_estimate import table
-        from broker.client.sdk_estimate import MAX_ESTIMATES
+        from broker.client.estimate_info import MAX_ESTIMATES
 
         ests = _client().estimates([j.id for j in jobs if j.status == "PENDING"][:MAX_ESTIMATES])
         if as_json:

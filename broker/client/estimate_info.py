@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+MAX_ESTIMATES = 50  # pending jobs estimated per call at most (each is a replay of the queue)
+
 
 class EstimateInfo(BaseModel):
     """When a job would start and what it would cost (issue 29, broker.policy.forecast): its

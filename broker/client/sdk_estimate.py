@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from broker.client.estimate_info import MAX_ESTIMATES
 from broker.errors import SpecError
 from broker.spec import JobSpec, check_job_fits
 
@@ -13,7 +14,6 @@ if TYPE_CHECKING:
     from broker.client.estimate_info import EstimateInfo
     from broker.client.sdk import Client
 
-MAX_ESTIMATES = 50  # pending jobs estimated per call at most (each is three replays)
 
 
 class EstimateMixin:
