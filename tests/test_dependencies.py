@@ -24,8 +24,10 @@ def run(code: int) -> list[str]:
     ({"after": ["1[i]"]}, "after: ARRAY[i] (same index) needs this submit to be an array"),
     ({"after": ["2[i]"], "array": "0-5"}, "after: array 2 has no element with index 2"),
     ({"after": ["1:maybe"]}, "condition must be one of ok, any, failed"),
+    ({"after": ["2[*]"]}, "after: names 2 jobs; at most 1"),
 ])
-def test_submits_naming_what_does_not_exist_are_refused(make_cluster, fields, says):
+def test_submits_naming_what_does_not_exist_are_refused(make_cluster, monkeypatch, fields, says):
+    monkeypatch.setattr("broker.client.submit_deps.MAX_DEPS", 1)
     c, _ = make_cluster()
     c.submit(name="a", team="research", command=run(0))  # job 1
     c.submit(name="arr", team="research", command=run(0), array="0-1")  # array 2: jobs 2, 3

@@ -16,6 +16,8 @@ from broker.state.model import Job
 if TYPE_CHECKING:
     from broker.client.sdk import Client
 
+MAX_DEPS = 1000  # jobs one job may wait for
+
 
 def resolve_after(s: Session, client: Client, js: JobSpec, indices: list[int]) -> list[list[list[Any]]]:
     """For each element of the submit (by its array index; -1: a plain job), the
@@ -46,4 +48,7 @@ def resolve_after(s: Session, client: Client, js: JobSpec, indices: list[int]) -
                                         f"(got {text!r}; it has {len(members)} elements)"])
             else:
                 deps.append([members[index].id, ref.condition])
+    if out and len(out[0]) > MAX_DEPS:
+        raise SpecError("job", [f"after: names {len(out[0])} jobs; at most {MAX_DEPS} (wait for an array "
+                                "with ARRAY[*] only when it is that small)"])
     return out
