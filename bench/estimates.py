@@ -96,7 +96,13 @@ def score(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "median_signed_error_s": round(statistics.median(
                 (r["p50"] - r["submit"]) - r["wait"] for r in rows if r["p50"] is not None), 1)
             if rows else None,
-            "no_start_predicted": sum(r["p50"] is None for r in rows)}
+            "no_start_predicted": sum(r["p50"] is None for r in rows),
+            "before_p10": _share([r["p10"] is not None and r["start"] < r["p10"] for r in rows]),
+            "after_p90": _share([r["p90"] is not None and r["start"] > r["p90"] for r in rows])}
+
+
+def _share(flags: list[bool]) -> float | None:
+    return round(sum(flags) / len(flags), 3) if flags else None
 
 
 def main() -> None:
