@@ -53,6 +53,7 @@ from broker.spec_types import (
     check_argv,
     check_env,
 )
+from broker.spec_workflow import Workflow
 
 # broker.spec is the one config source the rest of the code imports, its parts included.
 __all__ = [
@@ -326,8 +327,9 @@ class ClusterConfig(_Strict):
         return next(p for p in self.pools if p.name == name)
 
 
-class JobSpec(_Strict):
-    """What a user submits. `command` is an argv list (a string is split with shlex).
+class JobSpec(Workflow):
+    """What a user submits. `command` is an argv list (a string is split with shlex). Arrays,
+    sweeps, dependencies and retries: see broker.spec_workflow.Workflow (issue 29).
 
     Sizes are bounded (broker.spec_types: MAX_ARG_BYTES, MAX_ARGV_BYTES, MAX_ENV_*, MAX_PATH,
     MAX_GPU_TYPES), below what Linux can start, so a spec the broker stores can be run; a spec

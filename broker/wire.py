@@ -124,6 +124,12 @@ class JobInfo(BaseModel):
     eta: float | None = None
     gpu_util_pct: float | None = None  # its live attempt's newest GPU utilization (percent)
     held_idle: bool = False  # its live attempt holds GPUs idle (broker.utilization)
+    # Issue 29: its array (the first element's id) and index; None: not an array element.
+    array_id: int | None = None
+    array_index: int | None = None
+    retries: int = 0  # retries of its own failures allowed (issue 29) ...
+    retried: int = 0  # ... and made so far
+    after: list[list] = []  # [[job_id, "ok" | "any" | "failed"], ...]: the jobs it waits for
 
     @classmethod
     def of(cls, j: Job, attempts: list[Attempt], now: float, *, stores: list[str] | None = None,
@@ -151,7 +157,9 @@ class JobInfo(BaseModel):
                    progress_total=last.progress_total if last else None,
                    eta=last.eta if last is not None and running else None,
                    gpu_util_pct=last.gpu_util_pct if last is not None and running else None,
-                   held_idle=last is not None and running and last.held_idle)
+                   held_idle=last is not None and running and last.held_idle,
+                   array_id=j.array_id, array_index=j.array_index, retries=j.retries,
+                   retried=j.retried, after=list(j.after or []))
 
 
 class EventInfo(BaseModel):

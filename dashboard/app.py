@@ -67,7 +67,8 @@ def main() -> None:
                 sections.job_page(jobs, c.get, lambda j: queries.job_attempts(s, j),
                                   lambda j: queries.job_events(s, j),
                                   lambda j: spend_by_job(s, [j]).get(j, 0.0),
-                                  lambda a: queries.log_tail(c.store.home, a))
+                                  lambda a: queries.log_tail(c.store.home, a),
+                                  lambda j: next(iter(c.estimates([j])), None))  # issue 29
             with tabs[3]:
                 sections.preemptions(queries.interruptions(s))
             with tabs[4]:

@@ -107,9 +107,10 @@ def experiments(costs: list[Any], jobs_of: Callable[[str], list[dict[str, Any]]]
 
 def job_page(jobs: list[Any], get: Callable[[int], Any], attempts_of: Callable[[int], list[dict[str, Any]]],
              events_of: Callable[[int], list[dict[str, Any]]], spent: Callable[[int], float],
-             tail: Callable[[int], str | None]) -> None:
-    """One job: status, progress, money; its attempts (where each ran, why each ended, steps);
-    the tail of an attempt's log; its events."""
+             tail: Callable[[int], str | None], estimate_of: Callable[[int], Any] | None = None) -> None:
+    """One job: status, progress, money; its array; while it waits, when it would start and
+    what it would cost (issue 29); its attempts (where each ran, why each ended, steps); the
+    tail of an attempt's log; its events."""
     st.subheader("job")
     if not jobs:
         st.info("no jobs yet")
@@ -132,10 +133,16 @@ def job_page(jobs: list[Any], get: Callable[[int], Any], attempts_of: Callable[[
     st.caption(f"{j.name}: team {j.team}, experiment {j.experiment}, {j.priority}, "
                f"{j.nodes}x{j.gpus_per_node} GPUs; submitted {when(j.submit_time)}"
                + (f", ended {when(j.end_time)}" if j.end_time else "")
+               + ("" if j.array_id is None else f"; element {j.array_index} of array {j.array_id}")
                + (f"; waiting: {j.waiting_reason}" if j.waiting_reason else "")
                + (f"; GPU utilization {j.gpu_util_pct:.0f}%" if j.gpu_util_pct is not None else ""))
     if j.held_idle:
         st.warning("held but idle: its GPUs have been below 5% utilization for 10 minutes or more")
+    est = estimate_of(jid) if estimate_of is not None and j.status == "PENDING" else None
+    if est is not None:
+        from broker.client.cli_estimate import summary
+
+        st.caption(summary(est, when))
     att = pd.DataFrame(attempts_of(jid))
     st.markdown("**attempts**")
     if att.empty:

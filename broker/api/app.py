@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from broker import __version__
-from broker.api import errors, routes_admin, routes_agent, routes_jobs, routes_metrics
+from broker.api import errors, routes_admin, routes_agent, routes_estimate, routes_jobs, routes_metrics
 from broker.api.context import ApiContext
 from broker.api.guard import Guard
 from broker.api.mailbox import Mailbox
@@ -41,7 +41,8 @@ def create_app(store: Store, clock: Clock, *, mailbox: Mailbox | None = None,
     context.metrics = registry_for(store, clock)
     app.state.ctx = context
     errors.install(app)
-    for r in (routes_jobs.router, routes_admin.router, routes_agent.router, routes_metrics.router):
+    for r in (routes_jobs.router, routes_admin.router, routes_agent.router, routes_metrics.router,
+              routes_estimate.router):
         app.include_router(r)
     app.add_middleware(routes_metrics.TimedRoutes)
     app.add_middleware(Guard, limits=context.limits, clock=clock)  # outermost: before any work

@@ -181,9 +181,20 @@ def submit(
     = None,
     env: Annotated[list[str] | None, typer.Option("--env", metavar="KEY=VALUE",
                                                   help="an environment variable (repeat for more)")] = None,
+    array: Annotated[str | None, typer.Option(
+        "--array", metavar="RANGE", help="one job per index, e.g. 0-99%10 (at most 10 at once); "
+                                         "each sees ONEPOOL_ARRAY_INDEX")] = None,
+    after: Annotated[list[str] | None, typer.Option(
+        "--after", metavar="JOB[:ok|:any|:failed]", help="start only after this job succeeded "
+        "(:ok, the default), ended (:any) or failed; ARRAY[*]:COND for every element of an array, "
+        "ARRAY[i]:COND for the element with the same index (repeat for more)")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="submit nothing: print where the job would run, when it would start, "
+                          "what it would cost")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Queue a job: `onepool submit --name x --team t --gpus 2 -- python train.py`."""
+    """Queue a job: `onepool submit --name x --team t --gpus 2 -- python train.py`. An array
+    (`--array`) or a `sweep:` grid in the job YAML makes one job per element."""
     data: dict[str, Any] = {}
     if file is not None:
         import yaml
@@ -198,7 +209,7 @@ def submit(
     flags = {"name": name, "team": team, "experiment": experiment, "priority": priority,
              "budget_usd": budget_usd, "gpus_per_node": gpus, "nodes": nodes, "gpu_types": gpu_type,
              "spot": spot, "checkpoint_interval_s": checkpoint_interval_s,
-             "command": command or None}
+             "command": command or None, "array": array, "after": after}
     data.update({k: v for k, v in flags.items() if v is not None})
     if env:
         bad = [e for e in env if "=" not in e]
@@ -214,12 +225,23 @@ def submit(
                                 if k != "command" else "command: required (after --)"
                                 for k in missing])
     c = _client()
+    if dry_run:  # issue 29: the estimate, nothing written
+        from broker.client.cli_estimate import summary
+
+        est = c.estimate(data)
+        if as_json:
+            _print_json(est.model_dump())
+        else:
+            _out().print(summary(est, _ts), markup=False)
+        return
     info = c.submit(data)
     _warn_if_down(c, f"job {info.id} waits in the queue until one runs (`onepool broker`)")
     if as_json:
         _print_json(info.model_dump())
     else:
-        _out().print(f"submitted job {info.id} ({info.name}, {info.priority})", markup=False)
+        _out().print(f"submitted job {info.id} ({info.name}, {info.priority})" if info.array_id is None
+                     else f"submitted array {info.array_id} ({info.name}, {info.priority}): its "
+                          f"elements are jobs {info.id} and up", markup=False)
         for e in c.events(info.id):  # money (issue 6): why it was made spot-only
             if e.kind == "budget_spot_only":
                 _out().print(e.message, markup=False)
@@ -263,7 +285,8 @@ def jobs_table(jobs: list[JobInfo], title: str = "jobs") -> Table:
                right=("id", "GPUs", "attempts", "preempted", "wait s", "GPU-s", "lost GPU-s",
                       "resumed from", "egress $"))
     for j in jobs:
-        t.add_row(str(j.id), _esc(j.name), _esc(j.team), j.priority,
+        name = j.name if j.array_id is None else f"{j.name} [{j.array_id}:{j.array_index}]"
+        t.add_row(str(j.id), _esc(name), _esc(j.team), j.priority,
                   j.status + (" (held idle)" if j.held_idle else ""),
                   f"{j.nodes}x{j.gpus_per_node}", str(j.attempts), str(j.preemptions),
                   f"{j.wait_s:.1f}", f"{j.gpu_s:.0f}", f"{j.lost_gpu_s:.1f}",
@@ -281,6 +304,10 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
            team: Annotated[str | None, typer.Option(metavar="TEAM", help="only this team's jobs")] = None,
            all_: Annotated[bool, typer.Option("--all", help=f"every finished job too (default: the "
                                                            f"{RECENT_FINISHED} newest)")] = False,
+           array: Annotated[int | None, typer.Option("--array", metavar="ARRAY",
+                                                     help="only this array's elements")] = None,
+           estimate: Annotated[bool, typer.Option("--estimate", help="also when each pending job "
+                                                  "(the first 50) would start, where, at what cost")] = False,
            as_json: JsonOpt = False) -> None:
     """Show jobs: every one not finished and the newest finished ones (or one job with its
     attempts), with progress and an ETA when jobs report them."""
@@ -314,8 +341,24 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
             out.print(f"GPU utilization: {live.gpu_util_pct:.0f}% now, {live.gpu_util_mean_pct or 0:.0f}% "
                       f"mean over this attempt{idle}", markup=False)
         return
-    jobs = c.list(status=state, team=team, finished_limit=None if all_ or state else RECENT_FINISHED)
+    if array is not None:
+        from broker.client.cli_arrays import elements
+
+        jobs = elements(c, array, team)
+    else:
+        jobs = c.list(status=state, team=team, finished_limit=None if all_ or state else RECENT_FINISHED)
     _warn_if_down(c, "the states below may be stale")
+    if estimate:  # issue 29: the same estimate as submit --dry-run, per pending job
+        from broker.client.cli_estimate import table
+        from broker.client.estimate_info import MAX_ESTIMATES
+
+        ests = _client().estimates([j.id for j in jobs if j.status == "PENDING"][:MAX_ESTIMATES])
+        if as_json:
+            _print_json({"jobs": [j.model_dump() for j in jobs], "estimates": [e.model_dump() for e in ests]})
+        else:
+            _out().print(jobs_table(jobs))
+            _out().print(table(ests, _ts, _table))
+        return
     if as_json:
         _print_json([j.model_dump() for j in jobs])
     else:
@@ -388,8 +431,19 @@ def lost(by: Annotated[str, typer.Option(metavar="KEY", help="team|job (who pree
 
 @app.command()
 def cancel(job: Annotated[int, typer.Argument(metavar="JOB", help="the job's id")],
+           array: Annotated[bool, typer.Option("--array", help="JOB is an array: cancel every "
+                                                               "element not ended")] = False,
            as_json: JsonOpt = False) -> None:
     """Cancel a job: a pending one at once; a running one gets SIGTERM and its grace period."""
+    if array:
+        from broker.client.cli_arrays import cancel_array
+
+        infos = cancel_array(_client(), job)
+        if as_json:
+            _print_json([i.model_dump() for i in infos])
+        else:
+            _out().print(jobs_table(infos, f"array {job}"))
+        return
     info = _client().cancel(job)
     if as_json:
         _print_json(info.model_dump())

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from broker.client.estimate_info import EstimateInfo  # issue 29: plain pydantic
 from broker.client.waits import wait_stopped
 from broker.errors import (
     BudgetError,
@@ -140,6 +141,17 @@ class HttpClient:
 
     def get(self, job_id: int) -> JobInfo:
         return JobInfo.model_validate(self._req("GET", f"/v1/jobs/{int(job_id)}"))
+
+    def estimate(self, spec: JobSpec | dict[str, Any] | None = None, /, **fields: Any) -> EstimateInfo:
+        data: dict[str, Any] = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else dict(spec or {})
+        data.update(fields)
+        return EstimateInfo.model_validate(self._req("POST", "/v1/estimate", json=data))
+
+    def estimates(self, job_ids: list[int]) -> list[EstimateInfo]:
+        if not job_ids:
+            return []
+        rows = self._req("GET", "/v1/estimates", params={"job_id": [int(j) for j in job_ids]})
+        return [EstimateInfo.model_validate(r) for r in rows]
 
     def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
              experiment: str | None = None, after_id: int = 0,

@@ -33,6 +33,8 @@ from broker.checkpoint import telemetry
 from broker.checkpoint.index import default_store_root, stores_of
 from broker.client.filters import check_filters
 from broker.client.sdk_admin import AdminMixin, visible_nodes
+from broker.client.sdk_estimate import EstimateMixin
+from broker.client.submit_deps import resolve_after
 from broker.client.submits import StagedSubmit, SubmitBatch, write_submits
 from broker.client.waits import FINAL, wait_stopped
 from broker.clock import Clock, SystemClock
@@ -80,7 +82,7 @@ def remote_workdir(workdir: str | None) -> str | None:
     return workdir
 
 
-class Client(AdminMixin):
+class Client(AdminMixin, EstimateMixin):
     """The embedded client. `principal` is who acts (default: the local user, with every
     right, as whoever can open the database file has them anyway)."""
 
@@ -182,14 +184,20 @@ class Client(AdminMixin):
         now = self.clock.now()
         js, budget_note = budget_rules.check_submission(s, cfg, js, now, batch.overridden)  # money (issue 6)
         workdir = existing_workdir(js.workdir) if p.kind == "local" else remote_workdir(js.workdir)
-        job = Job(name=js.name, experiment=js.experiment, team=js.team, command=js.command,
-                  env=js.env, workdir=workdir,
-                  gpus_per_node=js.gpus_per_node, nodes=js.nodes, gpu_types=js.gpu_types,
-                  priority=js.priority.value, budget_usd=js.budget_usd, spot=js.spot.value,
-                  checkpoint_interval_s=js.checkpoint_interval_s,
-                  expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now,
-                  submitted_by=p.actor, webhook_url=js.webhook_url, webhook_secret=js.webhook_secret)
-        staged = StagedSubmit(self, digest, js=js, job=job, key=idempotency_key,
+        elements = js.elements()  # arrays, sweeps and dependencies (issue 29)
+        after = resolve_after(s, self, js, [i for i, _, _ in elements])
+        jobs = [Job(name=js.name, experiment=js.experiment, team=js.team, command=command,
+                    env=env, workdir=workdir,
+                    gpus_per_node=js.gpus_per_node, nodes=js.nodes, gpu_types=js.gpu_types,
+                    priority=js.priority.value, budget_usd=js.budget_usd, spot=js.spot.value,
+                    checkpoint_interval_s=js.checkpoint_interval_s,
+                    expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now,
+                    submitted_by=p.actor, array_index=None if index < 0 else index,
+                    array_limit=js.array_limit, retries=js.retries, retry_backoff_s=js.retry_backoff_s,
+                    no_retry_exit_codes=js.no_retry_exit_codes, after=deps,
+                     webhook_url=js.webhook_url, webhook_secret=js.webhook_secret)
+                for (index, command, env), deps in zip(elements, after, strict=True)]
+        staged = StagedSubmit(self, digest, js=js, job=jobs[0], more=jobs[1:], key=idempotency_key,
                               budget_note=budget_note, store_root=default_store_root(cfg, self.store.home))
         if slot is not None:
             batch.staged[slot] = staged

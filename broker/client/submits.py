@@ -67,6 +67,7 @@ class StagedSubmit:
     store_root: str = ""
     prior: int | None = None
     same_as: StagedSubmit | None = None
+    more: list[Job] = field(default_factory=list)  # an array's other elements (issue 29)
 
 
 def write_submits(s: Session, staged: list[StagedSubmit]) -> list[JobInfo]:
@@ -74,7 +75,7 @@ def write_submits(s: Session, staged: list[StagedSubmit]) -> list[JobInfo]:
     insert, then their events and idempotency keys) and return each submit's job, in order.
     Nothing is durable until the caller commits; raises what the database raises."""
     new = [st for st in staged if st.job is not None]
-    s.add_all([st.job for st in new if st.job is not None])
+    s.add_all([j for st in new if st.job is not None for j in (st.job, *st.more)])
     s.flush()  # the jobs' ids (one INSERT ... RETURNING for the batch)
     infos: dict[int, JobInfo] = {}
     events: list[dict[str, Any]] = []
@@ -83,11 +84,18 @@ def write_submits(s: Session, staged: list[StagedSubmit]) -> list[JobInfo]:
         job, js = st.job, st.js
         assert job is not None and job.id is not None and js is not None
         actor, now = st.client.principal.actor, job.submit_time
-        job.checkpoint_uri = job_prefix(st.store_root, js.team, js.experiment, job.id)
-        events.append(event_row(now, "submitted", f"{js.priority.value} job, {js.nodes}x"
-                                f"{js.gpus_per_node} GPUs, team {js.team}", actor, job_id=job.id))
+        elements = [job, *st.more]
+        for el in elements:
+            assert el.id is not None
+            el.checkpoint_uri = job_prefix(st.store_root, js.team, js.experiment, el.id)
+            if el.array_index is not None:
+                el.array_id = job.id  # an array is named by its first element's id
+            where = "" if el.array_index is None else f", element {el.array_index} of array {job.id}"
+            events.append(event_row(now, "submitted", f"{js.priority.value} job, {js.nodes}x"
+                                    f"{js.gpus_per_node} GPUs, team {js.team}{where}", actor, job_id=el.id))
         if st.budget_note:
-            events.append(event_row(now, "budget_spot_only", st.budget_note, actor, job_id=job.id))
+            events += [event_row(now, "budget_spot_only", st.budget_note, actor, job_id=el.id)
+                       for el in elements]
         if st.key is not None:
             keys.append({"principal": actor[:64], "key": st.key, "request_sha256": st.digest,
                          "job_id": job.id, "created_at": now})

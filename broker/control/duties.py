@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from sqlmodel import Session
 
-from broker.control import budgets, retention
+from broker.control import budgets, holds, retention
 from broker.control.snapshots import FairShareUsage, build_snapshot, team_usage
 from broker.policy import Plan, Snapshot, plan
 from broker.spec import ClusterConfig
@@ -105,6 +105,7 @@ class Duties:
         snap = build_snapshot(s, now, self.policy, self.settings.fair_share_half_life_s, usage)
         snap = self.capacity.extend(snap, now)  # [issue 4 hook] rented pools' growth and prices
         snap = budgets.restrict(snap, self.team_budgets)  # money (issue 6): low teams spot-only
+        snap, self.held = holds.hold(snap, s)  # [issue 29 hook] array limits
         return self.rebalancer.hold(snap, s)  # [issue 12 hook] moves' target GPUs held
 
     def cycle_plan(self: Engine, p: Plan) -> Plan:

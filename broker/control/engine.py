@@ -28,7 +28,7 @@ from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.resume import RestorePoint, fetch_restore_point
 from broker.checkpoint.telemetry import cause_of
 from broker.clock import Clock
-from broker.control import agents, budgets
+from broker.control import agents, budgets, holds, retries
 from broker.control.capacity_manager import CapacityManager
 from broker.control.config_apply import applied_config
 from broker.control.duties import Duties
@@ -101,6 +101,7 @@ class Engine(AttemptGuards, Duties):
         self.rebalancer = Rebalancer(self)  # moves to cheaper capacity (issue 12)
         self.team_budgets: list[budgets.TeamBudget] = []  # as of the last cycle
         self._team_budget_state: dict[str, str] = {}  # money (issue 6): last team budget states
+        self.held: dict[int, str] = {}  # jobs held out of the last snapshot, and why (issue 29)
         self._quarantined: set[int] = set()  # attempts that fail even to be failed (skipped)
         self.wake: Callable[[], None] = lambda: None  # the loop's "cycle now" (service.run sets it)
 
@@ -148,6 +149,7 @@ class Engine(AttemptGuards, Duties):
         now = self.clock.now()
         with self.store.session() as s:
             self._cancel_requested(s, now)
+            holds.end_never_met(s, now)  # [issue 29 hook] dependencies that can never be met
         self._watch_agents(now)
         if self.slurm is not None:  # [issue 14 hook] Slurm nodes, free GPUs and job states
             self.slurm.sync(now)
@@ -168,7 +170,7 @@ class Engine(AttemptGuards, Duties):
             with PLAN_SECONDS.time():
                 p = plan(snap)
             rep.plan = p
-            waiting = dict(p.waiting)
+            waiting = {**self.held, **dict(p.waiting)}  # held: see broker.control.holds
             for j in s.exec(select(Job).where(Job.state == JobState.PENDING)).all():
                 if j.waiting_reason != waiting.get(j.id):
                     j.waiting_reason = waiting.get(j.id)
@@ -305,6 +307,8 @@ class Engine(AttemptGuards, Duties):
                  and self._retry_start(s, job, a, now))
         if retry:  # a rank could not start, maybe for the node's reason: elsewhere next time
             job.state, job.queued_at = JobState.PENDING, now
+        elif reason == EndReason.FAILED and retries.retry_failed(s, job, a, now, code):
+            pass  # issue 29: its own failure, retried after a backoff (broker.control.retries)
         elif reason in REQUEUE:
             job.state, job.queued_at = JobState.PENDING, now
             if reason == EndReason.PREEMPTED:

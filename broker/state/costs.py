@@ -1,7 +1,7 @@
 """Cost queries over the ledger (broker/state/ledger.py): the one place the CLI, the SDK and the
 dashboard read money from.
 
-`costs(s, by=..., since=, until=)` groups charged USD by experiment, team, job, pool, market or
+`costs(s, by=..., since=, until=)` groups charged USD by experiment, team, job, array, pool, market or
 (UTC) day. One total, many views: every ledger row lands under exactly one key of every view,
 so all views of one window sum to the same total.
 
@@ -35,8 +35,8 @@ from sqlmodel import Session, col, select
 from broker.state.model import Attempt, Job, LedgerEntry, Pool
 from broker.wire import CostRow
 
-CostBy = Literal["experiment", "team", "job", "pool", "market", "day"]
-COST_BY: tuple[str, ...] = ("experiment", "team", "job", "pool", "market", "day")
+CostBy = Literal["experiment", "team", "job", "pool", "market", "day", "array"]
+COST_BY: tuple[str, ...] = ("experiment", "team", "job", "pool", "market", "day", "array")
 IDLE_ONPREM, IDLE_RENTED, BOOT_DRAIN = "idle on-prem", "idle rented", "boot/drain"
 UNOWNED = (IDLE_ONPREM, IDLE_RENTED, BOOT_DRAIN)
 NO_POOL = "checkpoint storage"
@@ -56,12 +56,19 @@ def _key(by: str, r: LedgerEntry, market: str) -> str:
         return r.kind if r.kind in ("egress", "storage") else market
     if r.job_id is not None:
         return {"experiment": r.experiment or "default", "team": r.team or "",
-                "job": str(r.job_id)}[by]
+                "job": str(r.job_id), "array": str(r.job_id)}[by]
     if by == "team" and r.team:
         return r.team  # unused rented time charged to the launching team
     if r.kind == "idle":
         return IDLE_ONPREM if market == "onprem" else IDLE_RENTED
     return BOOT_DRAIN
+
+
+def array_keys(s: Session) -> dict[int, str]:
+    """The `--by array` key of every array element: "array N" (a job not in an array is keyed
+    by its id, as `--by job` does)."""
+    return {jid: f"array {aid}" for jid, aid in s.exec(select(Job.id, Job.array_id).where(
+        col(Job.array_id).is_not(None))).all() if jid is not None}
 
 
 def _share(r: LedgerEntry, lo: float, hi: float, since: float | None, until: float | None) -> float:
@@ -104,6 +111,7 @@ def costs(s: Session, by: CostBy = "experiment", since: float | None = None,
     if since is not None:
         q = q.where(LedgerEntry.end >= since)
     market = {p.name: p.market for p in s.exec(select(Pool)).all()}
+    group = array_keys(s) if by == "array" else {}  # issue 29: an array's elements together
     usd: dict[str, float] = defaultdict(float)
     idle: dict[str, float] = defaultdict(float)
     gpu_h: dict[str, float] = defaultdict(float)
@@ -112,7 +120,10 @@ def costs(s: Session, by: CostBy = "experiment", since: float | None = None,
         if by == "day":
             pieces = [(k, _share(r, lo, hi, since, until)) for k, lo, hi in _days(r.start, r.end)]
         else:
-            pieces = [(_key(by, r, market.get(r.pool, "")), _share(r, r.start, r.end, since, until))]
+            key = _key(by, r, market.get(r.pool, ""))
+            if by == "array" and r.job_id is not None:
+                key = group.get(r.job_id, key)
+            pieces = [(key, _share(r, r.start, r.end, since, until))]
         for key, f in pieces:
             if f <= 0:
                 continue
@@ -127,7 +138,8 @@ def costs(s: Session, by: CostBy = "experiment", since: float | None = None,
     lost_usd: dict[str, float] = defaultdict(float)
     for a, j, rate in lost_attempts(s, since, until):
         key = {"pool": a.pool, "market": market.get(a.pool, ""), "experiment": j.experiment,
-               "team": j.team, "job": str(j.id), "day": day_of(a.ended_at or a.started_at)}[by]
+               "team": j.team, "job": str(j.id), "day": day_of(a.ended_at or a.started_at),
+               "array": group.get(j.id or 0, str(j.id))}[by]
         lost_h[key] += a.lost_gpu_s / 3600.0
         lost_usd[key] += a.lost_gpu_s * rate
         jobs[key].add(j.id or 0)

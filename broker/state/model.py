@@ -99,6 +99,19 @@ class Job(SQLModel, table=True):
     # Its own webhook (issue 30, broker.control.notify): secrets, never in a view or a log.
     webhook_url: str | None = Field(default=None, max_length=2000)
     webhook_secret: str | None = Field(default=None, max_length=200)
+    # Arrays, dependencies, retries (issue 29): its array (the id of the array's first
+    # element), index and limit of elements running at once; the jobs it waits for, as
+    # [[job_id, "ok" | "any" | "failed"], ...]; retries of its own failures allowed and made,
+    # the exit codes never retried, and the earliest time its next try may start.
+    array_id: int | None = Field(default=None, index=True)
+    array_index: int | None = None
+    array_limit: int | None = None
+    after: list = _json(list)
+    retries: int = 0
+    retried: int = 0
+    retry_backoff_s: float = 30.0
+    no_retry_exit_codes: list = _json(list)
+    not_before: float | None = None
 
     @property
     def gpus(self) -> int:

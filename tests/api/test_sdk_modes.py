@@ -106,3 +106,18 @@ def test_http_client_errors_for_members_and_bad_tokens(api: Api, server_url: str
         HttpClient(server_url, api.research).submit({**JOB, "team": "prod"})
     with pytest.raises(Unauthorized, match="needs a token"):
         HttpClient(server_url, None).list()
+
+
+def test_estimates_and_workflows(sdk: Any) -> None:
+    """Issue 29 in both modes: an estimate writes nothing; an array and its dependency come
+    back with their fields; a pending job has an estimate."""
+    est = sdk.estimate({**JOB, "expected_duration_s": 600})
+    assert (est.job_id, est.pool, est.runtime_s) == (None, "a100", 600) and est.wait_p50_s == 0
+    assert sdk.list() == []
+    first = sdk.submit({**JOB, "array": "0-1%1", "retries": 2})
+    assert (first.array_id, first.array_index, first.retries) == (first.id, 0, 2)
+    then = sdk.submit({**JOB, "after": [f"{first.id}[*]:any"]})
+    assert then.after == [[first.id, "any"], [first.id + 1, "any"]]
+    assert [e.job_id for e in sdk.estimates([first.id])] == [first.id]
+    with pytest.raises(SpecError, match="after: no job with id 999"):
+        sdk.submit({**JOB, "after": ["999"]})

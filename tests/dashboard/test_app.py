@@ -168,3 +168,12 @@ def test_job_page_shows_gpu_utilization_and_held_but_idle(tmp_path, monkeypatch)
     assert any("held but idle" in w.value for w in job.warning)
     att = _frame(at, "Job", 0)
     assert list(att["gpu_util_pct"].dropna()) == [2.0]
+
+
+def test_job_page_shows_the_estimate_of_a_waiting_job(app):
+    """Issue 29: beside a pending job, the same estimate as `onepool status --estimate`."""
+    c, at = app
+    waiting = next(j for j in c.list() if j.status == "PENDING")
+    at.selectbox(key="job_page").select(waiting.id).run()
+    captions = [x.value for x in _tab(at, "Job").caption]
+    assert any(t.startswith("estimate: pool a100 (A100, onprem); starts in") for t in captions), captions

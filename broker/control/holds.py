@@ -1,0 +1,110 @@
+"""Pending jobs the plan does not see this cycle (issue 29), read from the database and decided
+by pure rules: a retry's backoff (broker.control.retries), dependencies not met yet
+(broker.policy.dependencies.resolve), an array's limit of elements running at once
+(broker.policy.arrays.throttle).
+
+`hold(snap, s)` returns the snapshot without the held jobs, and why each waits (the engine
+shows it as the job's waiting reason). `end_never_met(s, now)` ends the pending jobs whose
+dependencies can never be met, FAILED with an event naming the dependency.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, replace
+
+from sqlmodel import Session, col, select
+
+from broker.policy import Snapshot
+from broker.policy.arrays import Member, throttle
+from broker.policy.dependencies import DependencyState, resolve
+from broker.state.events import record
+from broker.state.model import Attempt, AttemptState, Job, JobState
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What of the pending jobs the holds read, in one query."""
+
+    members: dict[int, Member]  # throttled array elements
+    backoff: dict[int, tuple[float, int, int]]  # job -> (not_before, retried, retries)
+    after: dict[int, list[tuple[int, str]]]  # job -> its dependencies
+
+    @classmethod
+    def read(cls, s: Session) -> Waiting:
+        members: dict[int, Member] = {}
+        backoff: dict[int, tuple[float, int, int]] = {}
+        after: dict[int, list[tuple[int, str]]] = {}
+        for jid, aid, index, limit, not_before, retried, retries, deps in s.exec(
+                select(Job.id, Job.array_id, Job.array_index, Job.array_limit, Job.not_before,
+                       Job.retried, Job.retries, Job.after).where(Job.state == JobState.PENDING)).all():
+            assert jid is not None
+            if aid is not None and limit is not None:
+                members[jid] = Member(aid, index or 0, limit)
+            if not_before is not None:
+                backoff[jid] = (not_before, retried, retries)
+            if deps:
+                after[jid] = [(int(d), str(c)) for d, c in deps]
+        return cls(members, backoff, after)
+
+
+def dependencies(s: Session, after: dict[int, list[tuple[int, str]]]) -> dict[int, DependencyState]:
+    """Where each job with dependencies stands (broker.policy.dependencies.resolve)."""
+    ids = {d for deps in after.values() for d, _ in deps}
+    if not ids:
+        return {}
+    states = {jid: str(st) for jid, st in s.exec(select(Job.id, Job.state).where(col(Job.id).in_(ids))).all()
+              if jid is not None}
+    return {jid: resolve(deps, states) for jid, deps in after.items()}
+
+
+def running_per_array(s: Session, arrays: set[int]) -> dict[int, int]:
+    """Per array id, its elements with an attempt not ended."""
+    running: dict[int, int] = defaultdict(int)
+    if arrays:
+        for aid in s.exec(select(Job.array_id).join(Attempt, Attempt.job_id == Job.id).where(
+                col(Job.array_id).in_(arrays), Attempt.state != AttemptState.ENDED)).all():
+            if aid is not None:
+                running[aid] += 1
+    return dict(running)
+
+
+def hold(snap: Snapshot, s: Session) -> tuple[Snapshot, dict[int, str]]:
+    """`snap` without the pending jobs held back this cycle, and why each one waits."""
+    w = Waiting.read(s)
+    now = snap.now
+    held = {jid: f"retry {done} of {allowed} after a failure: starts no sooner than "
+                 f"{until - now:.0f}s from now (backoff)"
+            for jid, (until, done, allowed) in w.backoff.items() if until > now}
+    for jid, st in dependencies(s, w.after).items():
+        if not st.met:
+            held.setdefault(jid, st.waiting or f"dependency never met: {st.never}")
+    ids = [p.job_id for p in snap.pending if p.job_id not in held]
+    running = running_per_array(s, {m.array_id for m in w.members.values()})
+    held.update(throttle(ids, w.members, running))
+    if not held:
+        return snap, {}
+    return replace(snap, pending=tuple(p for p in snap.pending if p.job_id not in held),
+                   queue=None), held
+
+
+def end_never_met(s: Session, now: float) -> list[int]:
+    """End FAILED every pending job a dependency of which can never be met (the job it names
+    ended otherwise than it needed), with a `dependency_never_met` event naming it. Returns
+    their ids; the caller commits."""
+    ended: list[int] = []
+    while True:  # a job ended here may doom the jobs that wait for it: to a fixed point
+        now_ended = []
+        for jid, st in dependencies(s, Waiting.read(s).after).items():
+            job = s.get(Job, jid) if st.never else None
+            if job is None or job.state != JobState.PENDING:
+                continue
+            job.state, job.end_time, job.waiting_reason = JobState.FAILED, now, None
+            s.add(job)
+            record(s, now, "dependency_never_met", f"ended: its dependency can never be met: "
+                   f"{st.never}", job_id=jid)
+            now_ended.append(jid)
+        if not now_ended:
+            return ended
+        s.flush()
+        ended += now_ended
