@@ -43,6 +43,6 @@ class EstimateMixin:
         now = self.clock.now()
         with self.store.session() as s:
             for j in job_ids:
-                self._job(s, j, "estimating")
+                self._job(s, j)
             found = estimate_pending(s, self.config(), job_ids, now)
             return [info(f, now, j) for j, f in found.items()]

@@ -28,7 +28,7 @@ def resolve_after(s: Session, client: Client, js: JobSpec, indices: list[int]) -
         ref = parse_after(text)
         if ref.scope == "job":
             try:
-                client._job(s, ref.id, "waiting for")
+                client._job(s, ref.id)
             except NotFound:
                 raise SpecError("job", [f"after: no job with id {ref.id} (got {text!r}); a job can "
                                         "only wait for one submitted before it"]) from None

@@ -202,8 +202,10 @@ LOOP_CASES: list[tuple[str, list[BaseException | None], int | None]] = [
 ]
 
 
-@pytest.mark.parametrize(("case", "calls", "status"), LOOP_CASES, ids=[c[0] for c in LOOP_CASES])
-def test_a_loop_retries_the_servers_failures_and_gives_up_on_its_own(tmp_path, case, calls, status):
+def run_loop(tmp_path: Path, what: str, calls: list[BaseException | None], outside: bool = False
+             ) -> tuple[int, list[BaseException | None]]:
+    """Run one agent loop whose function does `calls` in turn (None: succeeds), then stops the
+    agent; returns the agent's exit status and the calls it did not make."""
     agent = Agent(server="http://127.0.0.1:9", state_dir=tmp_path / "agent", gpus=Gpus(2, "A100"),
                   retry_s=0.001, retry_max_s=0.001)
     left = list(calls)
@@ -216,8 +218,13 @@ def test_a_loop_retries_the_servers_failures_and_gives_up_on_its_own(tmp_path, c
         if e is not None:
             raise e
 
-    agent._loop("sync", 0.0, step)
-    assert (agent.exit_status(), left) == (status or 0, [])
+    agent._loop(what, 0.0, step, outside)
+    return agent.exit_status(), left
+
+
+@pytest.mark.parametrize(("case", "calls", "status"), LOOP_CASES, ids=[c[0] for c in LOOP_CASES])
+def test_a_loop_retries_the_servers_failures_and_gives_up_on_its_own(tmp_path, case, calls, status):
+    assert run_loop(tmp_path, "sync", calls) == (status or 0, [])
 
 
 def _metadata(status: int) -> httpx.HTTPStatusError:
@@ -233,15 +240,4 @@ def _metadata(status: int) -> httpx.HTTPStatusError:
 def test_the_metadata_loop_outlives_its_service_but_not_its_own_bugs(tmp_path, case, calls, status):
     """The cloud's metadata service failing is not the node's failure: the watcher retries it
     without end (the demo's agents exited after 5 refusals and lost their ranks' work)."""
-    agent = Agent(server="http://127.0.0.1:9", state_dir=tmp_path / "agent", gpus=Gpus(2, "A100"),
-                  retry_s=0.001, retry_max_s=0.001)
-    left = list(calls)
-
-    def step() -> None:
-        if not left:
-            agent.stop.set()
-            return
-        raise left.pop(0)
-
-    agent._loop("metadata", 2.0, step, outside=True)
-    assert (agent.exit_status(), left) == (status or 0, [])
+    assert run_loop(tmp_path, "metadata", calls, outside=True) == (status or 0, [])

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.agents.harness import wait_for
+
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PRIVATE = ("/home", "/tmp", "/srv")  # tmpfs of each host's own
 Argv = Sequence[str]
@@ -249,14 +251,7 @@ class Lab:
 def wait_until(what: str, cond: object, timeout: float = 30.0, step: float = 0.1) -> object:
     """Poll `cond()` (another machine's state: nothing to await) until truthy, bounded."""
     assert callable(cond)
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not reached in {timeout:g}s")
-        time.sleep(step)
+    return wait_for(what, cond, timeout, step)
 
 
 __all__ = ["BASE_PATH", "Host", "Lab", "LabCommandFailed", "wait_until"]
