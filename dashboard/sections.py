@@ -12,7 +12,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard.tabs import job_link, link
+from dashboard.tabs import job_link, link, wanted_job
 
 COST_COLUMNS = ["key", "usd", "gpu_hours", "idle_usd", "lost_gpu_hours", "lost_usd", "jobs"]
 MAX_ESTIMATED = 20  # waiting jobs estimated per refresh at most (each estimate replays the queue)
@@ -173,8 +173,11 @@ def job_page(jobs: list[Any], get: Callable[[int], Any], detail_of: Callable[[in
     newest_running = next((j.id for j in reversed(jobs) if j.status == "RUNNING"), jobs[-1].id)
     ids = [j.id for j in jobs]
     label = {j.id: f"{j.id}: {j.name} ({j.status.lower()})" for j in jobs}
-    jid = st.selectbox("job", ids, index=ids.index(newest_running), format_func=label.get, key=key,
-                       bind="query-params")
+    asked = wanted_job(dict(st.query_params), key)
+    jid = st.selectbox("job", ids, index=ids.index(asked if asked in ids else newest_running),
+                       format_func=label.get, key=key)
+    if asked != jid:  # the page's address names the job shown: a link to pass on
+        st.query_params[key] = str(jid)
     j = get(jid)
     detail = detail_of(jid)
     cols = st.columns(5)

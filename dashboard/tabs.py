@@ -27,7 +27,7 @@ def job_link(job: int) -> str:
     return link("Jobs", job)
 
 
-def wanted_job(params: dict[str, str]) -> int | None:
+def wanted_job(params: dict[str, str], key: str = JOB_KEY) -> int | None:
     """The job a link asks for (`job=12`), None when it names none or not a job id."""
-    v = params.get(JOB_KEY, "")
+    v = params.get(key, "")
     return int(v) if v.isdigit() and 0 < int(v) < 2**63 else None
