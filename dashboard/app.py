@@ -27,10 +27,9 @@ import streamlit as st
 
 from broker.errors import NotConfigured, NotFound, OnepoolError, Unauthorized
 from dashboard import sections
-from dashboard.tabs import JOB_KEY, TAB_KEY, TABS, wanted_job
+from dashboard.tabs import JOB_KEY, LOOPBACK, TAB_KEY, TABS, wanted_job
 
 TOKEN = "onepool_token"  # the session-state key of a pasted token (this session's memory only)
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _args() -> argparse.Namespace:
@@ -49,8 +48,11 @@ def _shared_only() -> bool:
     return (st.get_option("server.address") or "") not in LOOPBACK
 
 
-def _token() -> str | None:
-    return st.session_state.get(TOKEN) or os.environ.get("ONEPOOL_TOKEN") or None
+def _token(args: argparse.Namespace) -> str | None:
+    """The pasted token, else ONEPOOL_TOKEN (over the API, or an embedded dashboard off
+    loopback); None: the embedded local user."""
+    env = os.environ.get("ONEPOOL_TOKEN") if args.url or _shared_only() else None
+    return st.session_state.get(TOKEN) or env or None
 
 
 def _logout() -> None:
@@ -108,7 +110,7 @@ def _login(error: str | None = None) -> None:
 def main() -> None:
     st.set_page_config(page_title="onepool", layout="wide", initial_sidebar_state="expanded")
     args = _args()
-    token = _token()
+    token = _token(args)
     if token is None and (args.url or _shared_only()):
         _login()
         return
