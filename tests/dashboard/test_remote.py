@@ -206,3 +206,29 @@ def test_the_embedded_dashboard_off_loopback_asks_for_a_token(lab: Lab, monkeypa
     address("127.0.0.1")  # its single local user, on its own machine: everything
     at = _run(monkeypatch, home=lab.c.store.home)
     assert {int(o.split(":")[0]) for o in at.selectbox(key="job").options} == lab.ids()
+
+
+def test_the_dashboard_over_the_api_imports_nothing_of_the_server() -> None:
+    """What the app imports over the API (dashboard.app's remote path) works with the server's
+    parts missing, as on a laptop with `pip install 'onepool[dashboard]'` (Streamlit brings
+    numpy and pandas)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_thin_client import ROOT, SERVER
+
+    blocked = tuple(m for m in SERVER if m != "numpy")
+    code = f"""import sys
+for m in {blocked!r}:
+    sys.modules[m] = None  # as if not installed
+import broker.errors, broker.client.http, broker.client.cli_estimate
+import dashboard.remote, dashboard.sections, dashboard.tabs, dashboard.wire
+server = ("broker.state", "broker.control", "broker.api", "dashboard.data", "dashboard.queries")
+print("server modules:", sorted(m for m in sys.modules if m.startswith(server)))
+"""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_")}, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "server modules: []"
