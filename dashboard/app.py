@@ -60,28 +60,27 @@ def _logout() -> None:
     st.session_state.pop("onepool_source", None)
 
 
-def _connect(args: argparse.Namespace, token: str | None) -> tuple[Any, Any, str]:
-    """(sdk, data, where) for `token` (None: the embedded local user). Raises Unauthorized."""
+def _connect(args: argparse.Namespace, token: str | None) -> tuple[Any, Any, str, str]:
+    """(sdk, data, where, who) for `token` (None: the embedded local user). Raises Unauthorized."""
     if args.url:
         from broker.client.http import HttpClient
         from dashboard.remote import RemoteData
 
         http = HttpClient(args.url, token)
         who = http.read("/v1/whoami")  # checks the token now, not at the first chart
-        st.session_state["onepool_viewer"] = f"{who['kind']} of team {who['team']}"
-        return http, RemoteData(http), args.url
+        return http, RemoteData(http), args.url, f"{who['kind']} of team {who['team']}"
     from broker.client.sdk import Client
     from broker.state.tokens import Verifier
-    from dashboard.data import LocalData
+    from dashboard.data import LocalData, viewer
 
     local = _embedded(args.home)
     if token is None:
-        return local, LocalData(local), str(local.store.home)
+        return local, LocalData(local), str(local.store.home), viewer(local)
     with local.store.session() as s:
         p = Verifier(local.clock).api_principal(s, token)
         s.commit()
     c = Client(store=local.store, clock=local.clock, principal=p)
-    return c, LocalData(c), str(local.store.home)
+    return c, LocalData(c), str(local.store.home), viewer(c)
 
 
 @st.cache_resource
@@ -115,7 +114,7 @@ def main() -> None:
         _login()
         return
     try:
-        sdk, data, where = _connect(args, token)
+        sdk, data, where, who = _connect(args, token)
     except Unauthorized as e:
         _logout()
         _login(f"that token was refused: {e}")
@@ -125,6 +124,8 @@ def main() -> None:
     hours = st.sidebar.number_input("charts: at most the last (hours)", min_value=1, max_value=24 * 90,
                                     value=24)
     st.sidebar.caption(f"{'server' if args.url else 'broker home'}: {where}")
+    mine = "" if who.startswith(("admin", "local")) else " (its jobs and money)"
+    st.sidebar.caption(f"you see: {who}{mine}")
     if st.session_state.get(TOKEN) and st.sidebar.button("log out"):
         _logout()
         st.rerun()
@@ -139,7 +140,6 @@ def main() -> None:
         except Unauthorized:  # revoked while we looked
             _logout()
             st.rerun()
-        st.sidebar.caption(f"you see: {snap.viewer}" + ("" if snap.team is None else " (its jobs and money)"))
         tabs = st.tabs(TABS, key=TAB_KEY, bind="query-params")
         with tabs[0]:
             sections.overview(snap.overview, snap.usage, snap.queue, snap.overview["free_gpus"], snap.now,
