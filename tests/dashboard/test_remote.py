@@ -232,3 +232,15 @@ print("server modules:", sorted(m for m in sys.modules if m.startswith(server)))
                        timeout=60, check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "server modules: []"
+
+
+def test_a_members_log_tail_comes_over_the_api(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dashboard's machine has no run folders: the tail of the running attempt's output
+    comes from the server (GET /v1/dashboard/jobs/ID/tail)."""
+    running = next(j for j in lab.c.list() if j.status == "RUNNING")
+    run = lab.c.store.home / "runs" / f"attempt-{running.attempt_list[-1].id}" / "rank-0"
+    run.mkdir(parents=True)
+    (run / "output.log").write_text("step 39 loss 0.41\nstep 40 loss 0.40\n")
+    at = _run(monkeypatch, url=lab.api.url, token=lab.tokens["research"])
+    assert at.selectbox(key="job").value == running.id
+    assert _tab(at, "Jobs").code[0].value.strip() == "step 39 loss 0.41\nstep 40 loss 0.40"
