@@ -30,6 +30,7 @@ from dashboard import sections
 from dashboard.tabs import JOB_KEY, LOOPBACK, TAB_KEY, TABS, wanted_job
 
 TOKEN = "onepool_token"  # the session-state key of a pasted token (this session's memory only)
+CONNECTION = "onepool_connection"  # ((url, token), HttpClient, who) of this session
 
 
 def _args() -> argparse.Namespace:
@@ -57,7 +58,9 @@ def _token(args: argparse.Namespace) -> str | None:
 
 def _logout() -> None:
     st.session_state.pop(TOKEN, None)
-    st.session_state.pop("onepool_source", None)
+    kept = st.session_state.pop(CONNECTION, None)
+    if kept is not None:
+        kept[1].close()
 
 
 def _connect(args: argparse.Namespace, token: str | None) -> tuple[Any, Any, str, str]:
@@ -66,9 +69,14 @@ def _connect(args: argparse.Namespace, token: str | None) -> tuple[Any, Any, str
         from broker.client.http import HttpClient
         from dashboard.remote import RemoteData
 
-        http = HttpClient(args.url, token)
-        who = http.read("/v1/whoami")  # checks the token now, not at the first chart
-        return http, RemoteData(http), args.url, f"{who['kind']} of team {who['team']}"
+        kept = st.session_state.get(CONNECTION)
+        if kept is None or kept[0] != (args.url, token):  # one HTTP client per session and token
+            http = HttpClient(args.url, token)
+            who = http.read("/v1/whoami")  # checks the token now, not at the first chart
+            kept = ((args.url, token), http, f"{who['kind']} of team {who['team']}")
+            st.session_state[CONNECTION] = kept
+        _, http, who_ = kept
+        return http, RemoteData(http), args.url, who_
     from broker.client.sdk import Client
     from broker.state.tokens import Verifier
     from dashboard.data import LocalData, viewer

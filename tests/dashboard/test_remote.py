@@ -91,7 +91,7 @@ def _seen(at: AppTest) -> dict[str, object]:
     pre = _tab(at, "Preemptions").dataframe
     nodes = _tab(at, "Nodes & pools").dataframe[1].value
     m = _metrics(at, "Overview")
-    return {"jobs": set(jobs.options and [int(o.split(":")[0]) for o in jobs.options]),
+    return {"jobs": {int(o.split(":")[0]) for o in jobs.options},
             "experiments": set(exps["experiment"]),
             "budgets": set(_tab(at, "Budgets").dataframe[0].value["team"]),
             "interrupted teams": set(pre[0].value["team"]) if pre else set(),
