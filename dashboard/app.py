@@ -25,7 +25,7 @@ from typing import Any
 
 import streamlit as st
 
-from broker.errors import NotConfigured, NotFound, OnepoolError, Unauthorized
+from broker.errors import NotConfigured, NotFound, OnepoolError, Unauthorized, Unavailable
 from dashboard import sections
 from dashboard.tabs import JOB_KEY, LOOPBACK, TAB_KEY, TABS, wanted_job
 
@@ -127,6 +127,10 @@ def main() -> None:
         _logout()
         _login(f"that token was refused: {e}")
         return
+    except Unavailable as e:  # nothing to show yet: a reload tries again
+        st.title("onepool: GPUs and money")
+        st.error(f"{e}; reload this page to try again")
+        return
     st.title("onepool: GPUs and money")
     refresh = st.sidebar.number_input("refresh every (s)", min_value=2, max_value=600, value=10)
     hours = st.sidebar.number_input("charts: at most the last (hours)", min_value=1, max_value=24 * 90,
@@ -144,6 +148,9 @@ def main() -> None:
             snap = data.snapshot(float(hours))
         except NotConfigured as e:
             st.warning(str(e))
+            return
+        except Unavailable as e:  # the server is down or restarting: the next refresh tries again
+            st.error(f"{e} (trying again every {refresh} s)")
             return
         except Unauthorized:  # revoked while we looked
             _logout()

@@ -244,3 +244,13 @@ def test_a_members_log_tail_comes_over_the_api(lab: Lab, monkeypatch: pytest.Mon
     at = _run(monkeypatch, url=lab.api.url, token=lab.tokens["research"])
     assert at.selectbox(key="job").value == running.id
     assert _tab(at, "Jobs").code[0].value.strip() == "step 39 loss 0.41\nstep 40 loss 0.40"
+
+
+def test_a_server_that_does_not_answer_is_named_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    at = _run(monkeypatch, url=url, token="op_x_y")
+    assert not at.tabs and any(f"the onepool server at {url} did not answer" in e.value for e in at.error)
