@@ -1,6 +1,7 @@
 """`onepool dashboard` on 127.0.0.1, looked at in headless Chromium (over its DevTools protocol)
 as a person would: every tab is opened, checked for what it must show, and photographed, for a
-seeded home and for the home of a real `onepool demo` run. Screenshots go to
+seeded home and for the home of a real `onepool demo` run; and over the API, where a member
+follows a link, logs in on the login page and sees its team only. Screenshots go to
 $ONEPOOL_SCREENSHOTS (default build/screenshots/), one PNG per tab and home.
 
 Chromium is installed before pytest runs (`make test` -> infra/test/install-chromium.sh); this
@@ -153,6 +154,8 @@ ACTIVE_PANEL = """(() => { const p = document.querySelector('[role="tabpanel"]')
     .map(c => c.textContent.trim())
     .concat([...p.querySelectorAll('input[role="combobox"]')].map(i => i.value));
   return p.innerText + "\\n" + cells.join("\\n"); })()"""
+ACTIVE_TAB = """[...document.querySelectorAll('[role="tab"]')].filter(b => b.getAttribute('aria-selected')
+  === 'true').map(b => b.innerText.trim())[0]"""
 CHARTS_DRAWN = """[...document.querySelectorAll('[role="tabpanel"] .vega-embed')]
   .filter(e => e.querySelector('canvas, svg')).length"""
 # Streamlit re-runs the page every few seconds (the refresh): while it runs, parts of the page
@@ -269,18 +272,20 @@ def test_every_tab_of_a_real_demo_run(browser: DevTools, demo_run: dict[str, Any
 @pytest.mark.e2e
 def test_a_member_logs_in_over_the_api_and_sees_its_team_only(browser: DevTools, tmp_path: Path) -> None:
     """The dashboard on another "machine" than the database: `onepool dashboard` with ONEPOOL_URL
-    and no token shows the login page; a member of prod pastes its token and sees prod's jobs,
-    experiments and budget, and nothing of research's."""
+    and no token shows the login page; a member of prod, following a link to its waiting job,
+    pastes its token, lands on that job, and sees prod's jobs, experiments and budget, and
+    nothing of research's."""
     from broker.api.app import create_app
     from broker.clock import SystemClock
     from tests.agents.harness import serve
 
     c = seed(tmp_path / "home")
     token = c.create_token("prod").token or ""
+    waiting = next(j.id for j in c.list() if j.name == "eval")
     api = serve(create_app(c.store, SystemClock()))
     proc, port, out = _dashboard(None, tmp_path / "dashboard.log", url=api.url)
     try:
-        browser.call("Page.navigate", url=f"http://127.0.0.1:{port}")
+        browser.call("Page.navigate", url=f"http://127.0.0.1:{port}/?tab=Jobs&job={waiting}")
         _until("the login page", lambda: browser.eval(
             "!!document.querySelector('input[type=\"password\"]')"), timeout=60, every=0.2)
         assert browser.eval("document.querySelectorAll('[role=\"tab\"]').length") == 0
@@ -292,10 +297,12 @@ def test_a_member_logs_in_over_the_api_and_sees_its_team_only(browser: DevTools,
           return !!b; })()"""), timeout=15)
         _until("the dashboard's tabs", lambda: browser.eval(
             "document.querySelectorAll('[role=\"tab\"]').length") == 7, timeout=60, every=0.2)
+        _until("the link's tab and job", lambda: browser.eval(ACTIVE_TAB) == "Jobs" and
+               f"{waiting}: eval (pending)" in (browser.eval(ACTIVE_PANEL) or ""), timeout=30, every=0.2)
         seen = {tab: _look(browser, tab, must, 0) for tab, must in {
             "Jobs": ["eval", "head of the queue: holding 1 GPUs in a100"],
             "Cost per experiment": ["release"], "Budgets": ["prod"]}.items()}
-        _photograph(browser, "member-login-jobs")
+        _photograph(browser, "member-login")
         assert "member of team prod" in browser.eval("document.body.innerText")
         assert "sweep" not in seen["Jobs"] and "lr-sweep" not in seen["Cost per experiment"]
         assert "research" not in seen["Budgets"] + seen["Jobs"]
