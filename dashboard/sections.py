@@ -1,5 +1,6 @@
-"""The dashboard's tabs. Each takes rows from query functions (dashboard.queries, the SDK) and
-draws them; times are shown in this machine's local time zone."""
+"""The dashboard's tabs. Each takes rows from query functions (dashboard.queries through
+dashboard.data or the API, the SDK) and draws them; times are shown in this machine's local time
+zone, on a 24-hour clock; job ids link to the job (dashboard.tabs.job_link)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,31 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from dashboard.tabs import job_link, link, wanted_job
+
 COST_COLUMNS = ["key", "usd", "gpu_hours", "idle_usd", "lost_gpu_hours", "lost_usd", "jobs"]
+MAX_ESTIMATED = 20  # waiting jobs estimated per refresh at most (each estimate replays the queue)
+DAY_S = 86400.0
+
+
+def axis_format(span_s: float) -> str:
+    """The time axis' label format (d3 time format) for a chart spanning `span_s` seconds: a
+    24-hour clock always (17:26, never 05:26), with the day once the span passes a day."""
+    return "%H:%M" if span_s <= DAY_S else "%d %b %H:%M"
+
+
+def _time_x(df: pd.DataFrame, col: str = "t") -> alt.X:
+    """The x channel of a chart over local times in `df[col]`."""
+    span = (df[col].max() - df[col].min()).total_seconds() if len(df) else 0.0
+    return alt.X(f"{col}:T", title=f"time ({tz_name()})", axis=alt.Axis(format=axis_format(span)))
+
+
+def _linked(df: pd.DataFrame, *cols: str) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """`df` with job-id columns as links to the job (`?tab=Jobs&job=ID`), and their column config."""
+    cols = tuple(c for c in cols if c in df)
+    out = df.assign(**{c: df[c].map(lambda j: None if j is None or pd.isna(j) else job_link(int(j)))
+                       for c in cols})
+    return out, {c: st.column_config.LinkColumn(c, display_text=r"job=(\d+)") for c in cols}
 
 
 def tz_name() -> str:
@@ -46,7 +71,7 @@ def step_chart(rows: list[dict[str, Any]], value: str, title: str, stacked: bool
     df = _local(df, "t")
     mark = (alt.Chart(df).mark_area(interpolate="step-after", opacity=0.8) if stacked
             else alt.Chart(df).mark_line(interpolate="step-after"))
-    chart = mark.encode(x=alt.X("t:T", title=f"time ({tz_name()})"),
+    chart = mark.encode(x=_time_x(df),
                         y=alt.Y(f"{value}:Q", title=title, stack=stacked or None,
                                 axis=alt.Axis(tickMinStep=1, format="d")),
                         color=alt.Color("series:N", title=None),
@@ -56,8 +81,9 @@ def step_chart(rows: list[dict[str, Any]], value: str, title: str, stacked: bool
 
 
 def overview(now_: dict[str, Any], usage: list[dict[str, Any]], queue: list[dict[str, Any]],
-             free_gpus: int, now: float) -> None:
-    """Numbers as of now, GPUs in use by pool and class, the queue by class."""
+             free_gpus: int, now: float, team: str | None = None) -> None:
+    """Numbers as of now, GPUs in use by pool and class, the queue by class (of `team` when
+    given; free GPUs are the cluster's)."""
     cols = st.columns(6)
     cols[0].metric("GPUs in use now", str(now_["gpus_in_use"]))
     cols[1].metric("GPUs free now", str(free_gpus))
@@ -67,8 +93,9 @@ def overview(now_: dict[str, Any], usage: list[dict[str, Any]], queue: list[dict
     cols[5].metric("burn rate (USD/h)", f"{now_['spent_last_hour_usd']:.2f}",
                    help="USD charged over the last hour")
     metered = now_["metered_until"]
-    st.caption(f"as of {when(now)} {tz_name()}; burn rate: USD charged over the last hour; the ledger "
-               "has charged up to "
+    st.caption(f"as of {when(now)} {tz_name()}" + ("" if team is None else f"; team {team}'s jobs and money")
+               + f"; [the waiting jobs]({link('Jobs')}); burn rate: USD charged over the last hour; "
+               "the ledger has charged up to "
                + (when(metered) if metered is not None else "nothing yet")
                + (" (the broker is not running: nothing is metered after that)"
                   if metered is not None and now - metered > 120 else ""))
@@ -97,7 +124,8 @@ def experiments(costs: list[Any], jobs_of: Callable[[str], list[dict[str, Any]]]
         return
     exp = st.selectbox("experiment", real, key="experiment")
     jobs = pd.DataFrame(jobs_of(exp))
-    st.dataframe(jobs, hide_index=True, key="experiment_jobs")
+    shown, links = _linked(jobs.assign(open=jobs.get("job")) if not jobs.empty else jobs, "open")
+    st.dataframe(shown, hide_index=True, key="experiment_jobs", column_config=links)
     if not jobs.empty:
         job = st.selectbox("job", list(jobs["job"]), key="experiment_job")
         att = pd.DataFrame(attempts_of(int(job)))
@@ -105,12 +133,39 @@ def experiments(costs: list[Any], jobs_of: Callable[[str], list[dict[str, Any]]]
                      hide_index=True, key="experiment_attempts")
 
 
-def job_page(jobs: list[Any], get: Callable[[int], Any], attempts_of: Callable[[int], list[dict[str, Any]]],
-             events_of: Callable[[int], list[dict[str, Any]]], spent: Callable[[int], float],
-             tail: Callable[[int], str | None], estimate_of: Callable[[int], Any] | None = None) -> None:
-    """One job: status, progress, money; its array; while it waits, when it would start and
-    what it would cost (issue 29); its attempts (where each ran, why each ended, steps); the
-    tail of an attempt's log; its events."""
+def waiting(jobs: list[Any], estimates: dict[int | None, Any]) -> None:
+    """Every waiting job with its own reason (Job.waiting_reason, as the broker last saw it)
+    and, for the first MAX_ESTIMATED, when it would start at the earliest (p10) and likely
+    (p50) (broker.client.sdk_estimate)."""
+    st.subheader("waiting")
+    rows = [{"job": job_link(j.id), "name": j.name, "team": j.team, "priority": j.priority,
+             "GPUs": f"{j.nodes}x{j.gpus_per_node}",
+             "waiting because": j.waiting_reason or "not looked at yet",
+             "earliest start": _start(estimates.get(j.id), "start_p10"),
+             "likely start": _start(estimates.get(j.id), "start_p50")}
+            for j in jobs if j.status == "PENDING"]
+    if not rows:
+        st.caption("no job is waiting")
+        return
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key="waiting",
+                 column_config={"job": st.column_config.LinkColumn("job", display_text=r"job=(\d+)")})
+
+
+def _start(e: Any, field: str) -> str:
+    if e is None:
+        return "-"
+    t = getattr(e, field)
+    return "not within 14 days" if t is None else when(t)
+
+
+def job_page(jobs: list[Any], get: Callable[[int], Any], detail_of: Callable[[int], Any],
+             tail: Callable[[int, int], str | None], estimate_of: Callable[[int], Any] | None = None,
+             key: str = "job_page") -> None:
+    """One job: status, progress, money; its array; while it waits, why and when it would start
+    and what it would cost (issue 29); its attempts (where each ran, why each ended, steps); the
+    tail of an attempt's log; its events. `detail_of(job)` gives its attempts, events and spend
+    (dashboard.wire.JobDetail); `tail(job, attempt number)` its output's end. The selected job
+    is the query parameter `key` (a link opens it)."""
     st.subheader("job")
     if not jobs:
         st.info("no jobs yet")
@@ -118,11 +173,16 @@ def job_page(jobs: list[Any], get: Callable[[int], Any], attempts_of: Callable[[
     newest_running = next((j.id for j in reversed(jobs) if j.status == "RUNNING"), jobs[-1].id)
     ids = [j.id for j in jobs]
     label = {j.id: f"{j.id}: {j.name} ({j.status.lower()})" for j in jobs}
-    jid = st.selectbox("job", ids, index=ids.index(newest_running), format_func=label.get, key="job_page")
+    asked = wanted_job(dict(st.query_params), key)
+    jid = st.selectbox("job", ids, index=ids.index(asked if asked in ids else newest_running),
+                       format_func=label.get, key=key)
+    if asked != jid:  # the page's address names the job shown: a link to pass on
+        st.query_params[key] = str(jid)
     j = get(jid)
+    detail = detail_of(jid)
     cols = st.columns(5)
     cols[0].metric("status", j.status)
-    cols[1].metric("spent (USD)", f"{spent(jid):.4f}",
+    cols[1].metric("spent (USD)", f"{detail.spent_usd:.4f}",
                    help=None if j.budget_usd is None else f"budget {j.budget_usd:.2f} USD")
     cols[2].metric("attempts", str(j.attempts), help=f"preempted {j.preemptions} times")
     step = max((x for x in (j.progress_step, j.last_step) if x is not None), default=None)
@@ -143,7 +203,7 @@ def job_page(jobs: list[Any], get: Callable[[int], Any], attempts_of: Callable[[
         from broker.client.cli_estimate import summary
 
         st.caption(summary(est, when))
-    att = pd.DataFrame(attempts_of(jid))
+    att = pd.DataFrame(detail.attempts)
     st.markdown("**attempts**")
     if att.empty:
         st.info("not started yet")
@@ -151,10 +211,10 @@ def job_page(jobs: list[Any], get: Callable[[int], Any], attempts_of: Callable[[
         st.dataframe(_readable(att.drop(columns=["id"]), "started_at", "ended_at"), hide_index=True,
                      key="job_attempts")
         number = st.selectbox("log of attempt", list(att["attempt"])[::-1], key="job_log_attempt")
-        text = tail(int(att.loc[att["attempt"] == number, "id"].iloc[0]))
+        text = tail(jid, int(number))
         st.code(text if text else "(no output)", language=None)
     st.markdown("**events**")
-    ev = pd.DataFrame(events_of(jid))
+    ev = pd.DataFrame(detail.events)
     if ev.empty:
         st.caption("no events recorded")
     else:
@@ -173,7 +233,8 @@ def preemptions(rows: list[dict[str, Any]]) -> None:
     cols[1].metric("with no work lost", str(int((df["lost_gpu_hours"] == 0).sum())),
                    help="the job checkpointed on the signal")
     cols[2].metric("GPU-hours lost", f"{df['lost_gpu_hours'].sum():.4f}")
-    st.dataframe(_readable(df, "t").rename(columns={"t": "when"}), hide_index=True, key="preemptions")
+    shown, links = _linked(_readable(df, "t").rename(columns={"t": "when"}), "job", "caused_by_job")
+    st.dataframe(shown, hide_index=True, key="preemptions", column_config=links)
     left, right = st.columns(2)
     left.markdown("**lost GPU-hours by cause**")
     left.bar_chart(df.groupby("cause")["lost_gpu_hours"].sum())
@@ -215,10 +276,19 @@ def budgets(rows: list[dict[str, Any]], burndowns: dict[str, list[dict[str, Any]
         st.caption("no team has a budget: set budget_usd in onepool.yaml, or `onepool budget set "
                    "--team TEAM AMOUNT`; spent and burn rate are shown all the same")
     for team, series in burndowns.items():
-        st.caption(f"{team}: budget left over its window")
-        b = pd.DataFrame(series, columns=["t", "left_usd"])
-        if not b.empty:
-            st.line_chart(_local(b, "t").set_index("t")["left_usd"])
+        st.caption(f"{team}: budget and what is left of it over its window (an override counts from "
+                   "when it was set)")
+        b = pd.DataFrame(series, columns=["t", "budget_usd", "left_usd"])
+        if b.empty:
+            continue
+        b = _local(b, "t")
+        long = b.melt(id_vars=["t"], value_vars=["budget_usd", "left_usd"], var_name="series",
+                      value_name="usd").dropna()
+        chart = alt.Chart(long).mark_line(interpolate="step-after").encode(
+            x=_time_x(b), y=alt.Y("usd:Q", title="USD"), color=alt.Color("series:N", title=None),
+            tooltip=[alt.Tooltip("t:T", format="%Y-%m-%d %H:%M:%S"), "series:N",
+                     alt.Tooltip("usd:Q", format=".2f")])
+        st.altair_chart(chart, width="stretch")
 
 
 def rebalancing(rows: list[dict[str, Any]]) -> None:
@@ -235,4 +305,5 @@ def rebalancing(rows: list[dict[str, Any]]) -> None:
     cols[1].metric("expected net saving ($)", f"{(df['expected_saving_usd'] - df['cost_usd']).sum():.2f}")
     cols[2].metric("realized saving ($)", f"{done['realized_saving_usd'].sum():.2f}" if len(done) else "-",
                    help="moves whose attempt in the new pool has ended")
-    st.dataframe(_readable(df, "t").rename(columns={"t": "decided"}), hide_index=True, key="rebalancing")
+    shown, links = _linked(_readable(df, "t").rename(columns={"t": "decided"}), "job")
+    st.dataframe(shown, hide_index=True, key="rebalancing", column_config=links)

@@ -14,6 +14,7 @@ from broker.api import errors, routes_admin, routes_agent, routes_estimate, rout
 from broker.api.context import ApiContext
 from broker.api.guard import Guard
 from broker.api.mailbox import Mailbox
+from broker.api.routes_dashboard import router as dashboard_router
 from broker.clock import Clock
 from broker.observe.metrics import registry_for
 from broker.state.store import Store
@@ -44,6 +45,7 @@ def create_app(store: Store, clock: Clock, *, mailbox: Mailbox | None = None,
     for r in (routes_jobs.router, routes_admin.router, routes_agent.router, routes_metrics.router,
               routes_estimate.router):
         app.include_router(r)
+    app.include_router(dashboard_router)  # what the dashboard reads (dashboard.remote)
     app.add_middleware(routes_metrics.TimedRoutes)
     app.add_middleware(Guard, limits=context.limits, clock=clock)  # outermost: before any work
     return app

@@ -140,18 +140,34 @@ def register(app: typer.Typer, client: Callable[[], Any], out: Callable[[], Cons
 
     @app.command()
     def dashboard(port: Annotated[int, typer.Option(metavar="PORT", help="port to listen on")] = 8501,
-                  address: Annotated[str, typer.Option(metavar="ADDR", help="listen address")] = "127.0.0.1"
+                  address: Annotated[str, typer.Option(metavar="ADDR", help="listen address")] = "127.0.0.1",
+                  share_token: Annotated[bool, typer.Option(
+                      "--share-token", help="off loopback, show everyone who reaches the page what "
+                                            "ONEPOOL_TOKEN sees (default: each viewer logs in)")] = False,
                   ) -> None:
-        """Open the Streamlit dashboard of this broker home (http://127.0.0.1:PORT). SIGTERM,
-        SIGINT and SIGHUP are passed on to Streamlit, and this command waits for it to stop."""
+        """Open the Streamlit dashboard (http://ADDR:PORT): of the server at ONEPOOL_URL, as the
+        token's team (ONEPOOL_TOKEN, or pasted on its login page), or of this broker home. Off
+        loopback every viewer logs in with a token of their own. SIGTERM, SIGINT and SIGHUP are
+        passed on to Streamlit, and this command waits for it to stop."""
         import os
 
-        home = str(client().store.home)
+        from dashboard.tabs import LOOPBACK
+
+        env = dict(os.environ)
+        url = env.get("ONEPOOL_URL")
+        if url:
+            where, source = f"the server {url}", ["--url", url]
+        else:
+            home = str(client().store.home)
+            where, source = home, ["--home", home]
+            env["ONEPOOL_HOME"] = home
+        if address not in LOOPBACK and not share_token:
+            env.pop("ONEPOOL_TOKEN", None)  # a viewer sees what their own token may see
         cmd = [sys.executable, "-m", "streamlit", "run", str(DASHBOARD_APP),
                "--server.headless", "true", "--server.address", address, "--server.port", str(port),
-               "--browser.gatherUsageStats", "false", "--", "--home", home]
-        out().print(f"dashboard of {home} at http://{address}:{port} (Ctrl-C stops it)", markup=False)
-        raise typer.Exit(run_forwarding_signals(cmd, {**os.environ, "ONEPOOL_HOME": home}))
+               "--browser.gatherUsageStats", "false", "--", *source]
+        out().print(f"dashboard of {where} at http://{address}:{port} (Ctrl-C stops it)", markup=False)
+        raise typer.Exit(run_forwarding_signals(cmd, env))
 
 
 def run_forwarding_signals(cmd: list[str], env: dict[str, str], grace_s: float = STOP_GRACE_S) -> int:

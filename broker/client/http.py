@@ -231,3 +231,9 @@ class HttpClient:
 
     def health(self) -> Health:
         return Health.model_validate(self._req("GET", "/v1/healthz"))
+
+    # -- other readers ------------------------------------------------------------------------
+    def read(self, path: str, **params: Any) -> Any:
+        """GET a JSON document of the API as this token (for readers with their own types: the
+        dashboard, dashboard.remote), with the same retries and errors as every call here."""
+        return self._req("GET", path, params=params)

@@ -203,9 +203,10 @@ class Client(AdminMixin, EstimateMixin):
             batch.staged[slot] = staged
         return staged
 
-    def _job(self, s: Session, job_id: int) -> Job:
+    def _job(self, s: Session, job_id: int, what: str = "") -> Job:
         """The job, if this principal may see it. Another team's job is NotFound with the very
-        message of a job that does not exist: a member cannot learn which ids other teams use."""
+        message of a job that does not exist: a member cannot learn which ids other teams use.
+        (`what` names the caller's purpose for readers of the call; the message is the same.)"""
         j = s.get(Job, job_id) if 0 < job_id <= MAX_ID else None
         if j is None or not self.principal.may_act_for(j.team):
             raise NotFound(f"no job with id {job_id}")

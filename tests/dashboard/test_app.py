@@ -8,10 +8,21 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dashboard.tabs import TABS
+from dashboard.tabs import TABS, job_link
 from tests.dashboard.seed import seed
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+
+
+@pytest.fixture(autouse=True)
+def _loopback():  # type: ignore[no-untyped-def]
+    """As `onepool dashboard` runs it: on 127.0.0.1 (the embedded mode asks no token there)."""
+    from streamlit import config
+
+    before = config.get_option("server.address")
+    config.set_option("server.address", "127.0.0.1")
+    yield
+    config.set_option("server.address", before)
 
 
 @pytest.fixture
@@ -79,11 +90,11 @@ def test_experiment_drill_down_to_jobs_and_attempts(app):
 
 def test_job_page_shows_attempts_progress_and_money(app):
     c, at = app
-    m = {x.label: x.value for x in _tab(at, "Job").metric}
+    m = {x.label: x.value for x in _tab(at, "Jobs").metric}
     running = next(j for j in c.list() if j.status == "RUNNING")
     assert (m["status"], m["step"]) == ("RUNNING", "40 of 100")
     assert m["spent (USD)"] == f"{dict((r.key, r.usd) for r in c.costs('job'))[str(running.id)]:.4f}"
-    att = _frame(at, "Job", 0)
+    att = _frame(at, "Jobs", 1)
     assert list(att["why"]) == ["spot_interruption", ""] and list(att["pool"]) == ["spot", "a100"]
     assert list(att["nodes"]) == ["spot-0[0,1]", "a100-1[1]"]
 
@@ -139,7 +150,7 @@ def test_rebalancing_shows_each_move_with_expected_and_realized_saving(app):
     at = AppTest.from_file(str(APP), default_timeout=60).run()
     assert not at.exception, at.exception
     df = _frame(at, "Rebalancing", 0)
-    assert list(df["job"]) == [2, 1] and list(df["expected_saving_usd"]) == [4.0, 10.0]
+    assert list(df["job"]) == [job_link(2), job_link(1)] and list(df["expected_saving_usd"]) == [4.0, 10.0]
     m = {x.label: x.value for x in _tab(at, "Rebalancing").metric}
     assert (m["moves"], m["expected net saving ($)"], m["realized saving ($)"]) == ("2", "11.00", "7.50")
 
@@ -163,10 +174,10 @@ def test_job_page_shows_gpu_utilization_and_held_but_idle(tmp_path, monkeypatch)
     monkeypatch.setenv("ONEPOOL_HOME", str(c.store.home))
     at = AppTest.from_file(str(APP), default_timeout=60).run()
     assert not at.exception, at.exception
-    job = _tab(at, "Job")
+    job = _tab(at, "Jobs")
     assert any("GPU utilization 2%" in x.value for x in job.caption)
     assert any("held but idle" in w.value for w in job.warning)
-    att = _frame(at, "Job", 0)
+    att = _frame(at, "Jobs", 1)
     assert list(att["gpu_util_pct"].dropna()) == [2.0]
 
 
@@ -174,6 +185,6 @@ def test_job_page_shows_the_estimate_of_a_waiting_job(app):
     """Issue 29: beside a pending job, the same estimate as `onepool status --estimate`."""
     c, at = app
     waiting = next(j for j in c.list() if j.status == "PENDING")
-    at.selectbox(key="job_page").select(waiting.id).run()
-    captions = [x.value for x in _tab(at, "Job").caption]
+    at.selectbox(key="job").select(waiting.id).run()
+    captions = [x.value for x in _tab(at, "Jobs").caption]
     assert any(t.startswith("estimate: pool a100 (A100, onprem); starts in") for t in captions), captions

@@ -1,6 +1,7 @@
 """`onepool dashboard` on 127.0.0.1, looked at in headless Chromium (over its DevTools protocol)
 as a person would: every tab is opened, checked for what it must show, and photographed, for a
-seeded home and for the home of a real `onepool demo` run. Screenshots go to
+seeded home and for the home of a real `onepool demo` run; and over the API, where a member
+follows a link, logs in on the login page and sees its team only. Screenshots go to
 $ONEPOOL_SCREENSHOTS (default build/screenshots/), one PNG per tab and home.
 
 Chromium is installed before pytest runs (`make test` -> infra/test/install-chromium.sh); this
@@ -119,11 +120,16 @@ def browser(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         proc.wait(timeout=10)
 
 
-def _dashboard(home: Path, log: Path) -> tuple[subprocess.Popen[bytes], int, Any]:
+def _dashboard(home: Path | None, log: Path,
+               url: str | None = None) -> tuple[subprocess.Popen[bytes], int, Any]:
+    """`onepool dashboard` of `home`, or over the API at `url` (no token: its login page)."""
     port = _free_port()
     out = open(log, "wb")  # noqa: SIM115  (closed by _stop)
-    proc = subprocess.Popen([sys.executable, "-m", "broker.client.cli", "--home", str(home), "dashboard",
-                             "--port", str(port)], stdout=out, stderr=subprocess.STDOUT)
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEPOOL_HOME", "ONEPOOL_URL", "ONEPOOL_TOKEN")}
+    where = ["--home", str(home)] if home is not None else []
+    env.update({"ONEPOOL_URL": url} if url else {})
+    proc = subprocess.Popen([sys.executable, "-m", "broker.client.cli", *where, "dashboard",
+                             "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env=env)
     _until("dashboard health", lambda: _get(f"http://127.0.0.1:{port}/_stcore/health") == b"ok")
     return proc, port, out
 
@@ -148,6 +154,8 @@ ACTIVE_PANEL = """(() => { const p = document.querySelector('[role="tabpanel"]')
     .map(c => c.textContent.trim())
     .concat([...p.querySelectorAll('input[role="combobox"]')].map(i => i.value));
   return p.innerText + "\\n" + cells.join("\\n"); })()"""
+ACTIVE_TAB = """[...document.querySelectorAll('[role="tab"]')].filter(b => b.getAttribute('aria-selected')
+  === 'true').map(b => b.innerText.trim())[0]"""
 CHARTS_DRAWN = """[...document.querySelectorAll('[role="tabpanel"] .vega-embed')]
   .filter(e => e.querySelector('canvas, svg')).length"""
 # Streamlit re-runs the page every few seconds (the refresh): while it runs, parts of the page
@@ -222,7 +230,7 @@ def test_every_tab_of_a_seeded_home(browser: DevTools, tmp_path: Path) -> None:
             "Overview": (["GPUs in use now", "jobs waiting now", "burn rate (USD/h)",
                           "GPUs in use by pool and class", "jobs waiting by class"], 2),
             "Cost per experiment": (["cost per experiment", "lr-sweep", "idle on-prem", "release"], 1),
-            "Job": (["attempts", "spot_interruption", "40 of 100", f"{running.id}: sweep-2"], 0),
+            "Jobs": (["attempts", "spot_interruption", "40 of 100", f"{running.id}: sweep-2", "waiting"], 0),
             "Preemptions": (["with no work lost", "spot_interruption", "preempted", "prod"], 2),
             "Nodes & pools": (["pools", "nodes", "a100-0", "spot-0", "4"], 0),
             "Budgets": (["team budgets", "research"], 1),
@@ -235,7 +243,7 @@ def test_every_tab_of_a_seeded_home(browser: DevTools, tmp_path: Path) -> None:
     assert overview[overview.index("jobs waiting now") + 2] == "1"
     assert f"{sum(r.usd for r in c.costs('pool')):.2f}" in seen["Overview"]
     # Local, readable times (never raw epoch seconds) on every table.
-    assert str(int(c.clock.now()))[:6] not in seen["Preemptions"] + seen["Job"]
+    assert str(int(c.clock.now()))[:6] not in seen["Preemptions"] + seen["Jobs"]
 
 
 @pytest.mark.e2e
@@ -247,7 +255,7 @@ def test_every_tab_of_a_real_demo_run(browser: DevTools, demo_run: dict[str, Any
         seen = _visit(browser, f"http://127.0.0.1:{port}", "demo", {
             "Overview": (["GPUs in use now", "GPUs in use by pool and class"], 2),
             "Cost per experiment": (["lr-sweep", "release", "idle rented"], 1),
-            "Job": (["attempts", "events"], 0),
+            "Jobs": (["attempts", "events"], 0),
             "Preemptions": (["preempted", "prod"], 2),
             "Nodes & pools": (["aws-spot", "a100-0", "l4-0"], 0),
             "Budgets": (["team budgets", "research", "prod"], 0),
@@ -259,3 +267,46 @@ def test_every_tab_of_a_real_demo_run(browser: DevTools, demo_run: dict[str, Any
     assert lines[lines.index("GPUs in use now") + 2] == "0"  # the demo is over: nothing runs now
     assert lines[lines.index("jobs waiting now") + 2] == "0"
     assert "the broker is not running" in seen["Overview"] or "charged up to" in seen["Overview"]
+
+
+@pytest.mark.e2e
+def test_a_member_logs_in_over_the_api_and_sees_its_team_only(browser: DevTools, tmp_path: Path) -> None:
+    """The dashboard on another "machine" than the database: `onepool dashboard` with ONEPOOL_URL
+    and no token shows the login page; a member of prod, following a link to its waiting job,
+    pastes its token, lands on that job, and sees prod's jobs, experiments and budget, and
+    nothing of research's."""
+    from broker.api.app import create_app
+    from broker.clock import SystemClock
+    from tests.agents.harness import serve
+
+    c = seed(tmp_path / "home")
+    token = c.create_token("prod").token or ""
+    waiting = next(j.id for j in c.list() if j.name == "eval")
+    api = serve(create_app(c.store, SystemClock()))
+    proc, port, out = _dashboard(None, tmp_path / "dashboard.log", url=api.url)
+    try:
+        browser.call("Page.navigate", url=f"http://127.0.0.1:{port}/?tab=Jobs&job={waiting}")
+        _until("the login page", lambda: browser.eval(
+            "!!document.querySelector('input[type=\"password\"]')"), timeout=60, every=0.2)
+        assert browser.eval("document.querySelectorAll('[role=\"tab\"]').length") == 0
+        browser.eval("document.querySelector('input[type=\"password\"]').focus()")
+        browser.call("Input.insertText", text=token)
+        _until("the log-in button pressed", lambda: browser.eval("""(() => {
+          const b = [...document.querySelectorAll('button')].find(x => x.innerText.trim() === 'log in');
+          if (b) b.click();
+          return !!b; })()"""), timeout=15)
+        _until("the dashboard's tabs", lambda: browser.eval(
+            "document.querySelectorAll('[role=\"tab\"]').length") == 7, timeout=60, every=0.2)
+        _until("the link's tab and job", lambda: browser.eval(ACTIVE_TAB) == "Jobs" and
+               f"{waiting}: eval (pending)" in (browser.eval(ACTIVE_PANEL) or ""), timeout=30, every=0.2)
+        seen = {tab: _look(browser, tab, must, 0) for tab, must in {
+            "Jobs": ["eval", "head of the queue: holding 1 GPUs in a100"],
+            "Cost per experiment": ["release"], "Budgets": ["prod"]}.items()}
+        _photograph(browser, "member-login")
+        assert "member of team prod" in browser.eval("document.body.innerText")
+        assert "sweep" not in seen["Jobs"] and "lr-sweep" not in seen["Cost per experiment"]
+        assert "research" not in seen["Budgets"] + seen["Jobs"]
+        assert token not in browser.eval("location.href")
+    finally:
+        _stop(proc, port, out)
+        api.stop()
