@@ -18,6 +18,7 @@ from broker.api.app import create_app
 from broker.client.cli import app
 from broker.client.sdk import Client
 from broker.clock import FakeClock, SystemClock
+from broker.errors import OnepoolError
 from tests.agents.harness import serve
 from tests.test_rebalance_engine import on_demand_job_with_prem_freed
 
@@ -39,6 +40,8 @@ class Modes:
         env = {"ONEPOOL_URL": self.url, "ONEPOOL_TOKEN": token or self.admin} if http else \
             {"ONEPOOL_URL": None, "ONEPOOL_TOKEN": None}
         res = CliRunner().invoke(app, ["--home", str(self.home), *args], env=env)
+        if isinstance(res.exception, OnepoolError):  # what main() prints, exit status 2
+            return 2, f"error: {res.exception}"
         if res.exception is not None and not isinstance(res.exception, SystemExit):
             raise res.exception
         return res.exit_code, res.stdout
@@ -89,7 +92,20 @@ COMMANDS = [
     ("submit-dry-run", ["submit", "--name", "x", "--team", "research", "--gpus", "2", "--dry-run",
                         "--json", "--", "true"]),
     ("status-estimate", ["status", "--estimate", "--json"]),
+    # refusals: the same error, the same message
+    ("cancel-ended", ["cancel", "{done}"]),
+    ("status-unknown-job", ["status", "999", "--json"]),
+    ("logs-unknown-job", ["logs", "999", "-f"]),
+    ("status-unknown-team", ["status", "--team", "ml", "--json"]),
+    ("node-list-unknown-pool", ["node", "list", "--pool", "nope", "--json"]),
+    ("node-join-token-local", ["node", "join-token", "od-0", "--json"]),
+    ("budget-set-negative", ["budget", "set", "--team", "research", "-5", "--json"]),
 ]
+
+
+REFUSED = {"cancel-ended", "status-unknown-job", "logs-unknown-job", "status-unknown-team",
+           "node-list-unknown-pool", "node-join-token-local", "budget-set-negative"}
+WRITES = {"budget-set-team", "budget-set-job", "apply"}  # each records an event
 
 
 def fill(m: Modes, args: list[str]) -> list[str]:
@@ -108,12 +124,56 @@ def test_every_command_answers_the_same_embedded_and_over_http(modes: Modes) -> 
         argv = fill(modes, args)
         embedded = modes.run(argv)
         remote = modes.run(argv, http=True)
-        assert embedded[0] in (0, 1), (name, embedded)  # health: 1 when no broker cycles
+        assert embedded[0] == (2 if name in REFUSED else 1 if name == "health" else 0), (name, embedded)
         assert (remote[0], parsed(remote[1])) == (embedded[0], parsed(embedded[1])), name
         if name == "rebalance-dry-run":  # and it is not empty: the move of the running job
             assert [m["job"] for m in parsed(remote[1])] == [modes.job]
         if name == "pools":
             assert modes.job in {j for p in parsed(remote[1]) for n in p["nodes"] for j in n["jobs"]}
+
+
+THIN = """
+import json, os, sys
+from typer.testing import CliRunner
+from broker.client.cli import app
+from broker.errors import OnepoolError
+out = []
+for argv in json.loads(sys.argv[1]):
+    r = CliRunner().invoke(app, argv)
+    if isinstance(r.exception, OnepoolError):
+        out.append([2, f"error: {r.exception}", None])
+        continue
+    crash = r.exception is not None and not isinstance(r.exception, SystemExit)
+    out.append([r.exit_code, r.stdout, repr(r.exception) if crash else None])
+loaded = sorted(m for m in sys.modules if m.startswith(("broker.state.", "broker.control", "broker.api")))
+print(json.dumps({"results": out, "server_modules": loaded}))
+"""
+
+
+def test_every_command_answers_the_same_on_the_thin_client(modes: Modes) -> None:
+    """The same table in an interpreter where the server parts cannot be imported (`pip install
+    onepool` on a laptop): every command over HTTP, no home."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_thin_client import BLOCK, ROOT
+
+    table = sorted(COMMANDS, key=lambda c: c[0] in WRITES)  # reads first: they see the state unchanged
+    argvs = [fill(modes, args) for _, args in table]
+    before = {name: modes.run(argv) for (name, _), argv in zip(table, argvs, strict=True)
+              if name not in WRITES}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_")}
+    env.update(PYTHONPATH=str(ROOT), ONEPOOL_URL=modes.url, ONEPOOL_TOKEN=modes.admin)
+    p = subprocess.run([sys.executable, "-c", BLOCK + THIN, json.dumps(argvs)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    assert got["server_modules"] == []
+    for (name, _), argv, (code, out, crash) in zip(table, argvs, got["results"], strict=True):
+        assert crash is None, (name, crash)
+        want = before[name] if name not in WRITES else modes.run(argv)  # writes: idempotent answers
+        assert (code, parsed(out)) == (want[0], parsed(want[1])), name
 
 
 # (token, the job ids a member sees in the moves and on the nodes)

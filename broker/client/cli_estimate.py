@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from broker.state.views import fmt_usd
+from broker.wire import fmt_usd
 
 if TYPE_CHECKING:
     from rich.table import Table
