@@ -17,7 +17,7 @@ import pytest
 
 from broker.client.demo_site import free_port
 from broker.client.http import HttpClient
-from broker.errors import NotFound
+from broker.errors import NotFound, TooManyRequests, Unauthorized, Unavailable
 from tests.agents.harness import wait_for
 from tests.conftest import HOST_SETTINGS, ROOT, kill_leftovers
 from tests.test_cli_remote import cli
@@ -140,3 +140,42 @@ def test_logs_follow_of_a_job_cancelled_before_it_started_says_so(tmp_path: Path
     cli(home, "cancel", str(job))
     p = cli(home, "logs", str(job), "-f")
     assert p.stdout == "" and f"job {job} ended CANCELLED without starting" in p.stderr
+
+
+# (what the server does on each try, the waits between tries, how it ends)
+CALLS = [
+    pytest.param(["ok"], [], "ok", id="answers"),
+    pytest.param([Unavailable("down"), Unavailable("down"), Unavailable("down"), "ok"], [0.5, 1.0, 2.0],
+                 "ok", id="down-then-up: backoff"),
+    pytest.param([Unavailable("down")] * 7 + ["ok"], [0.5, 1.0, 2.0, 4.0, 5.0, 5.0, 5.0], "ok",
+                 id="long-outage: backoff capped"),
+    pytest.param([TooManyRequests("slow down", retry_after_s=3), "ok"], [3.0], "ok", id="429: when it says"),
+    pytest.param([NotFound("no job with id 9")], [], NotFound, id="404: gives up"),
+    pytest.param([Unavailable("down"), Unauthorized("token revoked")], [0.5], Unauthorized,
+                 id="401-after-restart: gives up"),
+]
+
+
+@pytest.mark.parametrize(("answers", "waits", "ends"), CALLS)
+def test_a_follower_call_retries_while_the_server_is_away_and_stops_on_a_refusal(
+        answers: list[object], waits: list[float], ends: object) -> None:
+    from broker.client.cli_logs import Follower
+
+    todo, slept, said = list(answers), [], []
+
+    def server() -> object:
+        got = todo.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    f = Follower(None, 9, None, 0, said.append, sleep=slept.append)
+    if isinstance(ends, type):
+        with pytest.raises(ends):
+            f.call(server)
+    else:
+        assert f.call(server) == ends
+    assert slept == waits and not todo
+    went_away = any(isinstance(a, Unavailable) for a in answers)
+    assert any("retrying until it answers" in s for s in said) == went_away
+    assert any("answers again" in s for s in said) == (went_away and ends == "ok")

@@ -5,7 +5,7 @@ line on stderr says so, and why it waits when the broker knows), and over HTTP a
 stops answering (a restart, an outage) is waited for too: the calls are retried with backoff
 until it answers again, and the output continues from the byte offset already printed, so
 nothing is printed twice. An answer that refuses the request (no such job, a revoked token:
-a 4xx) ends the command with that error.
+a 4xx other than 429) ends the command with that error.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from broker.client.waits import STOPPED
-from broker.errors import Unavailable
+from broker.errors import TooManyRequests, Unavailable
 
 T = TypeVar("T")
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 5.0)  # waits between tries while the server does not answer
@@ -44,12 +44,17 @@ class Follower:
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)`, retried with backoff while the server does not answer (Unavailable);
-        one note when it stops answering and one when it answers again. Any other error (a 4xx
-        answer: NotFound, Unauthorized, ...) is raised as is."""
+        one note when it stops answering and one when it answers again; after a 429, retried
+        when it says. Any other error (a 4xx answer: NotFound, Unauthorized, ...) is raised
+        as is."""
         tries = 0
         while True:
             try:
                 got = fn(*args)
+            except TooManyRequests as e:  # a 4xx that says when to come back
+                self.say(f"[onepool: {e}; retrying in {e.retry_after_s}s]")
+                self.sleep(float(e.retry_after_s))
+                continue
             except Unavailable as e:
                 if self._down_since is None:
                     self._down_since = time.monotonic()
