@@ -92,6 +92,13 @@ COMMANDS = [
     ("submit-dry-run", ["submit", "--name", "x", "--team", "research", "--gpus", "2", "--dry-run",
                         "--json", "--", "true"]),
     ("status-estimate", ["status", "--estimate", "--json"]),
+    # the tables people read
+    ("status-table", ["status"]),
+    ("pools-table", ["pools"]),
+    ("node-list-table", ["node", "list"]),
+    ("rebalance-table", ["rebalance", "--dry-run"]),
+    ("cost-table", ["cost", "--by", "team"]),
+    ("budget-show-table", ["budget", "show"]),
     # refusals: the same error, the same message
     ("cancel-ended", ["cancel", "{done}"]),
     ("status-unknown-job", ["status", "999", "--json"]),
