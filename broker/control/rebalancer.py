@@ -355,7 +355,8 @@ def dry_run(store: Any, clock: Any) -> tuple[Move, ...]:
     from providers.local import LocalProcesses
 
     view = ReadOnlyStore(getattr(store, "inner", store))  # a FencedStore's database, unfenced
-    eng = Engine(view, clock, LocalProcesses(store.home / "runs"), lease=Lease(view, clock, 15.0))
+    runs = LocalProcesses(store.home / "runs", containment="group")  # starts nothing: no cgroup probe
+    eng = Engine(view, clock, runs, lease=Lease(view, clock, 15.0))
     try:
         return eng.rebalancer.proposals(clock.now())
     finally:
