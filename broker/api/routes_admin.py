@@ -1,4 +1,4 @@
-"""/v1 routes for configuration, pools, nodes, teams, tokens and health."""
+"""/v1 routes for configuration, pools, nodes, rebalancing proposals, teams, tokens and health."""
 
 from __future__ import annotations
 
