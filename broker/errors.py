@@ -73,6 +73,13 @@ class NotLeader(OnepoolError):
 class LeaseLost(OnepoolError):
     """This broker is no longer the leader (another took the lease: a higher fencing number).
     Its write was refused and rolled back; it must stop acting and stand by."""
+
+
+class ReadOnly(OnepoolError, RuntimeError):
+    """Code that commits ran on a read-only view of the database (a dry run computes on a
+    snapshot and keeps nothing): a bug in what the dry run calls, not in the caller's input."""
+
+
 class Unpriced(OnepoolError):
     """No price is known for a rented pool (the catalog has no offer for its provider, region,
     instance type, market and zone): set its `price_per_node_hour` in onepool.yaml. A pool that

@@ -279,6 +279,21 @@ class PoolInfo(BaseModel):
         return sum(n.gpus for n in self.nodes if n.state in ("up", "draining"))
 
 
+class MoveInfo(BaseModel):
+    """A move rebalancing would start now (broker.policy.rebalance.Move.as_dict): the running
+    `attempt` of `job` from `from_pool` to `to_pool` (after launching `launch_nodes` nodes
+    there), saving and costing USD over its expected remaining run time."""
+
+    job: int
+    attempt: int
+    from_pool: str
+    to_pool: str
+    saving_usd: float
+    cost_usd: float
+    reason: str
+    launch_nodes: int
+
+
 class Health(BaseModel):
     broker_up: bool
     leader: str | None  # holder id (host:pid:...) of the lease, None when free

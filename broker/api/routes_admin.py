@@ -1,4 +1,4 @@
-"""/v1 routes for configuration, pools, nodes, teams, tokens and health."""
+"""/v1 routes for configuration, pools, nodes, rebalancing proposals, teams, tokens and health."""
 
 from __future__ import annotations
 
@@ -14,21 +14,10 @@ from broker.errors import SpecError
 from broker.spec import ClusterConfig, parse_config
 from broker.state.tokens import local_principal
 from broker.state.views import JoinTokenInfo, NodeInfo, TokenInfo
+from broker.wire import MoveInfo, PoolInfo
 
 router = APIRouter(prefix="/v1")
 ClientDep = Annotated[Client, Depends(client)]
-
-
-class PoolInfo(BaseModel):
-    name: str
-    provider: str
-    gpu_type: str
-    gpus_per_node: int
-    market: str
-    region: str
-    nodes: int = Field(description="configured nodes (rented pools: 0; they grow to max_nodes)")
-    max_nodes: int | None
-    price_per_node_hour: float
 
 
 class TeamInfo(BaseModel):
@@ -73,11 +62,18 @@ def put_config(request: Request, c: ClientDep, body: Annotated[Any, Body()] = No
 
 
 @router.get("/pools", response_model=list[PoolInfo], tags=["capacity"])
-def pools(c: ClientDep) -> list[PoolInfo]:
-    return [PoolInfo(name=p.name, provider=p.provider, gpu_type=p.gpu_type,
-                     gpus_per_node=p.gpus_per_node, market=p.market.value, region=p.region,
-                     nodes=p.nodes, max_nodes=p.max_nodes, price_per_node_hour=p.price_per_node_hour)
-            for p in c.config().pools]
+def pools(c: ClientDep, include_inactive: bool = False) -> list[PoolInfo]:
+    """Every pool now (`onepool pools`): market, price in force, live nodes with their free
+    GPUs and the jobs holding the rest (a member: its own team's only). The configured pools
+    themselves are in GET /v1/config."""
+    return c.pools(include_inactive=include_inactive)
+
+
+@router.get("/rebalance/proposals", response_model=list[MoveInfo], tags=["capacity"])
+def rebalance_proposals(c: ClientDep) -> list[MoveInfo]:
+    """The moves rebalancing would start now (`onepool rebalance --dry-run`): computed on a
+    read-only snapshot, without the lease; changes nothing (a member: its own team's jobs)."""
+    return c.rebalance_dry_run()
 
 
 @router.get("/nodes", response_model=list[NodeInfo], tags=["capacity"])

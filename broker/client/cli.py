@@ -20,7 +20,6 @@ import typer
 
 from broker.errors import OnepoolError, SpecError
 
-FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "BUDGET_EXHAUSTED")
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
@@ -478,35 +477,17 @@ def logs(job: Annotated[int, typer.Argument(metavar="JOB", help="the job's id")]
          poll_s: Annotated[float, typer.Option(
              "--poll-s", metavar="S", min=0.05, help="with -f: seconds between looks for new output")]
          = 0.5) -> None:
-    """Print a job's output (its last attempt unless --attempt N); -f follows it. Where output
-    over the attempt's cap was dropped (broker.output_cap_bytes), a line on stderr says how
-    many bytes."""
-    import time
+    """Print a job's output (its last attempt unless --attempt N); -f follows it until the job
+    ends, waiting for a pending job to start and, over HTTP, for a server that stops answering
+    (it continues where it was). Where output over the attempt's cap was dropped
+    (broker.output_cap_bytes), a line on stderr says how many bytes."""
+    from broker.client.cli_logs import Follower
 
-    c = _client()
-    asked, chunk = 0, c.logs(job, attempt, rank)
-    while True:
-        if chunk.offset > asked:
-            sys.stdout.flush()
-            _err().print(f"[onepool: {chunk.offset - asked} bytes of output dropped here (over the "
-                         "attempt's output cap; the tail is kept)]", highlight=False, markup=False)
-        sys.stdout.write(chunk.data)
+    def say(text: str) -> None:
         sys.stdout.flush()
-        if chunk.data:
-            asked, chunk = chunk.next_offset, c.logs(job, chunk.attempt, rank, chunk.next_offset)
-            continue
-        if not follow:
-            return
-        if chunk.attempt_ended:
-            info = c.get(job)
-            if attempt is None and info.attempts > chunk.attempt:
-                _err().print(f"--- attempt {chunk.attempt + 1} ---", highlight=False)
-                asked, chunk = 0, c.logs(job, chunk.attempt + 1, rank)
-                continue
-            if attempt is not None or info.status in FINAL_STATES:
-                return
-        time.sleep(poll_s)
-        asked, chunk = chunk.next_offset, c.logs(job, chunk.attempt, rank, chunk.next_offset)
+        _err().print(text, highlight=False, markup=False, soft_wrap=True)
+
+    Follower(_client(), job, attempt, rank, say, poll_s=poll_s).run(follow)
 
 
 @app.command()
@@ -598,7 +579,7 @@ _register_remote(app, _client, _embedded, _out, _print_json)
 
 from broker.client.cli_rebalance import register as _register_rebalance  # noqa: E402  (issue 12)
 
-_register_rebalance(app, _embedded, _out, _print_json)
+_register_rebalance(app, _client, _out, _print_json)
 
 
 def main() -> None:

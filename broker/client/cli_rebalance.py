@@ -1,6 +1,8 @@
 """`onepool rebalance --dry-run [--json]`: the moves rebalancing would make now (issue 12).
 Registered on the main app like the money commands. Rebalancing itself runs on the leader's
-schedule (broker.rebalance in onepool.yaml); this command only shows what it would do."""
+schedule (broker.rebalance in onepool.yaml); this command only shows what it would do,
+computed on a read-only snapshot (no lease), on the home's database or over HTTP
+(ONEPOOL_URL; a member sees its own team's jobs)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
-def register(app: typer.Typer, embedded: Callable[[], Any], console: Callable[[], Console],
+def register(app: typer.Typer, client: Callable[[], Any], console: Callable[[], Console],
              print_json: Callable[[Any], None]) -> None:
     @app.command()
     def rebalance(
@@ -30,19 +32,16 @@ def register(app: typer.Typer, embedded: Callable[[], Any], console: Callable[[]
                                           "(broker.tasks.rebalance_s in onepool.yaml)"])
         from rich.table import Table
 
-        from broker.clock import SystemClock
-        from broker.control.rebalancer import dry_run as proposals
-
-        c = embedded()
-        moves = proposals(c.store, SystemClock())
+        moves = client().rebalance_dry_run()
         if as_json:
-            print_json([m.as_dict() for m in moves])
+            print_json([m.model_dump() for m in moves])
             return
         if not moves:
             console().print("no move pays for itself now")
             return
         t = Table("job", "from", "to", "saving $", "cost $", "reason")
         for m in moves:
-            t.add_row(str(m.job_id), m.from_pool, m.to_pool + (f" (+{m.launch} node)" if m.launch else ""),
+            t.add_row(str(m.job), m.from_pool,
+                      m.to_pool + (f" (+{m.launch_nodes} node)" if m.launch_nodes else ""),
                       f"{m.saving_usd:.2f}", f"{m.cost_usd:.2f}", m.reason)
         console().print(t)

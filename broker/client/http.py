@@ -41,7 +41,9 @@ from broker.wire import (
     JoinTokenInfo,
     LogChunk,
     LostWorkRow,
+    MoveInfo,
     NodeInfo,
+    PoolInfo,
     TeamBudget,
     TokenInfo,
 )
@@ -228,6 +230,13 @@ class HttpClient:
     def nodes(self, pool: str | None = None) -> list[NodeInfo]:
         params = {"pool": pool} if pool else {}
         return [NodeInfo.model_validate(n) for n in self._req("GET", "/v1/nodes", params=params)]
+
+    def pools(self, *, include_inactive: bool = False) -> list[PoolInfo]:
+        params = {"include_inactive": "true"} if include_inactive else {}
+        return [PoolInfo.model_validate(p) for p in self._req("GET", "/v1/pools", params=params)]
+
+    def rebalance_dry_run(self) -> list[MoveInfo]:
+        return [MoveInfo.model_validate(m) for m in self._req("GET", "/v1/rebalance/proposals")]
 
     def health(self) -> Health:
         return Health.model_validate(self._req("GET", "/v1/healthz"))

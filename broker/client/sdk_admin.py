@@ -16,6 +16,7 @@ from broker.state.model import Job, Node, Pool
 from broker.state.model_access import ApiToken
 from broker.state.tokens import create_api_token, new_join_token, revoke_api_token
 from broker.state.views import JoinTokenInfo, NodeInfo, TokenInfo
+from broker.wire import MoveInfo
 
 if TYPE_CHECKING:
     from broker.clock import Clock
@@ -116,3 +117,18 @@ class AdminMixin:
             pools = inventory.pools(s, cfg, self.clock.now())
             return visible_nodes(s, self.principal,
                                  [n for p in pools if pool is None or p.name == pool for n in p.nodes])
+
+    # -- rebalancing (issue 12) ------------------------------------------------------------------
+    def rebalance_dry_run(self) -> list[MoveInfo]:
+        """The moves the leader's next rebalancing round would start now, computed on a
+        read-only snapshot of the database: no lease needed, nothing written (a broker may be
+        running, or none ever ran). A member sees the moves of its own team's jobs only."""
+        from broker.control.rebalancer import dry_run
+
+        moves = [MoveInfo.model_validate(m.as_dict()) for m in dry_run(self.store, self.clock)]
+        if self.principal.is_admin or not moves:
+            return moves
+        with self.store.session() as s:
+            mine = set(s.exec(select(Job.id).where(col(Job.id).in_([m.job for m in moves]),
+                                                   Job.team == self.principal.team)).all())
+        return [m for m in moves if m.job in mine]

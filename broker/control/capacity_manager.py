@@ -94,9 +94,20 @@ class CapacityManager:
         self.retired: dict[str, PoolSpec] = {}
         self._zone_ids: dict[str, dict[str, str]] = {}  # pool -> its account's AZ name -> AZ id
         self._unpriced: set[str] = set()  # pools whose missing price was reported
+        self._broker_id: str | None = None  # read (created once) when a cloud call first needs it
+        self._id_lock = threading.Lock()
         with engine.store.session() as s:
-            self.broker_id = broker_id(s)
             self._refresh_pools(s)
+
+    @property
+    def broker_id(self) -> str:
+        """This home's broker id, which tags every instance (created on first use, not when the
+        engine is built: an engine built to compute on a snapshot writes nothing)."""
+        with self._id_lock:
+            if self._broker_id is None:
+                with self.engine.store.session() as s:
+                    self._broker_id = broker_id(s)
+            return self._broker_id
 
     def _refresh_pools(self, s: Session) -> None:
         """Rented pools as the config applied now says (an `onepool apply` while the broker

@@ -344,15 +344,19 @@ class Rebalancer:
 
 
 def dry_run(store: Any, clock: Any) -> tuple[Move, ...]:
-    """The moves the leader's next rebalancing round would start now, read from the database
-    without acting and without the lease (`onepool rebalance --dry-run`; a broker may be
-    running). Rented pools are priced as the leader prices them; team budgets are not applied
-    (they are the leader's, computed each cycle)."""
+    """The moves the leader's next rebalancing round would start now, computed on a read-only
+    view of the database (broker.state.store.ReadOnlyStore: whatever the snapshot writes on the
+    way is rolled back) without acting and without the lease (`onepool rebalance --dry-run`; a
+    broker may be running, or none ever ran). Rented pools are priced as the leader prices
+    them; team budgets are not applied (they are the leader's, computed each cycle)."""
     from broker.control.engine import Engine
     from broker.control.lease import Lease
+    from broker.state.store import ReadOnlyStore
     from providers.local import LocalProcesses
 
-    eng = Engine(store, clock, LocalProcesses(store.home / "runs"), lease=Lease(store, clock, 15.0))
+    view = ReadOnlyStore(getattr(store, "inner", store))  # a FencedStore's database, unfenced
+    runs = LocalProcesses(store.home / "runs", containment="group")  # starts nothing: no cgroup probe
+    eng = Engine(view, clock, runs, lease=Lease(view, clock, 15.0))
     try:
         return eng.rebalancer.proposals(clock.now())
     finally:

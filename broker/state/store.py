@@ -14,6 +14,7 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, create_engine
 
+from broker.errors import ReadOnly
 from broker.state.schema_head import head_revision
 
 if TYPE_CHECKING:
@@ -111,3 +112,48 @@ class Store:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+READ_ONLY = "onepool_read_only"
+
+
+class ReadOnlyStore:
+    """A store to compute on a snapshot (`onepool rebalance --dry-run`): the same database,
+    but every session is rolled back when it ends, so whatever the computation writes on the
+    way (a price first seen, an event) is not kept, and an explicit commit raises ReadOnly.
+    It needs no lease: nothing it does reaches the database's history."""
+
+    def __init__(self, store: Store) -> None:
+        self.inner = store
+
+    @property
+    def home(self) -> Path:
+        return self.inner.home
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    @property
+    def engine(self) -> Engine:
+        return self.inner.engine
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session that is always rolled back at its end."""
+        with Session(self.inner.engine, expire_on_commit=False) as s:
+            s.info[READ_ONLY] = True
+            try:
+                yield s
+            finally:
+                s.rollback()
+
+    def dispose(self) -> None:
+        """Nothing to give back: the engine is the inner store's."""
+
+
+@event.listens_for(Session, "before_commit")
+def _refuse_commit(session: Session) -> None:
+    if session.info.get(READ_ONLY):
+        raise ReadOnly("a commit was attempted on a read-only snapshot of the database (a dry run "
+                       "keeps nothing)")
