@@ -17,6 +17,11 @@ from broker.utilization import held_idle
 if TYPE_CHECKING:
     from broker.state.model import Attempt, Event, Job
 
+# The cause of an attempt whose rank stopped itself because its node's agent could not reach
+# the server for the fence time (providers.local_runner): the outage's loss, no team's, and
+# not a node failure. Reported by the agent, recorded on the attempt, grouped by `onepool lost`.
+SERVER_UNREACHABLE = "server_unreachable"
+
 
 def fmt_usd(x: float) -> str:
     """Dollars as a person reads them: cents from $1 up, else enough decimals to show two

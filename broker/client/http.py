@@ -32,6 +32,7 @@ from broker.errors import (
     Unauthorized,
     Unavailable,
 )
+from broker.failover import make_client
 from broker.spec import ClusterConfig, JobSpec, load_config
 from broker.wire import (
     CostRow,
@@ -72,14 +73,18 @@ def _raise_for(r: httpx.Response) -> None:
 
 
 class HttpClient:
-    """`HttpClient(url, token)`; raises Unavailable when the server cannot be reached."""
+    """`HttpClient(url, token)`; raises Unavailable when the server cannot be reached. `url`
+    may name several servers (URL1,URL2: a standby), tried in turn (broker.failover)."""
 
     def __init__(self, url: str, token: str | None, *, timeout: float = 30.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
-                                 transport=transport or httpx.HTTPTransport(retries=2))
+        try:  # several URLs (comma-separated): the one that answers (broker.failover)
+            self.http = make_client(url, timeout, headers=headers,
+                                    transport=transport or httpx.HTTPTransport(retries=2))
+        except ValueError as e:
+            raise SpecError("ONEPOOL_URL", [str(e)]) from None
 
     def close(self) -> None:
         self.http.close()
