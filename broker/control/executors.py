@@ -97,8 +97,8 @@ class AgentExecutor:
             got = None if row is None else self._state(row[1], row[2], row[3], row[4])
         if got is None:
             return RankStatus(RankState.LOST)
-        if got[0] == AState.LOST:  # with its cause when it stopped itself (server_unreachable)
-            return RankStatus(RankState.LOST, cause=got[2])
+        if got[0] == AState.LOST:  # with its cause and code when it stopped itself (server_unreachable)
+            return RankStatus(RankState.LOST, got[1] if got[2] else None, cause=got[2])
         if got[0] == AState.EXITED:
             return RankStatus(RankState.EXITED, got[1], cause=got[2])
         return RankStatus(RankState.RUNNING)
