@@ -284,6 +284,17 @@ class PoolInfo(BaseModel):
         return sum(n.gpus for n in self.nodes if n.state in ("up", "draining"))
 
 
+class ServerInfo(BaseModel):
+    """One API server a client was given (ONEPOOL_URL=URL1,URL2): does it answer, and is its
+    process the leader's (`onepool server` runs the API and a broker: the one holding the lease
+    leads, the others stand by) or a standby."""
+
+    url: str
+    role: str  # leader | standby | down
+    served_by: str | None = None  # host:pid of the process that answered
+    error: str | None = None  # why it did not answer
+
+
 class Health(BaseModel):
     broker_up: bool
     leader: str | None  # holder id (host:pid:...) of the lease, None when free
@@ -294,6 +305,12 @@ class Health(BaseModel):
     stale_after_s: float
     down_since: float | None  # when not up: the last sign of life (None: never ran)
     summary: str  # one human line
+    served_by: str | None = None  # host:pid of the API process that answered (over HTTP)
+    servers: list[ServerInfo] = []  # over HTTP with several URLs: each one's answer
+
+    def role_of(self, served_by: str | None) -> str:
+        """`leader` when the process `served_by` (host:pid) holds the lease, else `standby`."""
+        return "leader" if served_by and (self.leader or "").startswith(served_by + ":") else "standby"
 
     @property
     def ever_ran(self) -> bool:

@@ -121,6 +121,7 @@ class Agent:
         self.fence_grace_s: float | None = None  # from the server (None: the job's grace)
         self.reported_notices: set[str] = set()
         self.error: AgentError | None = None
+        self.connected = True  # the last sync was answered
         self.syncs = {"ok": 0, "error": 0}  # onepool_agent_syncs_total (broker.observe.agent_metrics)
 
     # -- identity -----------------------------------------------------------------------------
@@ -313,7 +314,11 @@ class Agent:
 
     # -- the protocol ---------------------------------------------------------------------------
     def sync(self, wait_s: float) -> None:
-        """One sync: report, then act on the answer. Raises AgentError, httpx errors."""
+        """One sync: report, then act on the answer. Raises AgentError, httpx errors. The first
+        after a failed one asks for an answer at once (wait 0), not a long poll: an agent back
+        from an outage renews its lease (its ranks' fence) and catches up right away."""
+        if not self.connected:
+            wait_s = 0.0
         with self.lock:
             body = {"ranks": self._reports(), "known": list(self.ranks),
                     "acked": {str(k): r.acked for k, r in self.ranks.items() if r.acked},
@@ -322,8 +327,10 @@ class Agent:
             r = self._post("/v1/agent/sync", body, timeout=wait_s + SYNC_SLACK_S)
         except (AgentError, httpx.HTTPError, OSError):
             self.syncs["error"] += 1
+            self.connected = False
             raise
         self.syncs["ok"] += 1
+        self.connected = True
         os.utime(self.lease) if self.lease.exists() else self.lease.touch()
         self._apply(r.json())
 

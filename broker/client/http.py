@@ -32,7 +32,7 @@ from broker.errors import (
     Unauthorized,
     Unavailable,
 )
-from broker.failover import make_client
+from broker.failover import CONNECT_TIMEOUT_S, make_client, split_urls
 from broker.spec import ClusterConfig, JobSpec, load_config
 from broker.wire import (
     CostRow,
@@ -43,6 +43,7 @@ from broker.wire import (
     LogChunk,
     LostWorkRow,
     NodeInfo,
+    ServerInfo,
     TeamBudget,
     TokenInfo,
 )
@@ -235,4 +236,19 @@ class HttpClient:
         return [NodeInfo.model_validate(n) for n in self._req("GET", "/v1/nodes", params=params)]
 
     def health(self) -> Health:
-        return Health.model_validate(self._req("GET", "/v1/healthz"))
+        """The broker's health; with several server URLs, also each one's answer (`servers`:
+        leader, standby, or down with the error), asked directly, without failover."""
+        h = Health.model_validate(self._req("GET", "/v1/healthz"))
+        urls = split_urls(self.url)
+        if len(urls) < 2:
+            return h
+        servers = []
+        for u in urls:
+            try:
+                r = httpx.get(f"{u}/v1/healthz", timeout=httpx.Timeout(10.0, connect=CONNECT_TIMEOUT_S))
+                r.raise_for_status()
+                by = Health.model_validate(r.json()).served_by
+                servers.append(ServerInfo(url=u, role=h.role_of(by), served_by=by))
+            except (httpx.HTTPError, ValueError) as e:
+                servers.append(ServerInfo(url=u, role="down", error=f"{type(e).__name__}: {e}"[:200]))
+        return h.model_copy(update={"servers": servers})

@@ -24,7 +24,7 @@ from broker.control.agents import FENCE_CHECK_S, Timing
 from broker.errors import SpecError
 from broker.failover import split_urls
 from broker.spec import BrokerSettings
-from broker.wire import SERVER_UNREACHABLE
+from broker.wire import SERVER_UNREACHABLE, Health
 from tests.agents.harness import Site, agents_cleanup, alive, make_site, spawn_agent, wait_for
 from tests.conftest import drive, kill_leftovers, train
 
@@ -167,7 +167,11 @@ def test_agents_and_clients_fail_over_to_a_second_server_url(site, tmp_path):
             a, j, _pid = running_job(site, f"{site.url},{standby.url}", tmp_path, agents, steps=300)
             with HttpClient(f"{site.url},{standby.url}", token) as remote:
                 assert [x.id for x in remote.list()] == [j]
+                h = remote.health()  # both run in this process, whose engine holds the lease
+                assert [(x.url, x.role) for x in h.servers] == [(site.url, "leader"),
+                                                                (standby.url, "leader")]
                 site.api.stop()
+                assert [x.role for x in remote.health().servers] == ["down", "leader"]
                 assert back_within(a.state_dir / "lease", time.time()) < RECONNECT_S
                 assert remote.get(j).status == "RUNNING"  # answered by the standby
             with HttpClient(f"{site.url},{standby.url}", token) as fresh:
@@ -177,6 +181,19 @@ def test_agents_and_clients_fail_over_to_a_second_server_url(site, tmp_path):
             assert "using " + standby.url in a.log.read_text()
     finally:
         standby.stop()
+
+
+@pytest.mark.parametrize(("leader", "served_by", "role"), [
+    ("box:12:1.5:ab", "box:12", "leader"),
+    ("box:12:1.5:ab", "box:1", "standby"),   # a prefix of the pid is not the pid
+    ("box:12:1.5:ab", "other:12", "standby"),
+    (None, "box:12", "standby"),             # nobody leads
+    ("box:12:1.5:ab", None, "standby"),
+])
+def test_a_server_is_the_leader_when_its_process_holds_the_lease(leader, served_by, role) -> None:
+    h = Health(broker_up=leader is not None, leader=leader, fencing=1, lease_expires_at=None,
+               last_cycle_at=None, last_cycle_age_s=None, stale_after_s=15.0, down_since=None, summary="")
+    assert h.role_of(served_by) == role
 
 
 @pytest.mark.slow
