@@ -20,7 +20,12 @@ or a loop thread dies; its supervisor (systemd, Restart=always) starts it again.
 
 Fencing: every rank's supervisor stops the rank when the lease file is older than the
 fence time the server gave (two thirds of the time after which the broker declares the node
-lost), so a node cut off from the server stops its work before the broker places it again.
+lost; SIGKILL at most fence_grace_s later), so a node cut off from the server stops its work
+before the broker places it again (broker.control.agents.Timing). Such a rank is reported
+lost with cause `server_unreachable`. An outage shorter than the fence stops nothing: the
+loops retry every second at most (retry_max_s) and the first sync after a failure does not
+long-poll, so the lease is renewed within about a second of the server answering again; with
+several server URLs (`--server URL1,URL2`) the one that answers is used (broker.failover).
 """
 
 from __future__ import annotations
