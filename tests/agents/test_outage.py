@@ -6,7 +6,8 @@ broker declares anything lost), so only the agents' side of the times runs in re
 The real-time tests keep the defaults' proportions on a shorter clock: node_lost_after_s 12 s
 (the fence 8 s), an outage of 6 s = 8 s x 120/160, the same share of the fence as a 120 s
 outage under the defaults (240 s, fence 160 s). One test runs the defaults themselves (a 90 s
-outage, marked `slow`: deselect it with -m 'not slow')."""
+outage, marked `slow`: deselect it with -m 'not slow'). The fenced rank's cause and the
+failover run on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -130,6 +131,7 @@ def test_an_outage_of_120_s_in_proportion_stops_no_job_and_the_agent_is_back_wit
         assert "no contact with the server" not in c.logs(j).data
 
 
+@pytest.mark.both_dbs
 def test_a_rank_cut_off_past_the_fence_is_the_outages_loss_and_resumes_from_the_step_it_saved(
         site, tmp_path):
     """The outage outlasts the fence (not the lost time): the rank checkpoints on SIGTERM and
@@ -155,6 +157,7 @@ def test_a_rank_cut_off_past_the_fence_is_the_outages_loss_and_resumes_from_the_
         assert [n.state for n in c.nodes() if n.id == "onprem-0"] == ["up"]
 
 
+@pytest.mark.both_dbs
 def test_agents_and_clients_fail_over_to_a_second_server_url(site, tmp_path):
     """Two API processes on one database (the leader's and a standby's); the first dies for
     good. The agent, given both URLs, syncs through the second within 2 s and its rank runs
