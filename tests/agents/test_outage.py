@@ -186,6 +186,41 @@ def test_agents_and_clients_fail_over_to_a_second_server_url(site, tmp_path):
         standby.stop()
 
 
+def test_with_the_default_times_a_killed_boxs_work_requeues_at_node_lost_after_s(tmp_path, clock):
+    """A box dies (its agent and ranks killed) under the default times: its work stays put for
+    node_lost_after_s (240 s on the broker's clock: a server outage looks the same from here),
+    then requeues and runs on the other box, from its checkpoint."""
+    fields = BrokerSettings.model_fields
+    lost_after = fields["node_lost_after_s"].default
+    s = make_site(tmp_path / "home", clock, pools=[POOL], grace_s=10, node_lost_after_s=lost_after,
+                  agent_heartbeat_s=fields["agent_heartbeat_s"].default)
+    c = s.client
+    try:
+        with agents_cleanup() as agents:
+            a, j, _pid = running_job(s, s.url, tmp_path, agents, steps=300)
+            other = spawn_agent(s.url, tmp_path / "agent-1", join_token=c.join_token("onprem-1").join_token)
+            agents.append(other)
+            wait_for("onprem-1 joined", lambda: [n.state for n in c.nodes() if n.id == "onprem-1"] == ["up"])
+            a.kill()
+            a.ranks().kill_all()  # the box is gone, with its ranks
+            for step in (lost_after - 1, 2):  # just before, then just past node_lost_after_s
+                since = time.time()
+                clock.advance(step)
+                back_within(other.state_dir / "lease", since)  # the live box called in since
+                s.engine.cycle()
+                states = {n.id: n.state for n in c.nodes()}
+                if step > 2:
+                    assert states["onprem-0"] == "up" and c.get(j).attempts == 1
+            assert states == {"onprem-0": "lost", "onprem-1": "up"}
+            drive(s.engine, lambda: c.get(j).status in ("SUCCEEDED", "FAILED"), timeout=60)
+            first, second = c.get(j).attempt_list
+            assert (first.end_reason, first.cause) == ("LOST", "node_lost")
+            assert second.alloc[0][0] == "onprem-1" and second.restored_step is not None
+    finally:
+        s.close()
+        kill_leftovers(tmp_path / "home" / "runs")
+
+
 @pytest.mark.parametrize(("leader", "served_by", "role"), [
     ("box:12:1.5:ab", "box:12", "leader"),
     ("box:12:1.5:ab", "box:1", "standby"),   # a prefix of the pid is not the pid
