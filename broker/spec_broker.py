@@ -196,7 +196,9 @@ class BrokerSettings(PolicySettings):
     # requirement the boot script installs when the image has no `onepool` command (with the
     # server extra, which the agent needs: "onepool[server,cloud] @ https://.../onepool.whl").
     server_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
-    node_lost_after_s: float = Field(default=30.0, ge=3.0, le=3600.0)
+    # The three agent times and what each protects against: broker.control.agents.Timing and
+    # the README's "Staying up" (a rank fences itself at 2/3 of node_lost_after_s).
+    node_lost_after_s: float = Field(default=240.0, ge=3.0, le=3600.0)
     agent_heartbeat_s: float = Field(default=5.0, ge=0.5, le=600.0)
     agent_package: str | None = Field(default=None, min_length=1, max_length=500)
     # Job output (broker.output_log): each attempt keeps at most this many bytes of output,

@@ -17,6 +17,11 @@ from broker.utilization import held_idle
 if TYPE_CHECKING:
     from broker.state.model import Attempt, Event, Job
 
+# The cause of an attempt whose rank stopped itself because its node's agent could not reach
+# the server for the fence time (providers.local_runner): the outage's loss, no team's, and
+# not a node failure. Reported by the agent, recorded on the attempt, grouped by `onepool lost`.
+SERVER_UNREACHABLE = "server_unreachable"
+
 
 def fmt_usd(x: float) -> str:
     """Dollars as a person reads them: cents from $1 up, else enough decimals to show two
@@ -294,6 +299,17 @@ class MoveInfo(BaseModel):
     launch_nodes: int
 
 
+class ServerInfo(BaseModel):
+    """One API server a client was given (ONEPOOL_URL=URL1,URL2): does it answer, and is its
+    process the leader's (`onepool server` runs the API and a broker: the one holding the lease
+    leads, the others stand by) or a standby."""
+
+    url: str
+    role: str  # leader | standby | down
+    served_by: str | None = None  # host:pid of the process that answered
+    error: str | None = None  # why it did not answer
+
+
 class Health(BaseModel):
     broker_up: bool
     leader: str | None  # holder id (host:pid:...) of the lease, None when free
@@ -304,6 +320,12 @@ class Health(BaseModel):
     stale_after_s: float
     down_since: float | None  # when not up: the last sign of life (None: never ran)
     summary: str  # one human line
+    served_by: str | None = None  # host:pid of the API process that answered (over HTTP)
+    servers: list[ServerInfo] = []  # over HTTP with several URLs: each one's answer
+
+    def role_of(self, served_by: str | None) -> str:
+        """`leader` when the process `served_by` (host:pid) holds the lease, else `standby`."""
+        return "leader" if served_by and (self.leader or "").startswith(served_by + ":") else "standby"
 
     @property
     def ever_ran(self) -> bool:

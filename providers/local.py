@@ -61,7 +61,8 @@ SUPERVISOR = ("-E", "-P", "-c", f"import sys; sys.path.insert(0, {str(Path(__fil
               "from providers.local_runner import main; sys.exit(main(sys.argv[1:]))")
 # The supervisor's own environment: the broker's, never the job's (it may stay root).
 SUPERVISOR_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-SUPERVISOR_VARS = ("ONEPOOL_AGENT_LEASE", "ONEPOOL_AGENT_FENCE_S", "ONEPOOL_GRACE_S", CAP_ENV)
+SUPERVISOR_VARS = ("ONEPOOL_AGENT_LEASE", "ONEPOOL_AGENT_FENCE_S", "ONEPOOL_AGENT_FENCE_GRACE_S",
+                   "ONEPOOL_GRACE_S", CAP_ENV)
 
 
 def cgroup_root() -> Path | None:

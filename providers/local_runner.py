@@ -55,14 +55,17 @@ def write_json(path: Path, data: dict[str, object]) -> None:
 def _wait(child: subprocess.Popen[bytes], out: CappedOutput) -> tuple[int, bool]:
     """The child's exit status, and whether the fence stopped it. Under a node agent
     (ONEPOOL_AGENT_LEASE names the lease file the agent touches after every sync with the
-    server), a lease older than ONEPOOL_AGENT_FENCE_S stops the child (SIGTERM,
-    ONEPOOL_GRACE_S, SIGKILL): the broker will soon count this node lost and run the work
-    elsewhere, so it must not run here too."""
+    server), a lease older than ONEPOOL_AGENT_FENCE_S stops the child (SIGTERM, then SIGKILL
+    after ONEPOOL_GRACE_S or ONEPOOL_AGENT_FENCE_GRACE_S, whichever is shorter): the broker
+    will soon count this node lost and run the work elsewhere, so it must not run here too
+    (broker.control.agents.Timing)."""
     lease = os.environ.get("ONEPOOL_AGENT_LEASE")
     if not lease:
         return child.wait(), False
-    fence_s = float(os.environ.get("ONEPOOL_AGENT_FENCE_S", "20"))
+    fence_s = float(os.environ.get("ONEPOOL_AGENT_FENCE_S", "160"))
     grace_s = float(os.environ.get("ONEPOOL_GRACE_S", "30"))
+    if "ONEPOOL_AGENT_FENCE_GRACE_S" in os.environ:  # dead before the broker places it elsewhere
+        grace_s = min(grace_s, float(os.environ["ONEPOOL_AGENT_FENCE_GRACE_S"]))
     while True:
         try:
             return child.wait(timeout=1.0), False

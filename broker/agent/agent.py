@@ -20,7 +20,12 @@ or a loop thread dies; its supervisor (systemd, Restart=always) starts it again.
 
 Fencing: every rank's supervisor stops the rank when the lease file is older than the
 fence time the server gave (two thirds of the time after which the broker declares the node
-lost), so a node cut off from the server stops its work before the broker places it again.
+lost; SIGKILL at most fence_grace_s later), so a node cut off from the server stops its work
+before the broker places it again (broker.control.agents.Timing). Such a rank is reported
+lost with cause `server_unreachable`. An outage shorter than the fence stops nothing: the
+loops retry every second at most (retry_max_s) and the first sync after a failure does not
+long-poll, so the lease is renewed within about a second of the server answering again; with
+several server URLs (`--server URL1,URL2`) the one that answers is used (broker.failover).
 """
 
 from __future__ import annotations
@@ -46,7 +51,9 @@ from broker import __version__, output_log
 from broker.agent.gpu_util import SAMPLE_S, Reader, default_reader, gpus_of
 from broker.agent.hardware import Gpus
 from broker.agent.metadata import Watcher
+from broker.failover import make_client, split_urls
 from broker.observe.logs import context
+from broker.wire import SERVER_UNREACHABLE
 from providers import start_errors
 from providers.base import Handle, RankState, RankStatus, StartFailed
 from providers.isolation import Isolation
@@ -56,6 +63,9 @@ from providers.local_runner import write_json
 log = logging.getLogger("onepool.agent")
 LOG_PIECE = 512 * 1024
 LOOP_FAILURES = 5  # failures in a row of one loop, other than the server's, before the agent exits
+# A sync's answer is due within its long poll's wait plus this (else: retried, maybe on the next
+# server URL); connecting gives up after broker.failover.CONNECT_TIMEOUT_S.
+SYNC_SLACK_S = 10.0
 
 
 class AgentError(Exception):
@@ -83,7 +93,9 @@ class Rank:
 
 @dataclass
 class Agent:
-    """A node agent. `http` is the client to the server (base_url set); tests may pass one."""
+    """A node agent. `server`: the server's URL, or several comma-separated (a standby: the
+    one that answers is used, broker.failover). `http` is the client to the server (base_url
+    set); tests may pass one."""
 
     server: str
     state_dir: Path
@@ -93,8 +105,8 @@ class Agent:
     http: httpx.Client | None = None
     poll_timeout_s: float = 60.0
     stop: threading.Event = field(default_factory=threading.Event)
-    retry_s: float = 0.5  # a loop's first wait after a failure, doubled up to retry_max_s
-    retry_max_s: float = 10.0
+    retry_s: float = 0.25  # a loop's first wait after a failure, doubled up to retry_max_s
+    retry_max_s: float = 1.0  # low: back within about a second of the server answering again
     isolation: Isolation | None = None  # who ranks run as, what they get (default: the host's)
     util: Reader | None = None  # GPU utilization (None: not reported)
 
@@ -102,8 +114,7 @@ class Agent:
         self.state_dir = Path(self.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.state_dir, 0o700)
-        self.http = self.http or httpx.Client(base_url=self.server.rstrip("/"),
-                                              timeout=self.poll_timeout_s + 30)
+        self.http = self.http or make_client(self.server, self.poll_timeout_s + SYNC_SLACK_S)
         self.changed = threading.Event()
         self.procs = LocalProcesses(self.state_dir / "runs", on_change=self.changed.set,
                                     isolation=self.isolation)
@@ -111,9 +122,11 @@ class Agent:
         self.lock = threading.RLock()
         self.node = ""
         self.credential = ""
-        self.heartbeat_s, self.fence_s = 5.0, 20.0
+        self.heartbeat_s, self.fence_s = 5.0, 160.0
+        self.fence_grace_s: float | None = None  # from the server (None: the job's grace)
         self.reported_notices: set[str] = set()
         self.error: AgentError | None = None
+        self.connected = True  # the last sync was answered
         self.syncs = {"ok": 0, "error": 0}  # onepool_agent_syncs_total (broker.observe.agent_metrics)
 
     # -- identity -----------------------------------------------------------------------------
@@ -135,7 +148,7 @@ class Agent:
         this is the node's agent restarting. Raises AgentError."""
         saved = self.state_dir / "agent.json"
         data = json.loads(saved.read_text()) if saved.exists() else {}
-        mine = data if data.get("server") == self.server else {}
+        mine = data if _same_server(data.get("server"), self.server) else {}
         if mine and (not self.join_token or mine.get("join_token_sha256") == _sha(self.join_token)):
             self._use_saved(mine)
             return
@@ -156,6 +169,7 @@ class Agent:
         reply = r.json()
         self.node, self.credential = reply["node"], reply["credential"]
         self.heartbeat_s, self.fence_s = reply["heartbeat_s"], reply["fence_s"]
+        self.fence_grace_s = reply.get("fence_grace_s")
         tmp = saved.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -168,7 +182,7 @@ class Agent:
 
     def _use_saved(self, mine: dict[str, Any]) -> None:
         self.node, self.credential = mine["node"], mine["credential"]
-        self.heartbeat_s, self.fence_s = mine.get("heartbeat_s", 5.0), mine.get("fence_s", 20.0)
+        self.heartbeat_s, self.fence_s = mine.get("heartbeat_s", 5.0), mine.get("fence_s", 160.0)
         log.info("agent: node %s (saved credential)", self.node)
 
     def _post(self, path: str, body: dict[str, Any], *, auth: bool = True,
@@ -211,6 +225,8 @@ class Agent:
         try:
             env = {**a["env"], "ONEPOOL_AGENT_LEASE": str(self.lease),
                    "ONEPOOL_AGENT_FENCE_S": f"{self.fence_s:g}", "ONEPOOL_NODE_ID": self.node}
+            if self.fence_grace_s is not None:
+                env["ONEPOOL_AGENT_FENCE_GRACE_S"] = f"{self.fence_grace_s:g}"
             d.mkdir(parents=True, exist_ok=True)
             gpus = gpus_of(a["env"])
             (d / "assignment.json").write_text(json.dumps({"assignment_id": aid, "attempt_id": attempt,
@@ -261,8 +277,9 @@ class Agent:
             # process of this one lives (it is killed again at the next report)
             state = {RankState.RUNNING: "running", RankState.ORPHANED: "running",
                      RankState.EXITED: "exited"}.get(st.state, "lost")
-            if st.cause == "fenced":  # it stopped itself, cut off from the server: not the job's
-                state = "lost"        # failure; the broker requeues it
+            fenced = st.cause == "fenced"  # it stopped itself, cut off from the server: not the
+            if fenced:                      # job's failure; the broker requeues it (the outage's loss)
+                state = "lost"
             code = st.exit_code
             if code is not None and not -255 <= code <= 255:  # its folder says so: the job wrote it
                 code = 255
@@ -274,6 +291,8 @@ class Agent:
             r.util_sum, r.util_n = 0.0, 0
             if state == "exited" and start_errors.well_formed(st.cause):
                 rep["cause"] = st.cause
+            elif fenced:
+                rep["cause"] = SERVER_UNREACHABLE
             out.append(rep)
         return out
 
@@ -300,23 +319,30 @@ class Agent:
 
     # -- the protocol ---------------------------------------------------------------------------
     def sync(self, wait_s: float) -> None:
-        """One sync: report, then act on the answer. Raises AgentError, httpx errors."""
+        """One sync: report, then act on the answer. Raises AgentError, httpx errors. The first
+        after a failed one asks for an answer at once (wait 0), not a long poll: an agent back
+        from an outage renews its lease (its ranks' fence) and catches up right away."""
+        if not self.connected:
+            wait_s = 0.0
         with self.lock:
             body = {"ranks": self._reports(), "known": list(self.ranks),
                     "acked": {str(k): r.acked for k, r in self.ranks.items() if r.acked},
                     "wait_s": wait_s}
         try:
-            r = self._post("/v1/agent/sync", body, timeout=wait_s + 30)
+            r = self._post("/v1/agent/sync", body, timeout=wait_s + SYNC_SLACK_S)
         except (AgentError, httpx.HTTPError, OSError):
             self.syncs["error"] += 1
+            self.connected = False
             raise
         self.syncs["ok"] += 1
+        self.connected = True
         os.utime(self.lease) if self.lease.exists() else self.lease.touch()
         self._apply(r.json())
 
     def _apply(self, reply: dict[str, Any]) -> None:
         with self.lock:
             self.heartbeat_s, self.fence_s = reply["heartbeat_s"], reply["fence_s"]
+            self.fence_grace_s = reply.get("fence_grace_s")
             for a in reply["assignments"]:
                 if a["assignment_id"] not in self.ranks:
                     self._start(a)
@@ -459,7 +485,7 @@ class Agent:
         """Join, adopt, then serve until stopped (SIGTERM/SIGINT: ranks keep running and are
         adopted by the next agent). Returns the exit status: 0; 3 when the server refused this
         agent; 4 when it cannot go on (a loop failed LOOP_FAILURES times in a row, or died)."""
-        backoff = 0.5
+        backoff = self.retry_s
         while not self.stop.is_set() and not self.node:
             try:
                 self.join()
@@ -469,7 +495,7 @@ class Agent:
             except (httpx.HTTPError, OSError, ValueError) as e:
                 log.warning("agent: cannot join yet (%s); retrying in %.1fs", e, backoff)
                 self.stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+                backoff = min(backoff * 2, self.retry_max_s)
         if not self.node:
             return 0
         self.adopt()
@@ -502,6 +528,17 @@ def _kind(e: BaseException) -> str:
     if isinstance(e, OSError) and e.errno:
         return errno.errorcode.get(e.errno, "agent_error").lower()
     return "agent_error"
+
+
+def _same_server(saved: Any, server: str) -> bool:
+    """Whether a credential saved for `saved` (its --server) serves `server`: they share a URL
+    (a standby URL added to --server keeps the credential)."""
+    if not isinstance(saved, str):
+        return False
+    try:
+        return bool(set(split_urls(saved)) & set(split_urls(server)))
+    except ValueError:
+        return False
 
 
 def _sha(token: str) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request
@@ -118,5 +120,7 @@ def whoami(c: ClientDep) -> WhoAmI:
 
 @router.get("/healthz", response_model=Health, tags=["health"])
 def healthz(request: Request) -> Health:
-    """Whether a broker cycles on this server's database (no token needed)."""
-    return ctx(request).client(local_principal()).health()
+    """Whether a broker cycles on this server's database (no token needed), and which API
+    process answers (host:pid: the leader's when it holds the lease)."""
+    h = ctx(request).client(local_principal()).health()
+    return h.model_copy(update={"served_by": f"{socket.gethostname()}:{os.getpid()}"})

@@ -4,7 +4,9 @@ Per attempt (columns of Attempt, set by the engine):
 
 - `cause`: why it ended, if it did not complete: `preempted_by=<job id>`,
   `spot_interruption` (or the cause an interruption notice named), `node_failure` (its
-  processes vanished), `budget`, `cancelled`, or `failed`.
+  processes vanished), `server_unreachable` (its ranks stopped themselves: their node could
+  not reach the server for the fence time, an outage's loss that no team caused), `budget`,
+  `cancelled`, or `failed`.
 - `lost_gpu_s`: GPU-seconds of work lost: (end - its last committed checkpoint seen, or its
   start if it saved none) x its GPUs, on the broker's clock.
 - `restart_overhead_s`: from its start to its first new step (the runtime's progress

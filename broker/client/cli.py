@@ -381,6 +381,11 @@ def health(as_json: JsonOpt = False) -> None:
                   "" if h.last_cycle_age_s is None else f"{h.last_cycle_age_s:.1f}",
                   "" if h.down_since is None else _iso(h.down_since))
         _out().print(t)
+        if h.servers:  # ONEPOOL_URL with several URLs: the leader's API and the standbys
+            st = _table("servers", ["url", "role", "process", "error"])
+            for x in h.servers:
+                st.add_row(_esc(x.url), x.role, _esc(x.served_by or ""), _esc(x.error or ""))
+            _out().print(st)
         _out().print(h.summary, markup=False)
     if not h.broker_up:
         raise typer.Exit(1)

@@ -82,8 +82,10 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
 
     @app.command()
     def agent(
-        server: Annotated[str, typer.Option("--server", envvar="ONEPOOL_SERVER", metavar="URL",
-                                            help="the onepool server's URL")],
+        server: Annotated[str, typer.Option("--server", envvar="ONEPOOL_SERVER", metavar="URL[,URL]",
+                                            help="the onepool server's URL; several, comma-"
+                                                 "separated: a standby, used when the first "
+                                                 "cannot be reached")],
         join_token_file: Annotated[Path | None, typer.Option(
             "--join-token-file", envvar="ONEPOOL_JOIN_TOKEN_FILE", metavar="FILE",
             help="a file holding the one-time token from `onepool node join-token NODE` (not "
@@ -126,6 +128,7 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
         from broker.agent.hardware import detect
         from broker.agent.metadata import watcher
         from broker.errors import SpecError
+        from broker.failover import split_urls
         from broker.observe.logs import setup
 
         setup(log_format)
@@ -138,6 +141,7 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
             found = detect(gpus, gpu_type)
             w = watcher(metadata, metadata_url)
             names = parse_pass_env(pass_env)
+            split_urls(server)
         except ValueError as e:
             raise SpecError("agent", [str(e)]) from None
         iso = Isolation.for_host("agent", run_as=run_as, pass_env=names, jobs_dir=jobs_dir)

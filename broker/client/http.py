@@ -32,6 +32,7 @@ from broker.errors import (
     Unauthorized,
     Unavailable,
 )
+from broker.failover import CONNECT_TIMEOUT_S, make_client, split_urls
 from broker.spec import ClusterConfig, JobSpec, load_config
 from broker.wire import (
     CostRow,
@@ -44,6 +45,7 @@ from broker.wire import (
     MoveInfo,
     NodeInfo,
     PoolInfo,
+    ServerInfo,
     TeamBudget,
     TokenInfo,
 )
@@ -74,14 +76,18 @@ def _raise_for(r: httpx.Response) -> None:
 
 
 class HttpClient:
-    """`HttpClient(url, token)`; raises Unavailable when the server cannot be reached."""
+    """`HttpClient(url, token)`; raises Unavailable when the server cannot be reached. `url`
+    may name several servers (URL1,URL2: a standby), tried in turn (broker.failover)."""
 
     def __init__(self, url: str, token: str | None, *, timeout: float = 30.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
-                                 transport=transport or httpx.HTTPTransport(retries=2))
+        try:  # several URLs (comma-separated): the one that answers (broker.failover)
+            self.http = make_client(url, timeout, headers=headers,
+                                    transport=transport or httpx.HTTPTransport(retries=2))
+        except ValueError as e:
+            raise SpecError("ONEPOOL_URL", [str(e)]) from None
 
     def close(self) -> None:
         self.http.close()
@@ -239,7 +245,22 @@ class HttpClient:
         return [MoveInfo.model_validate(m) for m in self._req("GET", "/v1/rebalance/proposals")]
 
     def health(self) -> Health:
-        return Health.model_validate(self._req("GET", "/v1/healthz"))
+        """The broker's health; with several server URLs, also each one's answer (`servers`:
+        leader, standby, or down with the error), asked directly, without failover."""
+        h = Health.model_validate(self._req("GET", "/v1/healthz"))
+        urls = split_urls(self.url)
+        if len(urls) < 2:
+            return h
+        servers = []
+        for u in urls:
+            try:
+                r = httpx.get(f"{u}/v1/healthz", timeout=httpx.Timeout(10.0, connect=CONNECT_TIMEOUT_S))
+                r.raise_for_status()
+                by = Health.model_validate(r.json()).served_by
+                servers.append(ServerInfo(url=u, role=h.role_of(by), served_by=by))
+            except (httpx.HTTPError, ValueError) as e:
+                servers.append(ServerInfo(url=u, role="down", error=f"{type(e).__name__}: {e}"[:200]))
+        return h.model_copy(update={"servers": servers})
 
     # -- other readers ------------------------------------------------------------------------
     def read(self, path: str, **params: Any) -> Any:

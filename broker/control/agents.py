@@ -34,6 +34,7 @@ from broker.state.model_access import NodeAgent, RankAssignment
 from broker.state.model_access import RankState as AState
 from broker.state.token_hash import Check
 from broker.state.tokens import JOIN, NODE, Verifier, parse, redeem_join_token
+from broker.wire import SERVER_UNREACHABLE
 from providers import start_errors
 
 log = logging.getLogger("onepool.agents")
@@ -56,6 +57,7 @@ class JoinReply(BaseModel):
     credential: str
     heartbeat_s: float
     fence_s: float  # ranks stop themselves after this long without a successful sync
+    fence_grace_s: float | None = None  # ... and are killed this long after (None: their grace)
 
 
 class RankReport(BaseModel):
@@ -63,8 +65,9 @@ class RankReport(BaseModel):
     state: str = Field(pattern="^(running|exited|lost)$")
     pid: int | None = Field(default=None, ge=0, le=MAX_PID)
     exit_code: int | None = Field(default=None, ge=-255, le=255)
-    # why it could not start at all (providers.start_errors), with state "exited"
-    cause: str | None = Field(default=None, pattern=start_errors.PATTERN)
+    # why it could not start at all (providers.start_errors), with state "exited"; or, with
+    # state "lost", `server_unreachable`: it stopped itself, cut off from the server (its fence)
+    cause: str | None = Field(default=None, pattern=f"{start_errors.PATTERN}|^{SERVER_UNREACHABLE}$")
     # The mean utilization (percent) of the rank's GPUs since the agent's previous report
     # (broker.utilization); None: not sampled (no NVML on the node).
     gpu_util_pct: float | None = Field(default=None, ge=0.0, le=100.0, allow_inf_nan=False)
@@ -101,7 +104,8 @@ class SyncReply(BaseModel):
     kill: list[int] = []  # ended or lost on the broker's side but reported running: SIGKILL
     retire: bool = False  # the node is gone from the broker: stop everything and exit
     heartbeat_s: float = 5.0
-    fence_s: float = 20.0
+    fence_s: float = 160.0
+    fence_grace_s: float | None = None
 
     @property
     def has_news(self) -> bool:
@@ -120,15 +124,35 @@ class NoticeRequest(BaseModel):
     detail: dict[str, Any] = Field(default_factory=dict)
 
 
+FENCE_CHECK_S = 1.0  # how often a rank's supervisor looks at its lease (providers.local_runner)
+
+
 @dataclass
 class Timing:
+    """The agents' clock: one source for the three times (defaults: BrokerSettings).
+
+    - heartbeat_s: an agent calls in at least this often (a long poll lasts at most this).
+    - fence_s = lost_after_s x 2/3: a rank whose agent has had no answer from the server for
+      this long stops itself (SIGTERM, then SIGKILL after fence_grace_s). With the defaults
+      (240 s: 160 s) a server restart or outage of up to about 150 s stops no job.
+    - fence_grace_s: the fenced rank's time to checkpoint, the job's grace_s at most, so that
+      it is dead (fence_s + fence_grace_s after the agent's last answer, which came at most
+      heartbeat_s after the server last heard it) before lost_after_s, when the broker declares
+      the node lost and places its work elsewhere: the work never runs twice (split brain).
+    """
+
     heartbeat_s: float = 5.0
-    lost_after_s: float = 30.0
+    lost_after_s: float = 240.0
 
     @property
     def fence_s(self) -> float:
         """Ranks fence themselves before the broker gives their work to another node."""
         return self.lost_after_s * 2 / 3
+
+    @property
+    def fence_grace_s(self) -> float:
+        """The most a fenced rank gets between SIGTERM and SIGKILL (see the class)."""
+        return max(0.0, self.lost_after_s - self.fence_s - self.heartbeat_s - FENCE_CHECK_S)
 
 
 # -- routes' logic ------------------------------------------------------------------------------
@@ -175,7 +199,8 @@ def join(s: Session, verifier: Verifier, req: JoinRequest, now: float, timing: T
            f"{node.id} ({node.gpus} GPUs, pool {node.pool})", node=node.id, pool=node.pool,
            agent=row.info)
     return JoinReply(node=node.id, pool=node.pool, credential=credential,
-                     heartbeat_s=timing.heartbeat_s, fence_s=timing.fence_s)
+                     heartbeat_s=timing.heartbeat_s, fence_s=timing.fence_s,
+                     fence_grace_s=timing.fence_grace_s)
 
 
 def _agent_row_of(s: Session, join_token: str) -> NodeAgent | None:
@@ -233,7 +258,8 @@ def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Tim
     if node is None or node.state in (NodeState.TERMINATED, NodeState.TERMINATING, NodeState.RETIRED):
         return SyncReply(node=agent.node, retire=True, kill=[r.assignment_id for r in req.ranks
                                                               if r.state == "running"],
-                         heartbeat_s=timing.heartbeat_s, fence_s=timing.fence_s)
+                         heartbeat_s=timing.heartbeat_s, fence_s=timing.fence_s,
+                         fence_grace_s=timing.fence_grace_s)
     if heartbeat:
         agent.seen_at = now
     if req.info:
@@ -263,7 +289,10 @@ def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Tim
             elif rep.state in ("exited", "lost"):
                 row.state = AState.EXITED if rep.state == "exited" else AState.LOST
                 row.exit_code, row.ended_at = rep.exit_code, now
-                row.cause = rep.cause if rep.state == "exited" else None
+                # a start failure's cause with "exited"; server_unreachable (its fence) with "lost"
+                fits = (start_errors.is_start_failure(rep.cause) if rep.state == "exited"
+                        else rep.cause == SERVER_UNREACHABLE)
+                row.cause = rep.cause if fits else None
             s.add(row)
         elif rep.state == "running":
             kill.append(row.id or 0)  # the broker gave up on it (node was lost): stop it
@@ -282,7 +311,8 @@ def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Tim
                      assignments=[Assignment(assignment_id=r.id or 0, attempt_id=r.attempt_id,
                                              rank=r.rank, argv=r.argv, env=r.env) for r in live],
                      signals=signals, forget=forget, kill=kill,
-                     heartbeat_s=timing.heartbeat_s, fence_s=timing.fence_s)
+                     heartbeat_s=timing.heartbeat_s, fence_s=timing.fence_s,
+                     fence_grace_s=timing.fence_grace_s)
 
 
 def _utilization(s: Session, rows: dict[int | None, RankAssignment], reports: list[RankReport],

@@ -44,6 +44,7 @@ from broker.policy import Placement, Plan, PolicyConfig, Preemption, plan
 from broker.state.events import record
 from broker.state.model import Attempt, AttemptState, EndReason, Job, JobState, Node, NodeState
 from broker.state.store import Store
+from broker.wire import SERVER_UNREACHABLE
 from providers import start_errors
 from providers.base import Executor, RankState
 
@@ -239,7 +240,8 @@ class Engine(AttemptGuards, Duties):
             lost = orphaned or any(x.state == RankState.LOST for x in st)
             if (failed or lost) and a.state == AttemptState.RUNNING:
                 if lost and not failed:
-                    a.cause = a.cause or "supervisor_lost"
+                    a.cause = a.cause or next((x.cause for x in st if x.state == RankState.LOST
+                                               and x.cause), "supervisor_lost")
                 self._request_stop(s, a, now, "failed" if failed else "lost")
             elif a.state == AttemptState.STOPPING and a.stop_requested_at is not None:
                 crash_point("preempt_grace")
@@ -266,7 +268,8 @@ class Engine(AttemptGuards, Duties):
             reason = EndReason.FAILED  # a rank could not start: _end decides whether it retries
         elif a.stop_reason is None and (cause := next((x.cause for x in st if x.cause), None)):
             a.cause = cause  # the platform ended it (issue 14: Slurm preempted it, a node failed)
-            reason = EndReason.LOST if cause == "node_failure" else EndReason.INTERRUPTED
+            lost_by = ("node_failure", SERVER_UNREACHABLE)  # the node or its link, not a notice
+            reason = EndReason.LOST if cause in lost_by else EndReason.INTERRUPTED
         elif a.stop_reason == "failed" or not lost:
             reason = EndReason.FAILED
         else:
@@ -317,6 +320,8 @@ class Engine(AttemptGuards, Duties):
                    EndReason.INTERRUPTED: f"interrupted ({a.cause})",
                    EndReason.REBALANCED: "stopped at its checkpoint to move to cheaper capacity"}.get(
                 reason, "processes vanished without an exit status")
+            if a.cause == SERVER_UNREACHABLE:
+                msg = "its ranks stopped themselves: their node could not reach the server (outage)"
             since = (f"since its checkpoint at step {a.reached_step}" if a.reached_step is not None
                      else "since it started: no checkpoint yet")
             record(s, now, reason.value.lower(), f"{msg}; back in the queue (lost "

@@ -73,7 +73,7 @@ class AgentExecutor:
     def _state(st: str, code: int | None, node_state: str | None,
                cause: str | None = None) -> tuple[str, int | None, str | None]:
         """A rank still running on a node confirmed gone died with it. `cause`: why the agent
-        could not start it (start_failed:<kind>)."""
+        could not start it (start_failed:<kind>), or why it stopped itself (server_unreachable)."""
         if node_state == "terminated" and st in (AState.ASSIGNED, AState.RUNNING):
             return AState.LOST, None, None
         return st, code, cause
@@ -95,8 +95,10 @@ class AgentExecutor:
             with self.store.session() as s:
                 row = s.exec(self._Q.where(RankAssignment.id == handle["assignment_id"])).first()
             got = None if row is None else self._state(row[1], row[2], row[3], row[4])
-        if got is None or got[0] == AState.LOST:
+        if got is None:
             return RankStatus(RankState.LOST)
+        if got[0] == AState.LOST:  # with its cause and code when it stopped itself (server_unreachable)
+            return RankStatus(RankState.LOST, got[1] if got[2] else None, cause=got[2])
         if got[0] == AState.EXITED:
             return RankStatus(RankState.EXITED, got[1], cause=got[2])
         return RankStatus(RankState.RUNNING)

@@ -40,14 +40,22 @@ class ApiServer:
     server: uvicorn.Server
     thread: threading.Thread
     url: str
+    app: Any = None
 
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
 
+    def restart(self, app: Any) -> ApiServer:
+        """`app` (a fresh one: an app is bound to its server's event loop) served at this
+        server's address: a server started again after an outage."""
+        host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        return serve(app, host, int(port))
 
-def serve(app: Any, host: str = "127.0.0.1") -> ApiServer:
-    srv = uvicorn.Server(uvicorn.Config(app, host=host, port=0, log_level="warning",
+
+def serve(app: Any, host: str = "127.0.0.1", port: int = 0) -> ApiServer:
+    """Serve `app` at host:port (port 0: any free one) until stop()."""
+    srv = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                         timeout_graceful_shutdown=1))
     t = threading.Thread(target=srv.run, daemon=True, name="api-server")
     t.start()
@@ -57,7 +65,7 @@ def serve(app: Any, host: str = "127.0.0.1") -> ApiServer:
             raise RuntimeError("the API server did not start")
         time.sleep(0.01)
     port = srv.servers[0].sockets[0].getsockname()[1]
-    return ApiServer(srv, t, f"http://{host}:{port}")
+    return ApiServer(srv, t, f"http://{host}:{port}", app)
 
 
 @dataclass
@@ -68,10 +76,21 @@ class Site:
     engine: Engine
     api: ApiServer
     home: Path
+    new_app: Callable[[], Any] | None = None  # another API process on this database
 
     @property
     def url(self) -> str:
         return self.api.url
+
+    def restart_api(self) -> None:
+        """Start the API again at its address (after `api.stop()`), as a new process would."""
+        assert self.new_app is not None
+        self.api = self.api.restart(self.new_app())
+
+    def standby_api(self, host: str = "127.0.0.1") -> ApiServer:
+        """A second API process on this database (a standby's), at its own address."""
+        assert self.new_app is not None
+        return serve(self.new_app(), host)
 
     def close(self) -> None:
         """Stop the engine's cloud workers, then the API."""
@@ -82,17 +101,25 @@ class Site:
 def make_site(home: Path, clock: Clock, host: str = "127.0.0.1", **cfg: Any) -> Site:
     """A site whose config (tests.conftest.config kwargs) gets broker.server_url = the API's."""
     store = Store(home)
-    mailbox = Mailbox()
+    mailboxes: list[Mailbox] = []
     holder: dict[str, Executors] = {}
-    app = create_app(store, clock, mailbox=mailbox, check_s=0.2,
-                     on_agent_report=lambda: holder["x"].changed() if "x" in holder else None)
-    api = serve(app, host)
+
+    def new_app() -> Any:
+        mailboxes.append(Mailbox())
+        return create_app(store, clock, mailbox=mailboxes[-1], check_s=0.2,
+                          on_agent_report=lambda: holder["x"].changed() if "x" in holder else None)
+
+    def notify(node: str) -> None:
+        for m in mailboxes:
+            m.notify(node)
+
+    api = serve(new_app(), host)
     c = Client(store=store, clock=clock)
     data = config(**{"node_lost_after_s": 3600, **cfg})  # tests advancing the clock lose no agent
     data["broker"]["server_url"] = api.url
     c.apply(parse_config(data))
-    holder["x"] = ex = Executors(store, clock, home / "runs", notify=mailbox.notify)
-    return Site(c, Engine(store, clock, ex), api, home)
+    holder["x"] = ex = Executors(store, clock, home / "runs", notify=notify)
+    return Site(c, Engine(store, clock, ex), api, home, new_app)
 
 
 @dataclass

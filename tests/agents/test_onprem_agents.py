@@ -164,6 +164,7 @@ def test_a_rank_fenced_during_a_short_outage_is_requeued_not_failed(site, clock,
         info = c.get(j)
         assert info.status == "SUCCEEDED"
         assert [x.end_reason for x in info.attempt_list] == ["LOST", "COMPLETED"]
+        assert info.attempt_list[0].cause == "server_unreachable"  # not node_failure: no node failed
         assert info.attempt_list[1].restored_step is not None
         assert [n.state for n in c.nodes() if n.id == "onprem-0"] == ["up"]
 
