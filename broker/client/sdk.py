@@ -101,6 +101,7 @@ class Client(AdminMixin, EstimateMixin):
         cfg = config if isinstance(config, ClusterConfig) else load_config(config)
         with self.store.session() as s, acting_as(self.principal.actor):
             apply_config(s, cfg)
+        self.store.changed()
         return cfg
 
     def config(self) -> ClusterConfig:
@@ -138,7 +139,9 @@ class Client(AdminMixin, EstimateMixin):
             data["budget_usd"] = budget_usd
         js = self.prepare(data)
         with self.store.session() as s, acting_as(self.principal.actor):
-            return self.submit_in(s, js, idempotency_key)
+            info = self.submit_in(s, js, idempotency_key)
+        self.store.changed()
+        return info
 
     def prepare(self, data: dict[str, Any]) -> JobSpec:
         """The validated spec of a submit (the token's team by default). Raises SpecError,
@@ -290,7 +293,9 @@ class Client(AdminMixin, EstimateMixin):
                             waiting_reason=None).execution_options(synchronize_session=False)
             ).rowcount:  # type: ignore[attr-defined]
                 record(s, now, "cancelled", "cancelled while pending", job_id=job_id)
-                return self._after(s, job_id)
+                info = self._after(s, job_id)
+                self.store.changed()
+                return info
             if j.state == JobState.BUDGET_EXHAUSTED:
                 j.state, j.end_time, j.cancel_requested = JobState.CANCELLED, now, True
                 s.add(j)
@@ -300,6 +305,7 @@ class Client(AdminMixin, EstimateMixin):
                 s.add(j)
                 record(s, now, "cancel_requested", "cancel requested: the broker stops it (SIGTERM, "
                        "then its grace period)", job_id=job_id)
+        self.store.changed()
         return self.get(job_id)
 
     def _after(self, s: Session, job_id: int) -> JobInfo:
@@ -396,8 +402,11 @@ class Client(AdminMixin, EstimateMixin):
         now = self.clock.now()
         with self.store.session() as s, acting_as(self.principal.actor):
             if job_id is not None:
-                return budget_rules.set_job_budget(s, job_id, amount_usd, now)
-            return budget_rules.set_team_budget(s, applied_config(s), team or "", amount_usd, now)
+                said = budget_rules.set_job_budget(s, job_id, amount_usd, now)
+            else:
+                said = budget_rules.set_team_budget(s, applied_config(s), team or "", amount_usd, now)
+        self.store.changed()
+        return said
 
     def pools(self, *, include_inactive: bool = False) -> list[PoolInfo]:
         """Every pool now: market, the price in force (USD per node-hour, and per GPU-hour as

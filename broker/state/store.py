@@ -15,6 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, create_engine
 
 from broker.state.schema_head import head_revision
+from broker.state.wake import Wake
 
 if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig
@@ -97,6 +98,13 @@ class Store:
         self.url = url or database_url(self.home)
         self.engine = make_engine(self.url)
         upgrade(self.engine)
+        self.wake = Wake(self.home)
+
+    def changed(self) -> None:
+        """The queue changed in a way that can change the plan (a submit, a cancel, a budget or
+        a config): wake the broker loop now, in this process and, through the home's wake file,
+        in another (broker.state.wake). Call it after the commit."""
+        self.wake.poke()
 
     @contextmanager
     def session(self) -> Iterator[Session]:
