@@ -155,10 +155,13 @@ class HttpClient:
 
     def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
              experiment: str | None = None, after_id: int = 0,
-             limit: int | None = None, finished_limit: int | None = None) -> list[JobInfo]:
+             limit: int | None = None, finished_limit: int | None = None,
+             newest: bool = False) -> list[JobInfo]:
         out: list[JobInfo] = []
         while True:
             params: dict[str, Any] = {"after_id": after_id, "limit": min(limit or 1000, 1000)}
+            if newest:
+                params["newest"] = "true"
             if finished_limit is not None:
                 params["finished_limit"] = finished_limit
             if status:
@@ -172,6 +175,10 @@ class HttpClient:
             if limit is not None or page["next_after_id"] is None:
                 return out
             after_id = page["next_after_id"]
+
+    def counts(self, team: str | None = None) -> dict[str, int]:
+        got = self._req("GET", "/v1/jobs/counts", params={"team": team} if team else None)
+        return {str(k): int(v) for k, v in got.items()}
 
     def cancel(self, job_id: int) -> JobInfo:
         return JobInfo.model_validate(self._req("POST", f"/v1/jobs/{int(job_id)}/cancel"))
