@@ -85,3 +85,39 @@ def test_the_cli_over_http_imports_no_database_layer() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
                          timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# (status arguments, how many job rows, whether the counts line says it is one page)
+CLI_PAGES: list[tuple[list[str], int, bool]] = [
+    (["--limit", "2"], 2, True),
+    (["--limit", "1", "--state", "pending"], 1, True),
+    (["--all"], 3, False),
+    ([], 3, True),
+]
+
+
+@pytest.mark.parametrize(("args", "rows", "paged"), CLI_PAGES,
+                         ids=[" ".join(a) or "default" for a, _, _ in CLI_PAGES])
+def test_the_cli_shows_a_page_under_a_line_of_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     args: list[str], rows: int, paged: bool) -> None:
+    from typer.testing import CliRunner
+
+    from broker.client.cli import app
+    from broker.client.sdk import Client
+    from broker.spec import parse_config
+    from tests.conftest import config
+
+    monkeypatch.delenv("ONEPOOL_URL", raising=False)
+    c = Client(tmp_path / "home")
+    c.apply(parse_config(config()))
+    ids = [c.submit(name=f"job-{i}", team="prod", command=["true"]).id for i in range(3)]
+    c.cancel(ids[0])
+    res = CliRunner().invoke(app, ["--home", str(tmp_path / "home"), "status", *args])
+    assert res.exit_code == 0, res.output
+    [counts] = [ln for ln in res.stdout.splitlines() if ln.startswith("3 jobs:")]
+    assert counts.startswith("3 jobs: 1 cancelled, 2 pending")
+    assert ("showing" in counts) is paged
+    shown = [i for n, i in enumerate(ids) if f"job-{n}" in res.stdout]
+    assert len(shown) == rows
+    if paged and rows < 3:
+        assert shown[-1] == ids[-1]  # the newest first

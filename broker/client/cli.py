@@ -35,7 +35,7 @@ _state: dict[str, Any] = {}
 HomeOpt = Annotated[Path | None, typer.Option("--home", envvar="ONEPOOL_HOME", metavar="DIR",
                                               help="broker home (default ./.onepool)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
-STATUS_LIMIT = 50  # `status` shows the running jobs, then the newest, this many (--limit, --all)
+STATUS_LIMIT = 20  # `status` shows the running jobs, then the newest, this many (--limit, --all)
 NAME_RULE = "lowercase letters, digits, '_', '.', '-' (1-63 chars, starting with a letter or digit)"
 
 
