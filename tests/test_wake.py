@@ -33,13 +33,14 @@ def submit_here(c: Client) -> int:
     return c.submit(name="urgent", team="prod", command=["sleep", "30"], gpus_per_node=1).id
 
 
-def submit_from_another_process(c: Client) -> int:
+def submit_from_another_process(c: Client, home: Path | None = None) -> int:
+    """Submit from a process of its own, on `home` (default: the loop's), on this test's
+    database (ONEPOOL_DATABASE_URL, set by the db fixture, is inherited)."""
     code = ("import sys; from broker.client.sdk import Client; "
             "print(Client(sys.argv[1]).submit(name='urgent', team='prod', command=['sleep', '30'], "
             "gpus_per_node=1).id)")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("ONEPOOL_DATABASE_URL", None)  # the same SQLite home as the loop's
-    out = subprocess.run([sys.executable, "-c", code, str(c.store.home)], env=env, cwd=ROOT,
+    out = subprocess.run([sys.executable, "-c", code, str(home or c.store.home)], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=60, check=True)
     return int(out.stdout.strip())
 
@@ -47,8 +48,7 @@ def submit_from_another_process(c: Client) -> int:
 @pytest.fixture
 def loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Loop]:
     """A broker loop (service.run) in a thread on a fresh SQLite home, cycling every FOREVER_S;
-    each cycle's report arrives on the queue."""
-    monkeypatch.delenv("ONEPOOL_DATABASE_URL", raising=False)
+    each cycle's report arrives on the queue (on the db fixture's database)."""
     clock = FakeClock()
     c = Client(tmp_path / "home", clock=clock)
     c.apply(parse_config(config()))
@@ -78,6 +78,16 @@ def test_a_submit_starts_the_next_cycle_without_waiting_out_the_interval(
     while job not in started:  # the woken cycle starts it (a later one at the latest)
         started += reports.get(timeout=WOKEN_WITHIN_S).started  # old code: ~30 s
     assert c.get(job).status == "RUNNING"
+
+
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+def test_through_postgresql_a_submit_wakes_a_broker_that_shares_no_home(
+        loop: Loop, tmp_path: Path, db: str) -> None:
+    c, reports = loop
+    job = submit_from_another_process(c, tmp_path / "elsewhere")  # its wake file is not the loop's
+    started: list[int] = []
+    while job not in started:
+        started += reports.get(timeout=WOKEN_WITHIN_S).started  # NOTIFY onepool_wake
 
 
 def test_a_cancel_wakes_the_loop_to_stop_the_job(loop: Loop) -> None:

@@ -109,6 +109,7 @@ def _lead(store: Store, clock: Clock, executor: Executor, lease: Lease, cycle_s:
     notifier: Notifier | None = None
     notifying: threading.Thread | None = None
     stop_notifier = threading.Event()
+    watch: WakeWatch | None = None
     try:
         engine = Engine(store, clock, executor, lease=lease)
         engine.wake = wake.set
@@ -123,7 +124,7 @@ def _lead(store: Store, clock: Clock, executor: Executor, lease: Lease, cycle_s:
                                          name="webhooks")
             notifying.start()
         reconciled = False
-        watch = WakeWatch(store.wake)
+        watch = WakeWatch(store.wake, store.engine)
         while not stop.is_set():
             try:
                 if not reconciled:
@@ -148,6 +149,8 @@ def _lead(store: Store, clock: Clock, executor: Executor, lease: Lease, cycle_s:
     except LeaseLost as e:
         log.warning("%s: standing by", e)
     finally:
+        if watch is not None:
+            watch.close()
         stop_notifier.set()
         if notifying is not None:
             notifying.join(timeout=10)  # a delivery in flight ends within its 5 s timeout

@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, create_engine
 
 from broker.state.schema_head import head_revision
-from broker.state.wake import Wake
+from broker.state.wake import Wake, notify
 
 if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig
@@ -102,8 +102,9 @@ class Store:
 
     def changed(self) -> None:
         """The queue changed in a way that can change the plan (a submit, a cancel, a budget or
-        a config): wake the broker loop now, in this process and, through the home's wake file,
-        in another (broker.state.wake). Call it after the commit."""
+        a config): wake the broker loop now, in this process and, through the home's wake file
+        or PostgreSQL's NOTIFY, in another (broker.state.wake). Call it after the commit."""
+        notify(self.engine)
         self.wake.poke()
 
     @contextmanager

@@ -10,8 +10,10 @@ Two paths, both started by `Wake.poke()` (Store.changed() calls it after the com
   `onepool server --no-broker` on the same machine) sees it change by a stat every POLL_S
   while it waits between cycles: a change counter (each poke appends one byte; the watcher
   empties the file now and then, before the cycle it triggers) that costs one system call and
-  no database query. A broker whose API processes share no filesystem with it (PostgreSQL
-  across machines) sees their changes at its next cycle, as before.
+  no database query;
+- through PostgreSQL: Store.changed() also sends `NOTIFY onepool_wake`, and the broker's watch
+  LISTENs on a connection of its own, so API processes on other machines wake it too (within
+  POLL_S: the watch reads what arrived at each look, without a query).
 """
 
 from __future__ import annotations
@@ -21,10 +23,15 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 
 log = logging.getLogger("onepool.wake")
 FILE = "broker.wake"
 POLL_S = 0.05  # how often a waiting broker looks at the wake file
+CHANNEL = "onepool_wake"  # PostgreSQL's LISTEN/NOTIFY channel
 EMPTY_AT = 4096  # the watcher empties the file once it holds this many pokes
 
 
@@ -72,15 +79,70 @@ class Wake:
         return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-class WakeWatch:
-    """A broker loop's view of the wake file: `poked()` is true once after each change."""
+def notify(engine: Engine) -> None:
+    """Send the PostgreSQL wake-up (nothing on SQLite). The change is committed already, so a
+    failure is logged, not raised: the broker sees the change at its next cycle."""
+    if engine.dialect.name != "postgresql":
+        return
+    try:
+        with engine.begin() as c:
+            c.execute(text(f"NOTIFY {CHANNEL}"))
+    except DBAPIError as e:
+        log.warning("could not wake the broker through the database (%s): it sees the change at "
+                    "its next cycle", e)
 
-    def __init__(self, wake: Wake) -> None:
+
+class WakeWatch:
+    """A broker loop's view of the wake file (and, on PostgreSQL, of the wake channel):
+    `poked()` is true once after each change. `close()` when done."""
+
+    def __init__(self, wake: Wake, engine: Engine | None = None) -> None:
         self.wake = wake
         self._seen = wake.stamp()
+        self._pg = engine if engine is not None and engine.dialect.name == "postgresql" else None
+        self._listener: Any = None  # the pool connection that LISTENs (invalidated at close)
+        if self._pg is not None:
+            try:
+                self._listen()
+            except Exception as e:  # noqa: BLE001  (the database is down: listens at a later look)
+                log.warning("cannot listen on the wake channel yet (%s)", e)
+
+    def _listen(self) -> None:
+        assert self._pg is not None
+        raw = self._pg.raw_connection()
+        try:
+            conn = raw.driver_connection
+            conn.autocommit = True  # type: ignore[union-attr]
+            conn.execute(f"LISTEN {CHANNEL}")  # type: ignore[union-attr]
+        except Exception:
+            raw.invalidate()
+            raise
+        self._listener = raw
+
+    def _heard(self) -> bool:
+        """Whether a NOTIFY arrived since the last look (all of them are read). A lost
+        connection counts as heard (one extra cycle) and is opened again at the next look."""
+        if self._pg is None:
+            return False
+        try:
+            if self._listener is None:
+                self._listen()
+            return sum(1 for _ in self._listener.driver_connection.notifies(timeout=0)) > 0
+        except Exception as e:  # noqa: BLE001  (psycopg's errors: the broker cycles, then listens again)
+            log.warning("the wake channel failed (%s): listening again", e)
+            self.close()
+            return True
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.invalidate()  # never back to the pool: it LISTENs
+            self._listener = None
 
     def poked(self) -> bool:
-        """Whether the file changed since the last look (or since this watch was made)."""
+        """Whether the file changed (or, on PostgreSQL, a NOTIFY came) since the last look."""
+        if self._heard():
+            self._seen = self.wake.stamp()
+            return True
         now = self.wake.stamp()
         if now == self._seen:
             return False
