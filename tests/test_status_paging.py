@@ -74,6 +74,12 @@ def test_the_api_pages_and_counts(home: Any) -> None:
         assert [j["id"] for j in page["jobs"]] == expected(home, 2)
         assert page["next_after_id"] is None
         assert http.get("/v1/jobs/counts", headers=auth).json() == home.counts()
+        member = {"Authorization": f"Bearer {home.create_token('research').token}"}
+        assert http.get("/v1/jobs/counts", headers=member).json() == home.counts("research")
+        mine = http.get("/v1/jobs", params={"newest": "true", "limit": 1000}, headers=member).json()
+        assert {j["team"] for j in mine["jobs"]} == {"research"}  # a member pages its team's only
+        refused = http.get("/v1/jobs/counts", params={"team": "prod"}, headers=member)
+        assert refused.status_code == 403, refused.text
 
 
 def test_the_cli_over_http_imports_no_database_layer() -> None:
