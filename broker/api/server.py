@@ -37,7 +37,8 @@ def serve(store: Store, host: str, port: int, *, broker: bool = True,
     clock = SystemClock()
     mailbox = Mailbox()
     wake, stop = threading.Event(), threading.Event()
-    app = create_app(store, clock, mailbox=mailbox, on_agent_report=wake.set if broker else None)
+    app = create_app(store, clock, mailbox=mailbox, on_agent_report=wake.set if broker else None,
+                     agent_wakes=not broker)
     thread = None
     if broker:
         thread = threading.Thread(target=service.run, name="broker-loop", daemon=True,

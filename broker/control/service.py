@@ -67,7 +67,13 @@ def run(store: Store, clock: Clock, *, cycle_s: float | None = None,
     stop = stop or threading.Event()
     unlisten = store.wake.listen(wake.set)
     if executor is None:
-        executor = Executors(store, clock, store.home / "runs", on_change=wake.set, notify=notify)
+        tell = notify
+
+        def notify_agents(node: str) -> None:  # this process's API at once, the others' too
+            if tell is not None:
+                tell(node)
+            store.agents_changed()
+        executor = Executors(store, clock, store.home / "runs", on_change=wake.set, notify=notify_agents)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: (stop.set(), wake.set()))

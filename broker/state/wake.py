@@ -14,6 +14,12 @@ Two paths, both started by `Wake.poke()` (Store.changed() calls it after the com
 - through PostgreSQL: Store.changed() also sends `NOTIFY onepool_wake`, and the broker's watch
   LISTENs on a connection of its own, so API processes on other machines wake it too (within
   POLL_S: the watch reads what arrived at each look, without a query).
+
+The agents' long polls get the same two cross-process paths (`agents.wake`, `onepool_agents`):
+the leader pokes them after writing an assignment or a signal (Store.agents_changed()), and an
+API process without a broker of its own (`onepool server --no-broker`) watches them and wakes
+every waiting poll (broker.api.app), which then reads the database once. An API process with
+its broker in-process hears its engine directly (the mailbox) and does not watch.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from sqlalchemy.exc import DBAPIError
 
 log = logging.getLogger("onepool.wake")
 FILE = "broker.wake"
+AGENTS_FILE = "agents.wake"
+AGENTS_CHANNEL = "onepool_agents"
 POLL_S = 0.05  # how often a waiting broker looks at the wake file
 CHANNEL = "onepool_wake"  # PostgreSQL's LISTEN/NOTIFY channel
 EMPTY_AT = 4096  # the watcher empties the file once it holds this many pokes
@@ -38,8 +46,8 @@ EMPTY_AT = 4096  # the watcher empties the file once it holds this many pokes
 class Wake:
     """The queue-changed signal of one broker home."""
 
-    def __init__(self, home: Path) -> None:
-        self.path = home / FILE
+    def __init__(self, home: Path, name: str = FILE) -> None:
+        self.path = home / name
         self._listeners: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
@@ -79,14 +87,14 @@ class Wake:
         return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def notify(engine: Engine) -> None:
+def notify(engine: Engine, channel: str = CHANNEL) -> None:
     """Send the PostgreSQL wake-up (nothing on SQLite). The change is committed already, so a
     failure is logged, not raised: the broker sees the change at its next cycle."""
     if engine.dialect.name != "postgresql":
         return
     try:
         with engine.begin() as c:
-            c.execute(text(f"NOTIFY {CHANNEL}"))
+            c.execute(text(f"NOTIFY {channel}"))
     except DBAPIError as e:
         log.warning("could not wake the broker through the database (%s): it sees the change at "
                     "its next cycle", e)
@@ -96,8 +104,8 @@ class WakeWatch:
     """A broker loop's view of the wake file (and, on PostgreSQL, of the wake channel):
     `poked()` is true once after each change. `close()` when done."""
 
-    def __init__(self, wake: Wake, engine: Engine | None = None) -> None:
-        self.wake = wake
+    def __init__(self, wake: Wake, engine: Engine | None = None, channel: str = CHANNEL) -> None:
+        self.wake, self.channel = wake, channel
         self._seen = wake.stamp()
         self._pg = engine if engine is not None and engine.dialect.name == "postgresql" else None
         self._listener: Any = None  # the pool connection that LISTENs (invalidated at close)
@@ -113,7 +121,7 @@ class WakeWatch:
         try:
             conn = raw.driver_connection
             conn.autocommit = True  # type: ignore[union-attr]
-            conn.execute(f"LISTEN {CHANNEL}")  # type: ignore[union-attr]
+            conn.execute(f"LISTEN {self.channel}")  # type: ignore[union-attr]
         except Exception:
             raw.invalidate()
             raise
