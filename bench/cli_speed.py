@@ -17,18 +17,29 @@ Assumptions (all favour neither side; both trees run with the same interpreter a
   does not pay;
 - the machine is shared: its load average is recorded with the result; medians, not means.
 The goal (issue 13) is `onepool status` under 0.3 s.
+
+    .venv/bin/python bench/cli_speed.py --http --jobs 10000 --runs 5   # -> cli_speed_http.json
+
+`--http` (issue 27) times the commands over HTTP instead: a `onepool server --no-broker` on
+127.0.0.1 serves the seeded home and each command runs with ONEPOOL_URL and a token, as on a
+laptop; `onepool submit` is timed too. Goals: submit <= 0.15 s, status <= 0.2 s at 10,000 jobs,
+each beside `python -c pass` on the same machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +53,13 @@ COMMANDS: dict[str, list[str]] = {
     "onepool status --state running": ["status", "--state", "running"],
     "onepool pools": ["pools"],  # not in trees before issue 13: reported as unavailable there
     "onepool cost --by pool": ["cost", "--by", "pool"],
+}
+HTTP_COMMANDS: dict[str, list[str]] = {
+    "python (interpreter only)": [],
+    "onepool submit": ["submit", "--name", "probe", "--team", "vision", "--", "true"],
+    "onepool status": ["status"],
+    "onepool status --json": ["status", "--json"],
+    "onepool status JOB": ["status", "1"],
 }
 RUN = ("import sys; sys.path.insert(0, {tree!r}); sys.argv = ['onepool'] + {args!r}\n"
        "from broker.client.cli import main\n"
@@ -84,12 +102,44 @@ def seed(python: str, tree: Path, home: Path, jobs: int) -> None:
                    env={**os.environ, "ONEPOOL_HOME": str(home)})
 
 
+@contextlib.contextmanager
+def serve(python: str, tree: Path, home: Path) -> Iterator[dict[str, str]]:
+    """`onepool server --no-broker` on the home, on a free port of 127.0.0.1, and an admin
+    token: the environment of a command run over HTTP."""
+    env = {**os.environ, "ONEPOOL_HOME": str(home), "PYTHONPATH": str(tree)}
+    env.pop("ONEPOOL_DATABASE_URL", None)
+    made = subprocess.run([python, "-m", "broker.client.cli", "token", "create", "--team", "vision", "--role",
+                           "admin", "--json"], env=env, cwd=tree, capture_output=True, text=True, check=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([python, "-m", "broker.client.cli", "server", "--no-broker", "--port", str(port)],
+                         env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/v1/healthz", timeout=1).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline or p.poll() is not None:
+                    raise SystemExit("the server did not come up") from None
+                time.sleep(0.1)
+        yield {"ONEPOOL_URL": url, "ONEPOOL_TOKEN": json.loads(made.stdout)["token"]}
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+
+
 def time_command(python: str, tree: Path, home: Path, args: list[str],
-                 runs: int) -> tuple[list[float], list[float]]:
+                 runs: int, remote: dict[str, str] | None = None) -> tuple[list[float], list[float]]:
     """(wall seconds, CPU seconds) of each run. CPU time (user + system, from wait4) is what the
-    process itself needed; on a busy shared machine wall time also holds waiting for a core."""
+    process itself needed; on a busy shared machine wall time also holds waiting for a core.
+    `remote`: ONEPOOL_URL and ONEPOOL_TOKEN (the command runs over HTTP)."""
     code = RUN.format(tree=str(tree), args=args) if args else "pass"
-    env = {**os.environ, "ONEPOOL_HOME": str(home)}
+    env = {**os.environ, "ONEPOOL_HOME": str(home), **(remote or {})}
     env.pop("ONEPOOL_DATABASE_URL", None)
     wall, cpu = [], []
     for i in range(runs + 1):
@@ -118,16 +168,18 @@ def main() -> None:
     ap.add_argument("--label", default="", help="suffix of the result file, e.g. before")
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--jobs", type=int, default=200)
+    ap.add_argument("--http", action="store_true", help="over HTTP, against a server on 127.0.0.1")
     args = ap.parse_args()
     python = sys.executable
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as d, contextlib.ExitStack() as stack:
         home = Path(d) / "home"
         seed(python, args.tree.resolve(), home, args.jobs)
+        remote = stack.enter_context(serve(python, args.tree.resolve(), home)) if args.http else None
         results = {}
         print(f"{'':<34} {'wall median':>12} {'wall min':>9} {'wall p90':>9} {'CPU median':>11}")
-        for name, cmd in COMMANDS.items():
+        for name, cmd in (HTTP_COMMANDS if args.http else COMMANDS).items():
             try:
-                wall, cpu = time_command(python, args.tree.resolve(), home, cmd, args.runs)
+                wall, cpu = time_command(python, args.tree.resolve(), home, cmd, args.runs, remote)
             except LookupError:
                 results[name] = None
                 print(f"{name:<34} (no such command in this tree)")
@@ -141,14 +193,17 @@ def main() -> None:
                   f"{r['cpu_median_s']:>9.3f} s", flush=True)
     out = {"tree": str(args.tree.resolve()), "runs": args.runs, "jobs_in_home": args.jobs,
            "python": sys.version.split()[0], "cpus": os.cpu_count(),
-           "load_average_1m_at_end": round(os.getloadavg()[0], 2), "goal": "onepool status < 0.3 s",
+           "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+           "goal": ("over HTTP: submit <= 0.15 s, status <= 0.2 s at 10,000 jobs" if args.http
+                    else "onepool status < 0.3 s"), "over_http": args.http,
            "commands": results,
            "assumptions": ["warm file cache and .pyc (one warm-up run discarded)",
                            "SQLite home on local disk, no broker running",
                            "editable install (its import hook adds ~15 ms per process)",
                            "shared 2-core machine: see load_average_1m_at_end"]}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"cli_speed{'_' + args.label if args.label else ''}.json"
+    name = "cli_speed" + ("_http" if args.http else "") + (f"_{args.label}" if args.label else "")
+    path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 

@@ -181,7 +181,7 @@ def test_status_filters(home: Path) -> None:
     cli(home, "submit", "--name", "a", "--team", "research", "--", *NOOP)
     cli(home, "submit", "--name", "b", "--team", "prod", "--", *NOOP)
     assert [j["name"] for j in cli_json(home, "status", "--team", "prod")] == ["b"]
-    assert [j["name"] for j in cli_json(home, "status", "--state", "pending")] == ["a", "b"]
+    assert [j["name"] for j in cli_json(home, "status", "--state", "pending")] == ["b", "a"]  # newest first
     assert cli_json(home, "status", "--state", "running") == []
 
 

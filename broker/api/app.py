@@ -4,6 +4,7 @@ next to the broker loop; tests serve it on 127.0.0.1 or call it in-process."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -18,14 +19,17 @@ from broker.api.routes_dashboard import router as dashboard_router
 from broker.clock import Clock
 from broker.observe.metrics import registry_for
 from broker.state.store import Store
+from broker.state.wake import AGENTS_CHANNEL, POLL_S, WakeWatch
 
 
 def create_app(store: Store, clock: Clock, *, mailbox: Mailbox | None = None,
                on_agent_report: Callable[[], None] | None = None,
-               check_s: float = 1.0) -> FastAPI:
+               check_s: float = 1.0, agent_wakes: bool = False) -> FastAPI:
     """The API over `store`. `mailbox` and `on_agent_report` connect it to a broker loop in
     the same process (agents' polls wake on the engine's writes, the engine on agents'
-    reports); without them each side polls the database. `GET /metrics` serves Prometheus
+    reports); without them each side polls the database. `agent_wakes` (an API without a
+    broker of its own): a thread watches the leader's wake-ups for agents in another process
+    (broker.state.wake) and wakes the waiting polls at once. `GET /metrics` serves Prometheus
     metrics of `store` and of this process (broker.api.routes_metrics)."""
     context = ApiContext(store=store, clock=clock, mailbox=mailbox or Mailbox(), check_s=check_s)
     if on_agent_report is not None:
@@ -34,7 +38,16 @@ def create_app(store: Store, clock: Clock, *, mailbox: Mailbox | None = None,
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         context.mailbox.bind(asyncio.get_running_loop())
+        stop = threading.Event()
+        watcher = None
+        if agent_wakes:
+            watcher = threading.Thread(target=_relay_agent_wakes, args=(store, context.mailbox, stop),
+                                       daemon=True, name="agent-wakes")
+            watcher.start()
         yield
+        stop.set()
+        if watcher is not None:
+            watcher.join(timeout=5)
 
     app = FastAPI(title="onepool", version=__version__, lifespan=lifespan,
                   description="One priority queue over every GPU a group can reach. "
@@ -49,3 +62,15 @@ def create_app(store: Store, clock: Clock, *, mailbox: Mailbox | None = None,
     app.add_middleware(routes_metrics.TimedRoutes)
     app.add_middleware(Guard, limits=context.limits, clock=clock)  # outermost: before any work
     return app
+
+
+def _relay_agent_wakes(store: Store, mailbox: Mailbox, stop: threading.Event) -> None:
+    """Until `stop`: every POLL_S, if the leader (another process) wrote something for an
+    agent, wake every waiting agent poll."""
+    watch = WakeWatch(store.agents_wake, store.engine, AGENTS_CHANNEL)
+    try:
+        while not stop.wait(POLL_S):
+            if watch.poked():
+                mailbox.notify_all()
+    finally:
+        watch.close()

@@ -182,6 +182,8 @@ class SubmitBatcher:
         except Exception as e:  # noqa: BLE001  (the commit failed: returned, the caller decides)
             log.warning("a batch of %d submits failed to commit: %s", len(staged), e)
             return e
+        if infos:
+            self.store.changed()  # wake the broker: the next cycle places them (issue 27)
         for (item, _), info in zip(staged, infos, strict=True):
             answer(item, info)
         return None

@@ -24,6 +24,17 @@ class Mailbox:
             with contextlib.suppress(RuntimeError):  # the loop is shutting down
                 loop.call_soon_threadsafe(self._set, node)
 
+    def notify_all(self) -> None:
+        """Thread-safe: wake every waiting poll (each reads the database once)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._set_all)
+
+    def _set_all(self) -> None:
+        for ev in self._events.values():
+            ev.set()
+
     def _set(self, node: str) -> None:
         ev = self._events.get(node)
         if ev is not None:

@@ -88,12 +88,21 @@ def list_jobs(c: ClientDep, status: Annotated[list[str] | None, Query()] = None,
               team: str | None = None, experiment: str | None = None,
               after_id: Count = 0,
               limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-              finished_limit: Annotated[int | None, Query(ge=0, le=MAX_PAGE)] = None) -> JobPage:
+              finished_limit: Annotated[int | None, Query(ge=0, le=MAX_PAGE)] = None,
+              newest: bool = False) -> JobPage:
     """Jobs, oldest first, a page at a time (a member: its team's only); with finished_limit,
-    every job not finished but only that many of the newest finished ones."""
+    every job not finished but only that many of the newest finished ones; with newest, one
+    page of the running jobs first, then the newest (`onepool status`; next_after_id is null)."""
     jobs = c.list(status=status, team=team, experiment=experiment, after_id=after_id, limit=limit,
-                  finished_limit=finished_limit)
-    return JobPage(jobs=jobs, next_after_id=jobs[-1].id if len(jobs) == limit else None)
+                  finished_limit=finished_limit, newest=newest)
+    more = len(jobs) == limit and not newest
+    return JobPage(jobs=jobs, next_after_id=jobs[-1].id if more else None)
+
+
+@router.get("/jobs/counts", response_model=dict[str, int], tags=["jobs"])
+def job_counts(c: ClientDep, team: str | None = None) -> dict[str, int]:
+    """How many jobs are in each state (one GROUP BY; a member: its team's only)."""
+    return c.counts(team)
 
 
 @router.get("/jobs/{job_id}", response_model=JobInfo, tags=["jobs"])

@@ -4,7 +4,8 @@ The loop (broker.control.service.run: stand by for the lease, then cycle) runs i
 beside uvicorn; they share the database and two wake-ups: the engine's writes for a node
 wake that node's agent poll (the mailbox), and agents' reports wake the engine. `--no-broker`
 serves the API only (more API processes may run against the same database; one broker
-leads at a time, others stand by).
+leads at a time, others stand by); its agents' polls wake on the leader's wake-ups for agents
+(broker.state.wake) instead.
 
 The process switches threads every 1 ms (Python's default is 5 ms): the submit batcher and
 the broker loop give up the GIL at every SQLite call, and a thread that wants it back should
@@ -37,7 +38,8 @@ def serve(store: Store, host: str, port: int, *, broker: bool = True,
     clock = SystemClock()
     mailbox = Mailbox()
     wake, stop = threading.Event(), threading.Event()
-    app = create_app(store, clock, mailbox=mailbox, on_agent_report=wake.set if broker else None)
+    app = create_app(store, clock, mailbox=mailbox, on_agent_report=wake.set if broker else None,
+                     agent_wakes=not broker)
     thread = None
     if broker:
         thread = threading.Thread(target=service.run, name="broker-loop", daemon=True,

@@ -34,7 +34,7 @@ _state: dict[str, Any] = {}
 HomeOpt = Annotated[Path | None, typer.Option("--home", envvar="ONEPOOL_HOME", metavar="DIR",
                                               help="broker home (default ./.onepool)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
-RECENT_FINISHED = 20  # `status` lists every unfinished job and this many of the newest finished
+STATUS_LIMIT = 20  # `status` shows the running jobs, then the newest, this many (--limit, --all)
 NAME_RULE = "lowercase letters, digits, '_', '.', '-' (1-63 chars, starting with a letter or digit)"
 
 
@@ -301,15 +301,17 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
                help="only jobs in this state: pending|running|succeeded|failed|cancelled|"
                     "budget_exhausted (repeat for more)")] = None,
            team: Annotated[str | None, typer.Option(metavar="TEAM", help="only this team's jobs")] = None,
-           all_: Annotated[bool, typer.Option("--all", help=f"every finished job too (default: the "
-                                                           f"{RECENT_FINISHED} newest)")] = False,
+           all_: Annotated[bool, typer.Option("--all", help="every job, oldest first")] = False,
+           limit: Annotated[int, typer.Option("--limit", min=1, max=1000, metavar="N",
+                                              help="jobs on the page: the running first, then the "
+                                                   "newest")] = STATUS_LIMIT,
            array: Annotated[int | None, typer.Option("--array", metavar="ARRAY",
                                                      help="only this array's elements")] = None,
            estimate: Annotated[bool, typer.Option("--estimate", help="also when each pending job "
                                                   "(the first 50) would start, where, at what cost")] = False,
            as_json: JsonOpt = False) -> None:
-    """Show jobs: every one not finished and the newest finished ones (or one job with its
-    attempts), with progress and an ETA when jobs report them."""
+    """Show jobs: a page of the running ones first, then the newest, under a line of counts per
+    state (or one job with its attempts), with progress and an ETA when jobs report them."""
     c = _reader()
     if job is not None:
         info = c.get(job)
@@ -345,8 +347,15 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
 
         jobs = elements(c, array, team)
     else:
-        jobs = c.list(status=state, team=team, finished_limit=None if all_ or state else RECENT_FINISHED)
+        jobs = c.list(status=state, team=team) if all_ else c.list(status=state, team=team, limit=limit,
+                                                                     newest=True)
     _warn_if_down(c, "the states below may be stale")
+    if not as_json and array is None:
+        counts = c.counts(team)
+        shown = "" if all_ else (f"; showing {len(jobs)}, the running first, then the newest "
+                                 "(--limit N, --all)")
+        _out().print(f"{sum(counts.values())} jobs: " + ", ".join(
+            f"{n} {st.lower()}" for st, n in sorted(counts.items())) + shown, markup=False)
     if estimate:  # issue 29: the same estimate as submit --dry-run, per pending job
         from broker.client.cli_estimate import table
         from broker.client.estimate_info import MAX_ESTIMATES

@@ -8,11 +8,15 @@ made on a dropped connection or a 5xx never create a second job.
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+# isort: off
+from broker.client import httpx_lite  # noqa: F401  (first: it loads httpx without its CLI)
+# isort: on
 import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
@@ -33,7 +37,6 @@ from broker.errors import (
     Unavailable,
 )
 from broker.failover import CONNECT_TIMEOUT_S, make_client, split_urls
-from broker.spec import ClusterConfig, JobSpec, load_config
 from broker.wire import (
     CostRow,
     EventInfo,
@@ -50,9 +53,25 @@ from broker.wire import (
     TokenInfo,
 )
 
+if TYPE_CHECKING:  # broker.spec (pydantic models of the whole config) loads only where used:
+    from broker.spec import ClusterConfig, JobSpec  # a submit over HTTP never needs it (issue 27)
+
 _ERRORS: dict[str, type[OnepoolError]] = {c.__name__: c for c in (
     NotFound, InvalidState, NotConfigured, Unauthorized, Forbidden, BudgetError, CheckpointError,
     TooLarge, OnepoolError)}
+
+
+def _spec_data(spec: JobSpec | dict[str, Any] | None) -> dict[str, Any]:
+    """A submit's fields from a JobSpec (whose module its caller has loaded), a dict or None.
+    Raises SpecError for anything else."""
+    if spec is None:
+        return {}
+    if isinstance(spec, dict):
+        return dict(spec)
+    loaded = sys.modules.get("broker.spec")
+    if loaded is not None and isinstance(spec, loaded.JobSpec):
+        return spec.model_dump(mode="json")
+    raise SpecError("job", [f"(root): expected a JobSpec or a dict, got {type(spec).__name__}"])
 
 
 class _Retry(Exception):
@@ -84,8 +103,11 @@ class HttpClient:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:  # several URLs (comma-separated): the one that answers (broker.failover)
+            # a plain-HTTP server needs no TLS, so its client skips loading the CA bundle
+            # (~30-70 ms of each CLI process; issue 27); https is verified
+            tls = any(u.lower().startswith("https://") for u in split_urls(url))
             self.http = make_client(url, timeout, headers=headers,
-                                    transport=transport or httpx.HTTPTransport(retries=2))
+                                    transport=transport or httpx.HTTPTransport(retries=2, verify=tls))
         except ValueError as e:
             raise SpecError("ONEPOOL_URL", [str(e)]) from None
 
@@ -121,23 +143,21 @@ class HttpClient:
 
     # -- configuration ----------------------------------------------------------------------
     def apply(self, config: ClusterConfig | str | Path) -> ClusterConfig:
+        from broker.spec import ClusterConfig, load_config
+
         cfg = config if isinstance(config, ClusterConfig) else load_config(config)
         return ClusterConfig.model_validate(self._req("PUT", "/v1/config", json=cfg.model_dump(mode="json")))
 
     def config(self) -> ClusterConfig:
+        from broker.spec import ClusterConfig
+
         return ClusterConfig.model_validate(self._req("GET", "/v1/config"))
 
     # -- jobs -------------------------------------------------------------------------------
     def submit(self, spec: JobSpec | dict[str, Any] | None = None, /, *,
                priority: str | None = None, budget_usd: float | None = None,
                idempotency_key: str | None = None, **fields: Any) -> JobInfo:
-        data: dict[str, Any] = {}
-        if isinstance(spec, JobSpec):
-            data = spec.model_dump(mode="json")
-        elif isinstance(spec, dict):
-            data = dict(spec)
-        elif spec is not None:
-            raise SpecError("job", [f"(root): expected a JobSpec or a dict, got {type(spec).__name__}"])
+        data = _spec_data(spec)
         data.update(fields)
         if priority is not None:
             data["priority"] = priority
@@ -151,7 +171,7 @@ class HttpClient:
         return JobInfo.model_validate(self._req("GET", f"/v1/jobs/{int(job_id)}"))
 
     def estimate(self, spec: JobSpec | dict[str, Any] | None = None, /, **fields: Any) -> EstimateInfo:
-        data: dict[str, Any] = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else dict(spec or {})
+        data = _spec_data(spec)
         data.update(fields)
         return EstimateInfo.model_validate(self._req("POST", "/v1/estimate", json=data))
 
@@ -163,10 +183,13 @@ class HttpClient:
 
     def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
              experiment: str | None = None, after_id: int = 0,
-             limit: int | None = None, finished_limit: int | None = None) -> list[JobInfo]:
+             limit: int | None = None, finished_limit: int | None = None,
+             newest: bool = False) -> list[JobInfo]:
         out: list[JobInfo] = []
         while True:
             params: dict[str, Any] = {"after_id": after_id, "limit": min(limit or 1000, 1000)}
+            if newest:
+                params["newest"] = "true"
             if finished_limit is not None:
                 params["finished_limit"] = finished_limit
             if status:
@@ -180,6 +203,10 @@ class HttpClient:
             if limit is not None or page["next_after_id"] is None:
                 return out
             after_id = page["next_after_id"]
+
+    def counts(self, team: str | None = None) -> dict[str, int]:
+        got = self._req("GET", "/v1/jobs/counts", params={"team": team} if team else None)
+        return {str(k): int(v) for k, v in got.items()}
 
     def cancel(self, job_id: int) -> JobInfo:
         return JobInfo.model_validate(self._req("POST", f"/v1/jobs/{int(job_id)}/cancel"))

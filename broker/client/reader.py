@@ -75,9 +75,11 @@ class Reader:
         return self._infos(jobs)[0]
 
     def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
-             experiment: str | None = None, finished_limit: int | None = None) -> list[JobInfo]:
-        """Jobs, oldest first, filtered as the SDK's `list` does. Raises SpecError for a status
-        or team that does not exist (broker.client.filters)."""
+             experiment: str | None = None, finished_limit: int | None = None,
+             limit: int | None = None, newest: bool = False) -> list[JobInfo]:
+        """Jobs, oldest first (`newest`: the running first, then the newest), at most `limit`,
+        filtered as the SDK's `list` does. Raises SpecError for a status or team that does not
+        exist (broker.client.filters)."""
         states = check_filters(status, team, self._teams() if team is not None else None)
         where, args = [], []
         if states:
@@ -96,8 +98,19 @@ class Reader:
             where.append(f"(state NOT IN ({marks}) OR id IN (SELECT id FROM job WHERE state IN ({marks})"
                          f"{scope} ORDER BY id DESC LIMIT ?))")
             args += [*final, *final, *[v for v in (team, experiment) if v], finished_limit]
-        sql = "SELECT * FROM job" + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY id"
+        sql = "SELECT * FROM job" + (f" WHERE {' AND '.join(where)}" if where else "")
+        sql += " ORDER BY state = ? DESC, id DESC" if newest else " ORDER BY id"
+        args += [str(JobState.RUNNING)] if newest else []
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
         return self._infos(self._rows(sql, args))
+
+    def counts(self, team: str | None = None) -> dict[str, int]:
+        """How many jobs are in each state, as the SDK's `counts`."""
+        check_filters(None, team, self._teams() if team is not None else None)
+        sql = "SELECT state, count(*) FROM job" + (" WHERE team = ?" if team else "") + " GROUP BY state"
+        return {str(st): int(n) for st, n in self.conn.execute(sql, [team] if team else [])}
 
     def _teams(self) -> list[str] | None:
         row = self.conn.execute("SELECT value FROM setting WHERE key = 'config'").fetchone()

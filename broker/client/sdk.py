@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import update
-from sqlmodel import Session, col, or_, select
+from sqlmodel import Session, col, func, or_, select
 
 from broker import output_log
 from broker.checkpoint import telemetry
@@ -101,6 +101,7 @@ class Client(AdminMixin, EstimateMixin):
         cfg = config if isinstance(config, ClusterConfig) else load_config(config)
         with self.store.session() as s, acting_as(self.principal.actor):
             apply_config(s, cfg)
+        self.store.changed()
         return cfg
 
     def config(self) -> ClusterConfig:
@@ -138,7 +139,9 @@ class Client(AdminMixin, EstimateMixin):
             data["budget_usd"] = budget_usd
         js = self.prepare(data)
         with self.store.session() as s, acting_as(self.principal.actor):
-            return self.submit_in(s, js, idempotency_key)
+            info = self.submit_in(s, js, idempotency_key)
+        self.store.changed()
+        return info
 
     def prepare(self, data: dict[str, Any]) -> JobSpec:
         """The validated spec of a submit (the token's team by default). Raises SpecError,
@@ -225,10 +228,11 @@ class Client(AdminMixin, EstimateMixin):
 
     def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
              experiment: str | None = None, after_id: int = 0, limit: int | None = None,
-             finished_limit: int | None = None) -> list[JobInfo]:
+             finished_limit: int | None = None, newest: bool = False) -> list[JobInfo]:
         """Jobs, oldest first, optionally filtered by state (any case), team, experiment; a page
         of at most `limit` (up to 1000) jobs with ids above `after_id`; with `finished_limit`,
-        every job not finished but only that many of the newest finished ones. A member sees
+        every job not finished but only that many of the newest finished ones; with `newest`,
+        the running ones first, then the newest (the first page `onepool status` shows). A member sees
         its own team's jobs only. Raises SpecError for a state or team that does not exist
         (naming the allowed values) or a bad page, Forbidden (another team)."""
         states = check_filters(status, team, [t.name for t in self.config().teams]
@@ -243,7 +247,9 @@ class Client(AdminMixin, EstimateMixin):
         elif not p.is_admin:
             team = p.team
         with self.store.session() as s:
-            q = select(Job).where(col(Job.id) > after_id).order_by(col(Job.id))
+            q = select(Job).where(col(Job.id) > after_id).order_by(
+                *((col(Job.state) == JobState.RUNNING).desc(), col(Job.id).desc()) if newest
+                else (col(Job.id),))
             if states:
                 q = q.where(col(Job.state).in_(states))
             if finished_limit is not None:
@@ -271,6 +277,21 @@ class Client(AdminMixin, EstimateMixin):
             return [JobInfo.of(j, by_job.get(j.id or 0, []), now, stores=stores.get(j.id or 0),
                                caused_lost_gpu_s=caused.get(j.id or 0, 0.0)) for j in jobs]
 
+    def counts(self, team: str | None = None) -> dict[str, int]:
+        """How many jobs are in each state (one GROUP BY): all the caller may see, or `team`'s.
+        Raises SpecError for a team that does not exist, Forbidden (another team)."""
+        check_filters(None, team, [t.name for t in self.config().teams] if team is not None else None)
+        p = self.principal
+        if team is not None:
+            p.require_team(team, "counting jobs of team")
+        elif not p.is_admin:
+            team = p.team
+        with self.store.session() as s:
+            q = select(Job.state, func.count()).group_by(col(Job.state))
+            if team:
+                q = q.where(Job.team == team)
+            return {str(st): int(n) for st, n in s.exec(q).all()}
+
     def cancel(self, job_id: int) -> JobInfo:
         """Cancel a job. A pending job (or one stopped by its budget: nothing runs) is CANCELLED
         here and now; a running one is asked to stop (the broker sends SIGTERM, waits the grace
@@ -291,7 +312,9 @@ class Client(AdminMixin, EstimateMixin):
                             waiting_reason=None).execution_options(synchronize_session=False)
             ).rowcount:  # type: ignore[attr-defined]
                 record(s, now, "cancelled", "cancelled while pending", job_id=job_id)
-                return self._after(s, job_id)
+                info = self._after(s, job_id)
+                self.store.changed()
+                return info
             if j.state == JobState.BUDGET_EXHAUSTED:
                 j.state, j.end_time, j.cancel_requested = JobState.CANCELLED, now, True
                 s.add(j)
@@ -301,6 +324,7 @@ class Client(AdminMixin, EstimateMixin):
                 s.add(j)
                 record(s, now, "cancel_requested", "cancel requested: the broker stops it (SIGTERM, "
                        "then its grace period)", job_id=job_id)
+        self.store.changed()
         return self.get(job_id)
 
     def _after(self, s: Session, job_id: int) -> JobInfo:
@@ -397,8 +421,11 @@ class Client(AdminMixin, EstimateMixin):
         now = self.clock.now()
         with self.store.session() as s, acting_as(self.principal.actor):
             if job_id is not None:
-                return budget_rules.set_job_budget(s, job_id, amount_usd, now)
-            return budget_rules.set_team_budget(s, applied_config(s), team or "", amount_usd, now)
+                said = budget_rules.set_job_budget(s, job_id, amount_usd, now)
+            else:
+                said = budget_rules.set_team_budget(s, applied_config(s), team or "", amount_usd, now)
+        self.store.changed()
+        return said
 
     def pools(self, *, include_inactive: bool = False) -> list[PoolInfo]:
         """Every pool now: market, the price in force (USD per node-hour, and per GPU-hour as

@@ -42,6 +42,7 @@ from broker.control.scheduled import TaskScheduler
 from broker.errors import LeaseLost, NotLeader
 from broker.observe.logs import context
 from broker.state.store import Store
+from broker.state.wake import POLL_S, WakeWatch
 from providers.base import Executor
 
 log = logging.getLogger("onepool.broker")
@@ -59,12 +60,20 @@ def run(store: Store, clock: Clock, *, cycle_s: float | None = None,
     `executor` defaults to the home's local slots and the node agents (Executors); `wake`
     (set when a local process exits or an agent reports) cuts the wait between cycles short;
     `notify(node)` tells a node's agent to look at once (the API's mailbox, in `onepool
-    server`).
+    server`). A change to the queue (Store.changed(): a submit, a cancel, a budget, a config)
+    wakes it too: at once from this process, within POLL_S from another on the same home.
     """
     wake = wake or threading.Event()
     stop = stop or threading.Event()
+    unlisten = store.wake.listen(wake.set)
     if executor is None:
-        executor = Executors(store, clock, store.home / "runs", on_change=wake.set, notify=notify)
+        tell = notify
+
+        def notify_agents(node: str) -> None:  # this process's API at once, the others' too
+            if tell is not None:
+                tell(node)
+            store.agents_changed()
+        executor = Executors(store, clock, store.home / "runs", on_change=wake.set, notify=notify_agents)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: (stop.set(), wake.set()))
@@ -90,6 +99,7 @@ def run(store: Store, clock: Clock, *, cycle_s: float | None = None,
             if max_cycles is not None and n >= max_cycles:
                 break
     finally:
+        unlisten()
         if lease.held:
             lease.release()
     log.info("broker stopping after %d cycles; running jobs continue", n)
@@ -105,6 +115,7 @@ def _lead(store: Store, clock: Clock, executor: Executor, lease: Lease, cycle_s:
     notifier: Notifier | None = None
     notifying: threading.Thread | None = None
     stop_notifier = threading.Event()
+    watch: WakeWatch | None = None
     try:
         engine = Engine(store, clock, executor, lease=lease)
         engine.wake = wake.set
@@ -119,6 +130,7 @@ def _lead(store: Store, clock: Clock, executor: Executor, lease: Lease, cycle_s:
                                          name="webhooks")
             notifying.start()
         reconciled = False
+        watch = WakeWatch(store.wake, store.engine)
         while not stop.is_set():
             try:
                 if not reconciled:
@@ -139,10 +151,12 @@ def _lead(store: Store, clock: Clock, executor: Executor, lease: Lease, cycle_s:
             if max_cycles is not None and done + n >= max_cycles:
                 break
             pause = interval if not failures else min(MAX_BACKOFF_S, interval * 2 ** failures)
-            _pause(lease, stop, wake, pause)
+            _pause(lease, stop, wake, watch, pause)
     except LeaseLost as e:
         log.warning("%s: standing by", e)
     finally:
+        if watch is not None:
+            watch.close()
         stop_notifier.set()
         if notifying is not None:
             notifying.join(timeout=10)  # a delivery in flight ends within its 5 s timeout
@@ -155,17 +169,25 @@ def _lead(store: Store, clock: Clock, executor: Executor, lease: Lease, cycle_s:
     return n
 
 
-def _pause(lease: Lease, stop: threading.Event, wake: threading.Event, seconds: float) -> None:
-    """Wait `seconds` (or until woken), renewing the lease every lease_s / 3 meanwhile."""
+def _pause(lease: Lease, stop: threading.Event, wake: threading.Event, watch: WakeWatch,
+           seconds: float) -> None:
+    """Wait `seconds`, or until woken (the event, or the home's wake file changed by another
+    process: looked at every POLL_S), renewing the lease every lease_s / 3 meanwhile."""
     deadline = time.monotonic() + seconds
+    renew_at = time.monotonic() + lease.lease_s / 3
     while not stop.is_set():
-        left = deadline - time.monotonic()
-        if left <= 0:
+        now = time.monotonic()
+        if now >= deadline:
             return
-        if wake.wait(min(left, lease.lease_s / 3)):
+        if wake.wait(min(deadline - now, POLL_S)):
             wake.clear()
+            watch.poked()  # this process's own poke (if any) was just heard through the event
             return
-        lease.ensure()
+        if watch.poked():
+            return
+        if time.monotonic() >= renew_at:
+            lease.ensure()
+            renew_at = time.monotonic() + lease.lease_s / 3
 
 
 def describe(rep: CycleReport) -> None:

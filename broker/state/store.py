@@ -16,6 +16,7 @@ from sqlmodel import Session, create_engine
 
 from broker.errors import ReadOnly
 from broker.state.schema_head import head_revision
+from broker.state.wake import AGENTS_CHANNEL, AGENTS_FILE, Wake, notify
 
 if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig
@@ -98,6 +99,21 @@ class Store:
         self.url = url or database_url(self.home)
         self.engine = make_engine(self.url)
         upgrade(self.engine)
+        self.wake = Wake(self.home)
+        self.agents_wake = Wake(self.home, AGENTS_FILE)
+
+    def agents_changed(self) -> None:
+        """An assignment or a signal for an agent was written: wake the agents' long polls
+        served by API processes without a broker of their own (broker.state.wake)."""
+        notify(self.engine, AGENTS_CHANNEL)
+        self.agents_wake.poke()
+
+    def changed(self) -> None:
+        """The queue changed in a way that can change the plan (a submit, a cancel, a budget or
+        a config): wake the broker loop now, in this process and, through the home's wake file
+        or PostgreSQL's NOTIFY, in another (broker.state.wake). Call it after the commit."""
+        notify(self.engine)
+        self.wake.poke()
 
     @contextmanager
     def session(self) -> Iterator[Session]:
