@@ -117,7 +117,7 @@ def test_cli_array_and_yaml_sweep(tmp_path, monkeypatch):
                     "sweep: {lr: [0.001, 0.0003]}\n")
     info = cli_json(home, "submit", "-f", str(spec))
     assert (info["id"], info["array_id"], info["array_index"]) == (4, 4, 0)
-    rows = cli_json(home, "status")
+    rows = sorted(cli_json(home, "status"), key=lambda j: j["id"])  # the page is newest first
     assert [(j["id"], j["array_id"], j["array_index"]) for j in rows] == [
         (1, 1, 0), (2, 1, 1), (3, 1, 2), (4, 4, 0), (5, 4, 1)]
     assert "arr [1:2]" in cli(home, "status").stdout

@@ -110,7 +110,8 @@ def test_providers_that_cannot_be_built_raise_fatal_saying_why(pool: dict[str, A
 @pytest.mark.parametrize(("broker", "needle"), [
     ({}, "broker.server_url: required when a pool rents nodes (spot)"),
     ({"server_url": "10.0.0.5:8421"}, "server_url"),
-    ({"server_url": "http://x:1", "agent_heartbeat_s": 20}, "at least 3 x agent_heartbeat_s"),
+    ({"server_url": "http://x:1", "agent_heartbeat_s": 20, "node_lost_after_s": 50},
+     "at least 3 x agent_heartbeat_s"),
 ])
 def test_rented_pools_need_a_server_their_agents_reach(broker: dict[str, Any], needle: str) -> None:
     data = cfg()

@@ -82,7 +82,8 @@ def test_the_systemd_units_call_flags_the_cli_has(unit: str, command: str, env_f
     assert re.search(r"^Restart=(always|on-failure)$", text, re.M), f"{unit}: no Restart="
     names = re.findall(r"^([A-Z_]+)=", (INFRA / "systemd" / env_file).read_text(), re.M)
     for name in [n for n in names if n.startswith("ONEPOOL_") and n != "ONEPOOL_DATABASE_URL"]:
-        assert f"env var: {name}" in helptext, f"{env_file}: `onepool {command}` does not read {name}"
+        flat = " ".join(helptext.split())  # the help wraps where the terminal's width says
+        assert f"env var: {name}" in flat, f"{env_file}: `onepool {command}` does not read {name}"
     if shutil.which("systemd-analyze"):
         copy = tmp_path / unit
         here = str(Path(sys.executable).parent / "onepool")

@@ -32,6 +32,9 @@ from providers.local import LocalProcesses
 from tests.conftest import ROOT, config, drive, kill_leftovers
 from tests.test_engine_e2e import out_log
 
+# Its checks of leftover processes look at every process of the rank users (uid 61001, ...):
+# the module runs on one xdist worker, so no other test of it has ranks alive meanwhile.
+pytestmark = pytest.mark.xdist_group("rank-users")
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="ranks switch users only when the broker is root")
 USERS = {"research": 61001, "prod": 61002}  # numeric: no account needs to exist on this host
 CANARY = "ONEPOOL_TEST_SERVER_SECRET_CANARY"

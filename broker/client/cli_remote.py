@@ -83,9 +83,7 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
     @app.command()
     def agent(
         server: Annotated[str, typer.Option("--server", envvar="ONEPOOL_SERVER", metavar="URL[,URL]",
-                                            help="the onepool server's URL; several, comma-"
-                                                 "separated: a standby, used when the first "
-                                                 "cannot be reached")],
+                                            help="the server's URL (or URL1,URL2: standbys)")],
         join_token_file: Annotated[Path | None, typer.Option(
             "--join-token-file", envvar="ONEPOOL_JOIN_TOKEN_FILE", metavar="FILE",
             help="a file holding the one-time token from `onepool node join-token NODE` (not "
