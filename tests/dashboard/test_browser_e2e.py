@@ -164,6 +164,9 @@ AT_REST = """![...document.querySelectorAll('[data-testid="stSkeleton"], [data-t
   .some(e => e.offsetParent !== null)"""
 
 
+ASSET_FAILED = "Failed to fetch dynamically imported module"
+
+
 def _open(dt: DevTools, tab: str) -> None:
     clicked = dt.eval(f"""(() => {{
       const t = [...document.querySelectorAll('[role="tab"]')].find(b => b.innerText.trim() === {tab!r});
@@ -187,8 +190,16 @@ def _look(dt: DevTools, tab: str, must_show: list[str], charts: int) -> str:
             return None
         return last["text"] if last["charts"] >= charts and dt.eval(AT_REST) else None
 
-    deadline = time.monotonic() + 45
+    deadline, reloaded = time.monotonic() + 45, False
     while (text := ready()) is None:
+        if not reloaded and ASSET_FAILED in (last["text"] or ""):
+            # the browser lost one of Streamlit's own script chunks (a loaded machine): the
+            # element cannot draw until the page loads again, as a person would reload it
+            reloaded = True
+            dt.eval("location.reload()")
+            time.sleep(2.0)
+            _open(dt, tab)
+            continue
         if time.monotonic() > deadline:
             missing = [m for m in must_show if m not in (last["text"] or "")]
             pytest.fail(f"tab {tab}: after 45 s, missing {missing}, {last['charts']} of {charts} charts "
