@@ -197,7 +197,8 @@ def _look(dt: DevTools, tab: str, must_show: list[str], charts: int) -> str:
             # element cannot draw until the page loads again, as a person would reload it
             reloaded = True
             dt.eval("location.reload()")
-            time.sleep(2.0)
+            _until("the page's tabs after a reload", lambda: dt.eval(
+                """document.querySelectorAll('[role="tab"]').length > 0"""), timeout=30, every=0.2)
             _open(dt, tab)
             continue
         if time.monotonic() > deadline:
