@@ -1,0 +1,124 @@
+"""Attacks a hostile job would try next (issue 24, verification), each against real files and
+real processes, each a hole that was open in the merged code.
+
+The checkpoint cases: a job on a local pool owns its team's folder of a file store, and the
+leader reads what it writes there (its progress and done markers while it runs, its manifests
+and files when it resumes). Each case runs the broker's read in a child process with a
+deadline, so a read that would block (a FIFO) or read without end (a sparse file) fails the
+test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from broker.checkpoint.checkpoints import ATTEMPTS_DIR, CheckpointStore, job_prefix
+
+DEADLINE_S = 15.0
+READ = """
+import json, sys
+from broker.checkpoint.checkpoints import CheckpointStore
+from broker.checkpoint.transfer import SourceDamaged, copy_checkpoint
+st = CheckpointStore(sys.argv[1])
+what = sys.argv[2]
+if what == "restore":
+    m, skipped = st.latest_valid()
+    print(json.dumps({"step": m and m.step, "skipped": skipped}))
+elif what == "copy":  # step 2 streamed to another filesystem, as if it had verified before
+    try:
+        copy_checkpoint(st, st.manifest(2), CheckpointStore(sys.argv[3]), now=0.0, tries=1)
+        print(json.dumps({"copy": "copied"}))
+    except SourceDamaged as e:
+        print(json.dumps({"copy": "source damaged"}))
+elif what == "progress":
+    print(json.dumps({"progress": st.progress(1)}))
+elif what == "done":
+    print(json.dumps({"done": st.all_done(1, 1)}))
+"""
+
+
+def good_step(st: CheckpointStore) -> None:
+    st.write(1, {"weights": b"step one"}, now=0.0)
+
+
+def manifest_of_2(st: CheckpointStore) -> Path:
+    """Step 2's folder holding a copy of step 1's manifest (step 2) and returns the folder."""
+    d = Path(st.step_path(2))
+    d.mkdir(parents=True)
+    m = json.loads(Path(st.step_path(1, "manifest.json")).read_text())
+    m["step"] = 2
+    (d / "manifest.json").write_text(json.dumps(m))
+    return d
+
+
+def fifo_manifest(st: CheckpointStore) -> None:
+    d = Path(st.step_path(2))
+    d.mkdir(parents=True)
+    os.mkfifo(d / "manifest.json")
+
+
+def fifo_file(st: CheckpointStore) -> None:
+    os.mkfifo(manifest_of_2(st) / "weights")
+
+
+def sparse_file(st: CheckpointStore) -> None:
+    """A file of 4 TiB (sparse: no disk) where the manifest says 8 bytes."""
+    with open(manifest_of_2(st) / "weights", "wb") as f:
+        f.truncate(4 << 40)
+
+
+def fifo_progress(st: CheckpointStore) -> None:
+    d = Path(st.root, ATTEMPTS_DIR)
+    d.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(d / "attempt-00001.json")
+
+
+def fifo_done(st: CheckpointStore) -> None:
+    d = Path(st.root, ATTEMPTS_DIR)
+    d.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(d / "attempt-00001-done-rank-00000.json")
+
+
+@dataclass
+class Case:
+    plant: Callable[[CheckpointStore], None]
+    read: str  # what the broker does (READ above)
+    want: dict[str, object]  # its answer (a subset)
+
+
+CASES = {
+    "fifo_manifest": Case(fifo_manifest, "restore", {"step": 1}),
+    "fifo_file": Case(fifo_file, "restore", {"step": 1}),
+    "fifo_file_streamed": Case(fifo_file, "copy", {"copy": "source damaged"}),
+    "sparse_file_larger_than_declared": Case(sparse_file, "restore", {"step": 1}),
+    "fifo_progress_marker": Case(fifo_progress, "progress", {"progress": None}),
+    "fifo_done_marker": Case(fifo_done, "done", {"done": True}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_job_written_special_file_never_stalls_the_broker(tmp_path: Path, name: str) -> None:
+    case = CASES[name]
+    prefix = job_prefix(str(tmp_path / "store"), "nlp", "exp", 7)
+    st = CheckpointStore(prefix)
+    good_step(st)
+    case.plant(st)
+    args = [sys.executable, "-c", READ, prefix, case.read, "memory://attacks/nlp/exp/7"]
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=DEADLINE_S,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{name}: the broker's {case.read} did not return within {DEADLINE_S:g} s")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {k: got[k] for k in case.want} == case.want, got
+    if case.read == "restore":
+        assert any("step 2 damaged" in s for s in got["skipped"]), got
