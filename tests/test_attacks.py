@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import uvicorn
 
 from broker.checkpoint.checkpoints import ATTEMPTS_DIR, CheckpointStore, job_prefix
 
@@ -122,3 +127,81 @@ def test_a_job_written_special_file_never_stalls_the_broker(tmp_path: Path, name
     assert {k: got[k] for k in case.want} == case.want, got
     if case.read == "restore":
         assert any("step 2 damaged" in s for s in got["skipped"]), got
+
+
+# -- slow HTTP clients -------------------------------------------------------------------------
+
+async def _tiny_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.fixture
+def http_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """The server's own uvicorn configuration (broker.api.server.uvicorn_config) around a tiny
+    app, on a free port, with a head deadline of 0.5 s."""
+    from broker.api import http_protocol
+    from broker.api.server import uvicorn_config
+
+    monkeypatch.setattr(http_protocol.HeadDeadlineProtocol, "head_timeout_s", 0.5)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn_config(_tiny_app, "127.0.0.1", port))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    while not server.started:
+        assert t.is_alive(), "the server did not start"
+        time.sleep(0.01)
+    yield port
+    server.should_exit = True
+    t.join(timeout=10)
+
+
+def _closed_by_server(sock: socket.socket, dribble: bytes = b"", within_s: float = 4.0) -> bool:
+    """Whether the server closes `sock` within `within_s` (sending `dribble` a byte at a time,
+    every 0.1 s, meanwhile)."""
+    end = time.monotonic() + within_s
+    sock.settimeout(0.1)
+    sent = 0
+    while time.monotonic() < end:
+        try:
+            if sock.recv(4096) == b"":
+                return True
+        except TimeoutError:
+            pass
+        except ConnectionResetError:
+            return True
+        if sent < len(dribble):
+            try:
+                sock.sendall(dribble[sent:sent + 1])
+            except (BrokenPipeError, ConnectionResetError):
+                return True
+            sent += 1
+    return False
+
+
+REQUEST = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+SLOW = {
+    "silent": (b"", b""),
+    "half_a_head": (b"GET / HTTP/1.1\r\nHost: x\r\n", b""),
+    "a_head_a_byte_at_a_time": (b"", b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 200),
+    "after_a_response_a_byte_at_a_time": (REQUEST, b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 200),
+}
+
+
+@pytest.mark.parametrize("name", list(SLOW))
+def test_a_connection_without_a_complete_request_head_is_closed(http_server: int, name: str) -> None:
+    first, dribble = SLOW[name]
+    with socket.create_connection(("127.0.0.1", http_server)) as slow:
+        slow.sendall(first)
+        if first == REQUEST:  # its answer first: the deadline starts again after it
+            slow.settimeout(5)
+            assert slow.recv(4096).startswith(b"HTTP/1.1 200")
+        assert _closed_by_server(slow, dribble), f"{name}: the connection is still open"
+    with socket.create_connection(("127.0.0.1", http_server)) as ok:  # a real client is served
+        ok.sendall(REQUEST)
+        ok.settimeout(5)
+        assert ok.recv(4096).startswith(b"HTTP/1.1 200")

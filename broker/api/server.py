@@ -21,6 +21,7 @@ import threading
 import uvicorn
 
 from broker.api.app import create_app
+from broker.api.http_protocol import HeadDeadlineProtocol
 from broker.api.mailbox import Mailbox
 from broker.clock import SystemClock
 from broker.control import service
@@ -28,6 +29,13 @@ from broker.state.store import Store
 
 log = logging.getLogger("onepool.server")
 SWITCH_INTERVAL_S = 0.001
+
+
+def uvicorn_config(app: object, host: str, port: int) -> uvicorn.Config:
+    """How `serve` runs uvicorn: h11 with a deadline for each request's head
+    (broker.api.http_protocol), so idle connections cannot use up the server's descriptors."""
+    return uvicorn.Config(app, host=host, port=port, log_level="warning",  # type: ignore[arg-type]
+                          timeout_graceful_shutdown=5, http=HeadDeadlineProtocol)
 
 
 def serve(store: Store, host: str, port: int, *, broker: bool = True,
@@ -47,8 +55,7 @@ def serve(store: Store, host: str, port: int, *, broker: bool = True,
                                   kwargs={"cycle_s": cycle_s, "stop": stop, "wake": wake,
                                           "notify": mailbox.notify})
         thread.start()
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn_config(app, host, port))
     log.info("onepool server on http://%s:%d (broker loop: %s)", host, port, "on" if broker else "off")
     try:
         server.run()
