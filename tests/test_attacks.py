@@ -10,6 +10,7 @@ test instead of hanging it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -138,26 +139,36 @@ async def _tiny_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-@pytest.fixture
-def http_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
-    """The server's own uvicorn configuration (broker.api.server.uvicorn_config) around a tiny
-    app, on a free port, with a head deadline of 0.5 s."""
-    from broker.api import http_protocol
+@contextlib.contextmanager
+def running(app: Any) -> Iterator[int]:
+    """The server's own uvicorn configuration (broker.api.server.uvicorn_config) around `app`,
+    on a free port of 127.0.0.1, in a thread; yields the port."""
     from broker.api.server import uvicorn_config
 
-    monkeypatch.setattr(http_protocol.HeadDeadlineProtocol, "head_timeout_s", 0.5)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn_config(_tiny_app, "127.0.0.1", port))
+    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port))
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
-    while not server.started:
-        assert t.is_alive(), "the server did not start"
-        time.sleep(0.01)
-    yield port
-    server.should_exit = True
-    t.join(timeout=10)
+    try:
+        while not server.started:
+            assert t.is_alive(), "the server did not start"
+            time.sleep(0.01)
+        yield port
+    finally:
+        server.should_exit = True
+        t.join(timeout=10)
+
+
+@pytest.fixture
+def http_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """`running(_tiny_app)` with a head deadline of 0.5 s."""
+    from broker.api import http_protocol
+
+    monkeypatch.setattr(http_protocol.HeadDeadlineProtocol, "head_timeout_s", 0.5)
+    with running(_tiny_app) as port:
+        yield port
 
 
 def _closed_by_server(sock: socket.socket, dribble: bytes = b"", within_s: float = 4.0) -> bool:
@@ -205,3 +216,31 @@ def test_a_connection_without_a_complete_request_head_is_closed(http_server: int
         ok.sendall(REQUEST)
         ok.settimeout(5)
         assert ok.recv(4096).startswith(b"HTTP/1.1 200")
+
+
+async def _peer_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": str(scope["client"][0]).encode()})
+
+
+@pytest.mark.parametrize(("trusted", "seen"), [(None, "127.0.0.1"), ("127.0.0.1", "203.0.113.9")])
+def test_x_forwarded_for_counts_only_from_a_listed_proxy(monkeypatch: pytest.MonkeyPatch,
+                                                         trusted: str | None, seen: str) -> None:
+    """A job on the server's host (127.0.0.1) sending X-Forwarded-For would otherwise pick its
+    address for the per-address 429 limit. Through the server's own uvicorn configuration."""
+    from broker.api.server import FORWARDED_ALLOW_IPS
+
+    if trusted is None:
+        monkeypatch.delenv(FORWARDED_ALLOW_IPS, raising=False)
+    else:
+        monkeypatch.setenv(FORWARDED_ALLOW_IPS, trusted)
+    with running(_peer_app) as port, socket.create_connection(("127.0.0.1", port)) as c:
+        c.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 203.0.113.9\r\n"
+                  b"Connection: close\r\n\r\n")
+        c.settimeout(5)
+        answer = b""
+        while chunk := c.recv(4096):
+            answer += chunk
+    assert seen.encode() in answer.split(b"\r\n\r\n", 1)[1].split(b"\r\n")  # the chunked body
