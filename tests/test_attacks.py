@@ -135,6 +135,8 @@ def test_a_job_written_special_file_never_stalls_the_broker(tmp_path: Path, name
 async def _tiny_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
+    while (await receive()).get("more_body"):  # the whole body first, as the API's routes do
+        pass
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"ok"})
 
@@ -163,10 +165,11 @@ def running(app: Any) -> Iterator[int]:
 
 @pytest.fixture
 def http_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
-    """`running(_tiny_app)` with a head deadline of 0.5 s."""
+    """`running(_tiny_app)` with a head deadline of 0.5 s, a body deadline of 1 s."""
     from broker.api import http_protocol
 
     monkeypatch.setattr(http_protocol.HeadDeadlineProtocol, "head_timeout_s", 0.5)
+    monkeypatch.setattr(http_protocol.HeadDeadlineProtocol, "body_timeout_s", 1.0)
     with running(_tiny_app) as port:
         yield port
 
@@ -200,11 +203,12 @@ SLOW = {
     "half_a_head": (b"GET / HTTP/1.1\r\nHost: x\r\n", b""),
     "a_head_a_byte_at_a_time": (b"", b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 200),
     "after_a_response_a_byte_at_a_time": (REQUEST, b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 200),
+    "a_body_a_byte_at_a_time": (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n", b"a" * 99),
 }
 
 
 @pytest.mark.parametrize("name", list(SLOW))
-def test_a_connection_without_a_complete_request_head_is_closed(http_server: int, name: str) -> None:
+def test_a_connection_without_a_complete_request_in_time_is_closed(http_server: int, name: str) -> None:
     first, dribble = SLOW[name]
     with socket.create_connection(("127.0.0.1", http_server)) as slow:
         slow.sendall(first)

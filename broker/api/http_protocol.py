@@ -7,8 +7,9 @@ and then) stays open without end: each holds a file descriptor, so about a thous
 (the usual limit) from one unauthenticated address leave the server unable to accept the
 agents' syncs or to open its database, and running work is fenced. Here a connection gets
 `HEAD_TIMEOUT_S` from when it opens, or from the end of its previous response, to deliver a
-complete request head, or it is closed. A request's body is then bounded by the guard
-(broker.api.guard); a slow one holds a coroutine, not a thread.
+complete request head, or it is closed; then `BODY_TIMEOUT_S` for its body (the guard,
+broker.api.guard, bounds its size; this, its duration: a body sent a byte at a time holds
+a descriptor just the same). 60 s allows a 3 MiB log upload at 50 KB/s.
 """
 
 from __future__ import annotations
@@ -19,42 +20,51 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEAD_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 60.0
 
 
 class HeadDeadlineProtocol(H11Protocol):
     """H11Protocol that closes a connection whose request head is not complete within
-    `head_timeout_s` (class attribute; tests lower it)."""
+    `head_timeout_s`, or whose body is not complete `body_timeout_s` after its head (class
+    attributes; tests lower them)."""
 
     head_timeout_s: float = HEAD_TIMEOUT_S
-    _head_timer: asyncio.TimerHandle | None = None
+    body_timeout_s: float = BODY_TIMEOUT_S
+    _timer: asyncio.TimerHandle | None = None
+    _waiting_for: object = None  # the peer state the timer is for: h11.IDLE or h11.SEND_BODY
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm()
+        self._arm(h11.IDLE, self.head_timeout_s)
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self.conn.their_state is not h11.IDLE:  # the head is complete (or the peer is done)
+        state = self.conn.their_state
+        if state is h11.SEND_BODY:
+            if self._waiting_for is not h11.SEND_BODY:  # the head is complete: now the body
+                self._arm(h11.SEND_BODY, self.body_timeout_s)
+        elif state is not h11.IDLE:  # the request is complete (or the peer is done)
             self._disarm()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        self._arm()  # the next request's head has the same deadline
+        self._arm(h11.IDLE, self.head_timeout_s)  # the next request's head: the same deadline
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
 
-    def _arm(self) -> None:
+    def _arm(self, waiting_for: object, after_s: float) -> None:
         self._disarm()
-        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_expired)
+        self._waiting_for = waiting_for
+        self._timer = self.loop.call_later(after_s, self._expired)
 
     def _disarm(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._waiting_for = None, None
 
-    def _head_expired(self) -> None:
-        self._head_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+    def _expired(self) -> None:
+        waiting_for, self._timer, self._waiting_for = self._waiting_for, None, None
+        if self.conn.their_state is waiting_for and not self.transport.is_closing():
             self.transport.close()
