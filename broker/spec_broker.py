@@ -76,8 +76,8 @@ class ApiSettings(_Strict):
       (answers 401) `auth_failure_burst` times at once, then `auth_failures_per_s` times a
       second; beyond that every request from it is answered 429 with Retry-After, before its
       body is read or its token checked, unless its credential passed lately. Other addresses
-      are not affected. Addresses are the TCP peer's (uvicorn honours X-Forwarded-For only
-      from 127.0.0.1)
+      are not affected. Addresses are the TCP peer's (X-Forwarded-For is honoured only
+      from the proxies listed in FORWARDED_ALLOW_IPS: by default from none)
     - agent_threads: threads reserved for the agent routes (user routes share the server's
       own pool of 40), so a flood of user requests cannot delay agents' heartbeats
     """

@@ -15,12 +15,14 @@ not wait 5 ms behind the event loop each time (measured: bench/api_submit.py).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 
 import uvicorn
 
 from broker.api.app import create_app
+from broker.api.http_protocol import HeadDeadlineProtocol
 from broker.api.mailbox import Mailbox
 from broker.clock import SystemClock
 from broker.control import service
@@ -28,6 +30,20 @@ from broker.state.store import Store
 
 log = logging.getLogger("onepool.server")
 SWITCH_INTERVAL_S = 0.001
+FORWARDED_ALLOW_IPS = "FORWARDED_ALLOW_IPS"  # uvicorn's own setting, here opt-in (see uvicorn_config)
+
+
+def uvicorn_config(app: object, host: str, port: int) -> uvicorn.Config:
+    """How `serve` runs uvicorn: h11 with a deadline for each request's head
+    (broker.api.http_protocol), so idle connections cannot use up the server's descriptors.
+    X-Forwarded-For is honoured only from the addresses the operator lists in
+    FORWARDED_ALLOW_IPS (a proxy's): by default from none, since jobs of local pools reach
+    the server from 127.0.0.1 too and would pick any address for the per-address 429 limit
+    (escaping it, or pinning it on someone else's address)."""
+    trusted = os.environ.get(FORWARDED_ALLOW_IPS, "").strip()
+    return uvicorn.Config(app, host=host, port=port, log_level="warning",  # type: ignore[arg-type]
+                          timeout_graceful_shutdown=5, http=HeadDeadlineProtocol,
+                          proxy_headers=bool(trusted), forwarded_allow_ips=trusted or None)
 
 
 def serve(store: Store, host: str, port: int, *, broker: bool = True,
@@ -47,8 +63,7 @@ def serve(store: Store, host: str, port: int, *, broker: bool = True,
                                   kwargs={"cycle_s": cycle_s, "stop": stop, "wake": wake,
                                           "notify": mailbox.notify})
         thread.start()
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn_config(app, host, port))
     log.info("onepool server on http://%s:%d (broker loop: %s)", host, port, "on" if broker else "off")
     try:
         server.run()

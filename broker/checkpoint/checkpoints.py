@@ -78,7 +78,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from broker.checkpoint.localdisk import confine, link_or_create
+from broker.checkpoint.localdisk import confine, link_or_create, open_regular
 from broker.checkpoint.manifest import FileEntry, Manifest, Pairs, damaged, entries_of
 from broker.checkpoint.names import (
     ASIDE_PREFIX,
@@ -220,14 +220,29 @@ class CheckpointStore:
                 out.append(m)
         return out
 
-    def hash_file(self, path: str) -> FileEntry:
-        """Size and sha256 of one stored file. Raises FileNotFoundError."""
+    def open_read(self, path: str) -> Any:
+        """Open a stored file for reading. On a local disk the file must be a regular one, not
+        reached through a final symbolic link (open_regular: a job's FIFO or device raises
+        BadName instead of blocking the reader). Raises FileNotFoundError."""
+        if self.local:
+            return open_regular(path)
+        return self.fs.open(path, "rb")
+
+    def hash_file(self, path: str, limit: int | None = None) -> FileEntry:
+        """Size and sha256 of one stored file. With `limit`, reading stops past `limit` bytes
+        (the size returned is then larger than `limit`, the hash partial): a file a job made
+        larger than it declared costs no more than its declared size. Raises
+        FileNotFoundError, BadName (see open_read)."""
         h = hashlib.sha256()
         size = 0
-        with self.fs.open(path, "rb") as f:
+        with self.open_read(path) as f:
+            if self.local and limit is not None and (real := os.fstat(f.fileno()).st_size) > limit:
+                return FileEntry(real, "")  # sparse or huge: not read at all
             while chunk := f.read(CHUNK):
                 h.update(chunk)
                 size += len(chunk)
+                if limit is not None and size > limit:
+                    break
         return FileEntry(size, h.hexdigest())
 
     def verify(self, m: Manifest) -> list[str]:
@@ -237,7 +252,7 @@ class CheckpointStore:
         problems = []
         for name, entry in sorted(m.files.items()):
             try:
-                got = self.hash_file(self.file_path(m.step, name))
+                got = self.hash_file(self.file_path(m.step, name), limit=entry.size)
             except BadName as e:
                 problems.append(str(e))
                 continue
@@ -306,7 +321,7 @@ class CheckpointStore:
             if self.local:
                 confine(self.root, aside)
             fill(aside)
-            got = self.hash_file(aside)
+            got = self.hash_file(aside, limit=entry.size)
             if got != entry:
                 raise NotAsDeclared(f"{name}: wrote {got.size} bytes (sha256 {got.sha256[:12]}...), "
                                     f"expected {entry.size} (sha256 {entry.sha256[:12]}...)")
@@ -445,8 +460,8 @@ class CheckpointStore:
             try:
                 self._read_small(self._path(ATTEMPTS_DIR, f"attempt-{attempt:05d}-done-rank-{rank:05d}.json"),
                                  MAX_MARKER_BYTES)
-            except TooLarge:
-                continue  # present: its content does not matter
+            except (TooLarge, BadName):
+                continue  # present (a FIFO, say: never read): its content does not matter
             except FileNotFoundError:
                 return False
         return True
@@ -457,13 +472,13 @@ class CheckpointStore:
             got = json.loads(self._read_small(self._path(ATTEMPTS_DIR, f"attempt-{attempt:05d}.json"),
                                               MAX_MARKER_BYTES))
             return got if isinstance(got, dict) else None
-        except (FileNotFoundError, ValueError, TooLarge):
+        except (FileNotFoundError, ValueError, TooLarge, BadName):
             return None
 
     def _read_small(self, path: str, limit: int) -> bytes:
         """A file a job wrote, read whole only if it holds at most `limit` bytes (a job cannot
         make the broker read without end). Raises TooLarge or FileNotFoundError."""
-        with self.fs.open(path, "rb") as f:
+        with self.open_read(path) as f:
             data = bytes(f.read(limit + 1))
         if len(data) > limit:
             raise TooLarge(f"{path} is larger than {limit} bytes")

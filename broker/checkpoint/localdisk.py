@@ -9,8 +9,11 @@ through a link.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from broker.checkpoint.names import BadName
 
@@ -32,6 +35,29 @@ def confine(job_root: str, path: str) -> None:
     real = os.path.realpath(target)
     if real != expected:
         raise BadName(f"{path} passes through a symbolic link (it leads to {real}): refused")
+
+
+def open_regular(path: str) -> BinaryIO:
+    """Open `path` for reading only if it is a regular file reached without a symbolic link as
+    its last part. A job can put a FIFO where the broker reads (a read would wait for a writer
+    without end, and stall whoever reads: the leader) or a link to a device: both raise BadName
+    without blocking (O_NONBLOCK for the open, cleared once the file is known to be regular).
+    Raises FileNotFoundError when nothing is there."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise BadName(f"{path} cannot be opened as a plain file ({e.strerror}): refused") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise BadName(f"{path} is not a regular file (mode {stat.filemode(mode)}): refused")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def link_or_create(pending: str, final: str, data: bytes) -> None:

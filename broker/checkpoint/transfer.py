@@ -127,7 +127,11 @@ def _stream_copy(src: CheckpointStore, dst: CheckpointStore, step: int, name: st
     def fill(aside: str) -> None:
         h = hashlib.sha256()
         size = 0
-        with src.fs.open(source, "rb") as r, dst.fs.open(aside, "wb") as w:
+        try:
+            reader = src.open_read(source)
+        except BadName as e:  # a FIFO, a device or a link put there since it was verified
+            raise SourceDamaged(f"step {step}: {name} at {src.uri}: {e}") from None
+        with reader as r, dst.fs.open(aside, "wb") as w:
             while chunk := r.read(CHUNK):
                 size += len(chunk)
                 if size > entry.size:
