@@ -241,11 +241,7 @@ class Client(AdminMixin, EstimateMixin):
             raise SpecError("list", [f"after_id: must be between 0 and {MAX_ID} (got {after_id})"])
         if limit is not None and not 1 <= limit <= MAX_PAGE:
             raise SpecError("list", [f"limit: must be between 1 and {MAX_PAGE} (got {limit})"])
-        p = self.principal
-        if team is not None:
-            p.require_team(team, "listing jobs of team")
-        elif not p.is_admin:
-            team = p.team
+        team = self._team_scope(team, "listing jobs of team")
         with self.store.session() as s:
             q = select(Job).where(col(Job.id) > after_id).order_by(
                 *((col(Job.state) == JobState.RUNNING).desc(), col(Job.id).desc()) if newest
@@ -253,13 +249,13 @@ class Client(AdminMixin, EstimateMixin):
             if states:
                 q = q.where(col(Job.state).in_(states))
             if finished_limit is not None:
-                newest = select(Job.id).where(col(Job.state).in_(FINAL)).order_by(
+                recent = select(Job.id).where(col(Job.state).in_(FINAL)).order_by(
                     col(Job.id).desc()).limit(finished_limit)
                 if team:
-                    newest = newest.where(Job.team == team)
+                    recent = recent.where(Job.team == team)
                 if experiment:
-                    newest = newest.where(Job.experiment == experiment)
-                q = q.where(or_(col(Job.state).not_in(FINAL), col(Job.id).in_(newest)))
+                    recent = recent.where(Job.experiment == experiment)
+                q = q.where(or_(col(Job.state).not_in(FINAL), col(Job.id).in_(recent)))
             if team:
                 q = q.where(Job.team == team)
             if experiment:
@@ -277,15 +273,19 @@ class Client(AdminMixin, EstimateMixin):
             return [JobInfo.of(j, by_job.get(j.id or 0, []), now, stores=stores.get(j.id or 0),
                                caused_lost_gpu_s=caused.get(j.id or 0, 0.0)) for j in jobs]
 
+    def _team_scope(self, team: str | None, what: str) -> str | None:
+        """The team a read is limited to: `team` if this principal may read it (Forbidden
+        otherwise), else the member's own team; None (every team) for an admin."""
+        if team is not None:
+            self.principal.require_team(team, what)
+            return team
+        return None if self.principal.is_admin else self.principal.team
+
     def counts(self, team: str | None = None) -> dict[str, int]:
         """How many jobs are in each state (one GROUP BY): all the caller may see, or `team`'s.
         Raises SpecError for a team that does not exist, Forbidden (another team)."""
         check_filters(None, team, [t.name for t in self.config().teams] if team is not None else None)
-        p = self.principal
-        if team is not None:
-            p.require_team(team, "counting jobs of team")
-        elif not p.is_admin:
-            team = p.team
+        team = self._team_scope(team, "counting jobs of team")
         with self.store.session() as s:
             q = select(Job.state, func.count()).group_by(col(Job.state))
             if team:

@@ -28,7 +28,6 @@ import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -42,7 +41,7 @@ from broker.clock import Clock
 from broker.crashpoints import crash_point
 from broker.errors import LeaseLost
 from broker.state.model import Lease as LeaseRow
-from broker.state.store import Store
+from broker.state.store import Store, StoreView
 
 NAME = "broker"
 T = LeaseRow.__table__  # type: ignore[attr-defined]
@@ -171,7 +170,7 @@ def lease_row(store: Store) -> Any:
         return conn.execute(select(T).where(T.c.name == NAME)).one()
 
 
-class FencedStore:
+class FencedStore(StoreView):
     """The store as the leader sees it in one term (one fencing number): the same database,
     but every session that wrote anything checks the fence just before it commits
     (LeaseLost: rolled back). A later term of the same process is a new FencedStore, so
@@ -186,18 +185,6 @@ class FencedStore:
         if self.lease.fencing != self.fencing:
             raise LeaseLost(f"the term with fencing number {self.fencing} is over")
         self.lease.ensure()
-
-    @property
-    def home(self) -> Path:
-        return self.inner.home
-
-    @property
-    def url(self) -> str:
-        return self.inner.url
-
-    @property
-    def engine(self) -> Any:
-        return self.inner.engine
 
     @contextmanager
     def session(self) -> Iterator[Session]:

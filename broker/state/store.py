@@ -133,14 +133,11 @@ class Store:
 READ_ONLY = "onepool_read_only"
 
 
-class ReadOnlyStore:
-    """A store to compute on a snapshot (`onepool rebalance --dry-run`): the same database,
-    but every session is rolled back when it ends, so whatever the computation writes on the
-    way (a price first seen, an event) is not kept, and an explicit commit raises ReadOnly.
-    It needs no lease: nothing it does reaches the database's history."""
+class StoreView:
+    """A store seen through a rule on its sessions (a subclass's `session()`): the same home,
+    URL and engine as the store it wraps (`inner`)."""
 
-    def __init__(self, store: Store) -> None:
-        self.inner = store
+    inner: Store
 
     @property
     def home(self) -> Path:
@@ -153,6 +150,16 @@ class ReadOnlyStore:
     @property
     def engine(self) -> Engine:
         return self.inner.engine
+
+
+class ReadOnlyStore(StoreView):
+    """A store to compute on a snapshot (`onepool rebalance --dry-run`): the same database,
+    but every session is rolled back when it ends, so whatever the computation writes on the
+    way (a price first seen, an event) is not kept, and an explicit commit raises ReadOnly.
+    It needs no lease: nothing it does reaches the database's history."""
+
+    def __init__(self, store: Store) -> None:
+        self.inner = store
 
     @contextmanager
     def session(self) -> Iterator[Session]:
