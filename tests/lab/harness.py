@@ -190,8 +190,7 @@ class Lab:
         self._ip(["-n", ns, "addr", "add", f"{ip}/24", "dev", inner])
         self._ip(["-n", ns, "link", "set", inner, "up"])
         self._ip(["-n", ns, "link", "set", "lo", "up"])
-        mounts = " && ".join([*(f"mount -t tmpfs -o mode={'1777' if d == '/tmp' else '755'} tmpfs {d}"
-                                for d in PRIVATE), *_python_for_everyone()])
+        mounts = " && ".join(_host_mounts())
         script = (f"set -e; {mounts}; hostname {shlex.quote(name)}; "
                   f"printf %s {shlex.quote(hosts_file)} > /tmp/.lab-hosts; "
                   "mount --bind /tmp/.lab-hosts /etc/hosts; echo ready; exec sleep infinity")
@@ -257,19 +256,45 @@ def wait_until(what: str, cond: object, timeout: float = 30.0, step: float = 0.1
 __all__ = ["BASE_PATH", "Host", "Lab", "LabCommandFailed", "wait_until"]
 
 
-def _python_for_everyone() -> list[str]:
-    """Mount commands that let every user of a host run this Python, as on a real box whose
-    Python lives in /usr or /opt. Here it may live in a folder only root can enter (pyenv
-    under /root, 0700): then ranks that run as `nobody` could not start `python`. The host
-    gets a 0755 tmpfs over that folder with just the interpreter's tree bound back into it;
-    the folder's other files stay hidden."""
-    prefix = Path(sys.base_prefix).resolve()
-    closed = next((p for p in reversed(prefix.parents) if p != Path("/") and not p.stat().st_mode & 0o001),
-                  None)
-    if closed is None:
-        return []
-    keep = prefix.relative_to(closed).parts[0]
-    tree, stash = shlex.quote(str(closed / keep)), "/srv/.lab-python"
-    return [f"mkdir -p {stash}", f"mount --bind {tree} {stash}",
-            f"mount -t tmpfs -o mode=755 tmpfs {shlex.quote(str(closed))}",
-            f"mkdir -p {tree}", f"mount --bind {stash} {tree}", f"umount {stash}", f"rmdir {stash}"]
+def _host_mounts() -> list[str]:
+    """The mount commands that make a host: a private tmpfs over each of PRIVATE, and this
+    checkout, its virtualenv and its Python kept visible (and runnable by every user, as on a
+    real box whose Python lives in /usr or /opt) wherever they are on this machine:
+
+    - under a PRIVATE folder (a checkout in /tmp, as a CI clone may be): the fresh tmpfs would
+      hide them;
+    - under a folder only root can enter (pyenv under /root, a 0700 mktemp folder): ranks that
+      run as `nobody` could not start `python`. That folder gets a 0755 tmpfs.
+
+    Each such tree is bound aside (on a tmpfs over /mnt, private to the host), the folders are
+    covered, and the tree is bound back at its own path, whose new parents are 0755; nothing
+    else of the covered folders is visible."""
+    from tests.lab.builders import REPO
+
+    trees: list[Path] = []
+    for t in sorted({REPO.resolve(), Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}):
+        if not any(t.is_relative_to(k) for k in trees):
+            trees.append(t)
+    private = [Path(d) for d in PRIVATE]
+    cover: list[Path] = []  # closed folders outside PRIVATE
+    keep: list[Path] = []
+    for t in trees:
+        closed = next((p for p in reversed(t.parents) if p != Path("/") and not p.stat().st_mode & 0o001),
+                      None)
+        if any(t.is_relative_to(d) for d in private):
+            keep.append(t)
+        elif closed is not None:
+            keep.append(t)
+            if closed not in cover:
+                cover.append(closed)
+    q = shlex.quote
+    cmds = ["mount -t tmpfs tmpfs /mnt"] if keep else []
+    for i, t in enumerate(keep):
+        cmds += [f"mkdir -p /mnt/keep{i}", f"mount --bind {q(str(t))} /mnt/keep{i}"]
+    cmds += [f"mount -t tmpfs -o mode={'1777' if d == '/tmp' else '755'} tmpfs {d}" for d in PRIVATE]
+    cmds += [f"mount -t tmpfs -o mode=755 tmpfs {q(str(c))}" for c in cover]
+    for i, t in enumerate(keep):
+        cmds += [f"mkdir -p {q(str(t))}", f"mount --bind /mnt/keep{i} {q(str(t))}", f"umount /mnt/keep{i}"]
+    if keep:
+        cmds.append("umount /mnt")
+    return cmds
