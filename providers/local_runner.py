@@ -99,9 +99,18 @@ def main(argv: list[str]) -> int:
     # The group gets SIGTERM and SIGUSR1 ("checkpoint now"); the child handles them. This
     # supervisor only waits (a Python handler, unlike SIG_IGN, is reset to the default in
     # the child at exec).
-    signal.signal(signal.SIGTERM, lambda *_: None)
-    signal.signal(signal.SIGINT, lambda *_: None)
-    signal.signal(signal.SIGUSR1, lambda *_: None)
+    # A signal that comes before the job exists (a cancel or a preemption right after the
+    # start, while this supervisor reads its launch file) is passed on once the job runs:
+    # otherwise the job would never hear it and run on until the broker's grace ran out.
+    early: list[int] = []
+    started: list[bool] = []
+
+    def hold(sig: int, _frame: object) -> None:
+        if not started:
+            early.append(sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, hold)
     fenced, failed = False, None
     cap = os.environ.pop(CAP_ENV, "")
     out = CappedOutput(run_dir, int(cap) if cap.isdigit() else DEFAULT_CAP)
@@ -122,6 +131,10 @@ def main(argv: list[str]) -> int:
         print(f"onepool: cannot start the rank: {why}", file=sys.stderr, flush=True)
         code, failed = start_errors.exit_code(kind), start_errors.record(kind, e, why)
     else:
+        started.append(True)
+        for sig in dict.fromkeys(early):  # (one that came during Popen may reach it twice: harmless)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, sig)
         copier = threading.Thread(target=copy_output, args=(child, out), daemon=True)
         copier.start()
         code, fenced = _wait(child, out)

@@ -183,3 +183,26 @@ def test_an_argument_too_large_for_exec_fails_the_start_with_its_cause(tmp_path)
     with pytest.raises(StartFailed) as failed:
         local.start(1, 0, ["echo", "x" * 200_000], {})
     assert failed.value.cause == "start_failed:too_large"
+
+
+def test_a_sigterm_right_after_the_start_reaches_the_job(tmp_path):
+    """A cancel or a preemption that comes while the supervisor is still setting the rank up
+    (before the job exists) is passed on to the job once it runs: the rank ends at once instead
+    of running on until the broker's grace is over. Tried at several delays after the start."""
+    import signal
+    import time
+
+    from providers.base import RankState
+    from providers.local import LocalProcesses
+
+    local = LocalProcesses(tmp_path / "runs", containment="group")
+    job = ["sh", "-c", "trap 'exit 42' TERM; while :; do sleep 0.05; done"]
+    for i, delay in enumerate((0.0, 0.02, 0.05, 0.1, 0.2)):
+        h = local.start(i + 1, 0, job, {})
+        time.sleep(delay)
+        local.signal(h, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while (st := local.status(h)).state == RankState.RUNNING and time.monotonic() < deadline:
+            local.wait_for_change(0.1)
+        assert st.state != RankState.RUNNING, f"still running {delay}s after a SIGTERM at start"
+        local.kill(h)
