@@ -135,6 +135,8 @@ class JobInfo(BaseModel):
     retries: int = 0  # retries of its own failures allowed (issue 29) ...
     retried: int = 0  # ... and made so far
     after: list[list] = []  # [[job_id, "ok" | "any" | "failed"], ...]: the jobs it waits for
+    user: str | None = None  # who submitted it (issue 28; None: a token of the whole team)
+    held_by: str | None = None  # on hold (`onepool hold`) by this actor; None: not held
 
     @classmethod
     def of(cls, j: Job, attempts: list[Attempt], now: float, *, stores: list[str] | None = None,
@@ -164,7 +166,7 @@ class JobInfo(BaseModel):
                    gpu_util_pct=last.gpu_util_pct if last is not None and running else None,
                    held_idle=last is not None and running and last.held_idle,
                    array_id=j.array_id, array_index=j.array_index, retries=j.retries,
-                   retried=j.retried, after=list(j.after or []))
+                   retried=j.retried, after=list(j.after or []), user=j.user, held_by=j.held_by)
 
 
 class EventInfo(BaseModel):
@@ -222,6 +224,7 @@ class TokenInfo(BaseModel):
     team: str
     role: str
     note: str
+    user: str | None = None  # the person it belongs to (None: the whole team)
     created_at: float
     created_by: str
     revoked_at: float | None

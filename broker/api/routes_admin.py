@@ -32,6 +32,7 @@ class TokenRequest(BaseModel):
     team: str = Field(min_length=1, max_length=63)
     role: str = "member"
     note: str = Field(default="", max_length=200)
+    user: str | None = Field(default=None, max_length=63)
 
 
 class JoinTokenRequest(BaseModel):
@@ -42,6 +43,7 @@ class WhoAmI(BaseModel):
     kind: str
     team: str | None
     token_id: str
+    user: str | None = None
 
 
 @router.get("/config", response_model=ClusterConfig, tags=["admin"])
@@ -99,7 +101,7 @@ def teams(c: ClientDep) -> list[TeamInfo]:
 @router.post("/tokens", response_model=TokenInfo, status_code=201, tags=["admin"])
 def create_token(c: ClientDep, body: TokenRequest) -> TokenInfo:
     """A new token; its secret is in this answer only (admins)."""
-    return c.create_token(body.team, body.role, body.note)
+    return c.create_token(body.team, body.role, body.note, body.user)
 
 
 @router.get("/tokens", response_model=list[TokenInfo], tags=["admin"])
@@ -115,7 +117,7 @@ def revoke_token(c: ClientDep, token_id: str) -> TokenInfo:
 @router.get("/whoami", response_model=WhoAmI, tags=["admin"])
 def whoami(c: ClientDep) -> WhoAmI:
     p = c.principal
-    return WhoAmI(kind=p.kind, team=p.team, token_id=p.id)
+    return WhoAmI(kind=p.kind, team=p.team, token_id=p.id, user=p.user)
 
 
 @router.get("/healthz", response_model=Health, tags=["health"])

@@ -89,12 +89,12 @@ def list_jobs(c: ClientDep, status: Annotated[list[str] | None, Query()] = None,
               after_id: Count = 0,
               limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
               finished_limit: Annotated[int | None, Query(ge=0, le=MAX_PAGE)] = None,
-              newest: bool = False) -> JobPage:
+              newest: bool = False, user: Annotated[str | None, Query(max_length=63)] = None) -> JobPage:
     """Jobs, oldest first, a page at a time (a member: its team's only); with finished_limit,
     every job not finished but only that many of the newest finished ones; with newest, one
     page of the running jobs first, then the newest (`onepool status`; next_after_id is null)."""
     jobs = c.list(status=status, team=team, experiment=experiment, after_id=after_id, limit=limit,
-                  finished_limit=finished_limit, newest=newest)
+                  finished_limit=finished_limit, newest=newest, user=user)
     more = len(jobs) == limit and not newest
     return JobPage(jobs=jobs, next_after_id=jobs[-1].id if more else None)
 
@@ -121,9 +121,9 @@ def job_events(c: ClientDep, job_id: JobId) -> list[EventInfo]:
 
 
 @router.get("/events", response_model=list[EventInfo], tags=["jobs"])
-def events(c: ClientDep) -> list[EventInfo]:
-    """Every event the token may see."""
-    return c.events(None)
+def events(c: ClientDep, user: Annotated[str | None, Query(max_length=63)] = None) -> list[EventInfo]:
+    """Every event the token may see (of the jobs `user` submitted, if given)."""
+    return c.events(None, user=user)
 
 
 @router.get("/jobs/{job_id}/logs", response_model=LogChunk, tags=["jobs"])
@@ -136,7 +136,7 @@ def logs(c: ClientDep, job_id: JobId, attempt: Annotated[int | None, Query(ge=1,
 
 @router.put("/jobs/{job_id}/budget", response_model=Message, tags=["money"])
 def set_job_budget(c: ClientDep, job_id: JobId, b: BudgetBody) -> Message:
-    """Set a job's budget (admins)."""
+    """Set a job's budget without the submit's checks (its team lead, admins)."""
     return Message(message=c.set_budget(b.usd, job_id=job_id))
 
 

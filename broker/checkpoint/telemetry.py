@@ -25,10 +25,12 @@ from typing import Literal
 
 from sqlmodel import Session, col, select
 
+from broker.state.costs import user_key
 from broker.state.model import Attempt, EndReason, Job
 from broker.state.views import LostWorkRow
 
-By = Literal["team", "job", "cause"]
+By = Literal["team", "job", "cause", "user"]
+LOST_BY: tuple[str, ...] = ("team", "job", "cause", "user")
 
 
 def cause_of(a: Attempt, reason: EndReason) -> str | None:
@@ -58,11 +60,12 @@ def cause_kind(cause: str | None) -> str:
 def lost_work(s: Session, by: By = "team") -> list[LostWorkRow]:
     """Lost GPU-hours, most first.
 
-    by="team" / "job": the work lost to preemptions, charged to the preempting team / job.
+    by="team" / "job" / "user": the work lost to preemptions, charged to the preempting team /
+    job / person (`team/user`, broker.state.costs.user_key).
     by="cause": every attempt's lost work by cause kind (preempted, spot_interruption, ...).
     """
-    if by not in ("team", "job", "cause"):
-        raise ValueError(f"by must be one of team, job, cause (got {by!r})")
+    if by not in LOST_BY:
+        raise ValueError(f"by must be one of {', '.join(LOST_BY)} (got {by!r})")
     acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     victims: dict[str, set[int]] = defaultdict(set)
     if by == "cause":
@@ -71,7 +74,8 @@ def lost_work(s: Session, by: By = "team") -> list[LostWorkRow]:
     else:
         rows2 = s.exec(select(Attempt, Job).join(Job, Job.id == Attempt.preempted_by)
                        .where(Attempt.end_reason == EndReason.PREEMPTED)).all()
-        keyed = [(j.team if by == "team" else str(j.id), a) for a, j in rows2]
+        keyed = [(j.team if by == "team" else user_key(j.team, j.user) if by == "user" else str(j.id), a)
+                 for a, j in rows2]
     for key, a in keyed:
         acc[key][0] += a.lost_gpu_s
         acc[key][1] += 1

@@ -149,18 +149,23 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
     @token_app.command("create")
     def token_create(
         team: Annotated[str, typer.Option(help="the team the token acts for")],
-        role: Annotated[str, typer.Option(help="member (its team only) | admin (everything) | "
-                                          "metrics (GET /metrics only)")] = "member",
+        role: Annotated[str, typer.Option(help="member (its team; changes its own jobs) | lead (its "
+                                          "team's jobs) | admin (everything) | metrics (GET "
+                                          "/metrics only)")] = "member",
         note: Annotated[str, typer.Option(help="what the token is for")] = "",
+        user: Annotated[str | None, typer.Option(help="the person it belongs to (none: the whole "
+                                                 "team)")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
     ) -> None:
         """Create a token and print it (shown this once; it is stored hashed)."""
-        info = client().create_token(team, role, note)
+        info = client().create_token(team, role, note, user)
         if as_json:
-            print_json({"token": info.token, "id": info.id, "team": info.team, "role": info.role})
+            print_json({"token": info.token, "id": info.id, "team": info.team, "role": info.role,
+                        "user": info.user})
         else:
-            console().print(f"token {info.id} ({info.role} of team {info.team}); keep it secret, it is "
-                      f"not shown again:\n{info.token}", markup=False)
+            whose = f"{info.user}, " if info.user else ""
+            console().print(f"token {info.id} ({whose}{info.role} of team {info.team}); keep it secret, "
+                      f"it is not shown again:\n{info.token}", markup=False)
 
     @token_app.command("revoke")
     def token_revoke(token_id: Annotated[str, typer.Argument(help="the token's id")],
@@ -180,10 +185,10 @@ def register(app: typer.Typer, client: Callable[[], Any], embedded: Callable[[],
             print_json([r.model_dump() for r in rows])
             return
         t = Table(title="tokens")
-        for col in ("id", "team", "role", "note", "created by", "revoked"):
+        for col in ("id", "team", "user", "role", "note", "created by", "revoked"):
             t.add_column(col)
         for r in rows:
-            t.add_row(r.id, r.team, r.role, escape(r.note), escape(r.created_by),
+            t.add_row(r.id, r.team, escape(r.user or ""), r.role, escape(r.note), escape(r.created_by),
                       "yes" if r.revoked_at else "")
         console().print(t)
 

@@ -184,7 +184,7 @@ class HttpClient:
     def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
              experiment: str | None = None, after_id: int = 0,
              limit: int | None = None, finished_limit: int | None = None,
-             newest: bool = False) -> list[JobInfo]:
+             newest: bool = False, user: str | None = None) -> list[JobInfo]:
         out: list[JobInfo] = []
         while True:
             params: dict[str, Any] = {"after_id": after_id, "limit": min(limit or 1000, 1000)}
@@ -198,6 +198,8 @@ class HttpClient:
                 params["team"] = team
             if experiment:
                 params["experiment"] = experiment
+            if user:
+                params["user"] = user
             page = self._req("GET", "/v1/jobs", params=params)
             out += [JobInfo.model_validate(j) for j in page["jobs"]]
             if limit is not None or page["next_after_id"] is None:
@@ -211,9 +213,23 @@ class HttpClient:
     def cancel(self, job_id: int) -> JobInfo:
         return JobInfo.model_validate(self._req("POST", f"/v1/jobs/{int(job_id)}/cancel"))
 
-    def events(self, job_id: int | None = None) -> list[EventInfo]:
+    def events(self, job_id: int | None = None, user: str | None = None) -> list[EventInfo]:
+        if user is not None and job_id is not None:
+            raise SpecError("events", ["user: give a job id or a user, not both"])
         path = "/v1/events" if job_id is None else f"/v1/jobs/{int(job_id)}/events"
-        return [EventInfo.model_validate(e) for e in self._req("GET", path)]
+        params = {"user": user} if user else None
+        return [EventInfo.model_validate(e) for e in self._req("GET", path, params=params)]
+
+    def update(self, job_id: int, *, priority: str | None = None,
+               budget_usd: float | None = None) -> JobInfo:
+        body = {k: v for k, v in (("priority", priority), ("budget_usd", budget_usd)) if v is not None}
+        return JobInfo.model_validate(self._req("PATCH", f"/v1/jobs/{int(job_id)}", json=body))
+
+    def hold(self, job_id: int) -> JobInfo:
+        return JobInfo.model_validate(self._req("POST", f"/v1/jobs/{int(job_id)}/hold"))
+
+    def release(self, job_id: int) -> JobInfo:
+        return JobInfo.model_validate(self._req("POST", f"/v1/jobs/{int(job_id)}/release"))
 
     def logs(self, job_id: int, attempt: int | None = None, rank: int = 0,
              offset: int = 0) -> LogChunk:
@@ -246,9 +262,10 @@ class HttpClient:
         return wait_stopped(self.get, job_ids, timeout, poll_s)
 
     # -- tokens, nodes, health ---------------------------------------------------------------
-    def create_token(self, team: str, role: str = "member", note: str = "") -> TokenInfo:
-        return TokenInfo.model_validate(self._req("POST", "/v1/tokens",
-                                                  json={"team": team, "role": role, "note": note}))
+    def create_token(self, team: str, role: str = "member", note: str = "",
+                     user: str | None = None) -> TokenInfo:
+        body = {"team": team, "role": role, "note": note, **({"user": user} if user else {})}
+        return TokenInfo.model_validate(self._req("POST", "/v1/tokens", json=body))
 
     def revoke_token(self, token_id: str) -> TokenInfo:
         return TokenInfo.model_validate(self._req("POST", f"/v1/tokens/{token_id}/revoke"))

@@ -33,6 +33,7 @@ from broker.checkpoint import telemetry
 from broker.checkpoint.index import default_store_root, stores_of
 from broker.client.filters import check_filters
 from broker.client.sdk_admin import AdminMixin, visible_nodes
+from broker.client.sdk_changes import ChangesMixin
 from broker.client.sdk_estimate import EstimateMixin
 from broker.client.submit_deps import resolve_after
 from broker.client.submits import StagedSubmit, SubmitBatch, write_submits
@@ -52,11 +53,12 @@ from broker.spec import (
     load_config,
     parse_job,
 )
+from broker.state import access
 from broker.state import costs as cost_queries
 from broker.state.events import acting_as, record
 from broker.state.model import Attempt, Event, Job, JobState
 from broker.state.store import Store
-from broker.state.tokens import Principal, local_principal
+from broker.state.tokens import Principal, check_user, local_principal
 from broker.state.views import EventInfo, JobInfo, LogChunk, LostWorkRow, PoolInfo
 
 STATES = [s.value for s in JobState]
@@ -82,7 +84,7 @@ def remote_workdir(workdir: str | None) -> str | None:
     return workdir
 
 
-class Client(AdminMixin, EstimateMixin):
+class Client(AdminMixin, EstimateMixin, ChangesMixin):
     """The embedded client. `principal` is who acts (default: the local user, with every
     right, as whoever can open the database file has them anyway)."""
 
@@ -195,7 +197,7 @@ class Client(AdminMixin, EstimateMixin):
                     priority=js.priority.value, budget_usd=js.budget_usd, spot=js.spot.value,
                     checkpoint_interval_s=js.checkpoint_interval_s,
                     expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now,
-                    submitted_by=p.actor, array_index=None if index < 0 else index,
+                    submitted_by=p.actor, user=p.person, array_index=None if index < 0 else index,
                     array_limit=js.array_limit, retries=js.retries, retry_backoff_s=js.retry_backoff_s,
                     no_retry_exit_codes=js.no_retry_exit_codes, after=deps,
                      webhook_url=js.webhook_url, webhook_secret=js.webhook_secret)
@@ -228,8 +230,10 @@ class Client(AdminMixin, EstimateMixin):
 
     def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
              experiment: str | None = None, after_id: int = 0, limit: int | None = None,
-             finished_limit: int | None = None, newest: bool = False) -> list[JobInfo]:
-        """Jobs, oldest first, optionally filtered by state (any case), team, experiment; a page
+             finished_limit: int | None = None, newest: bool = False,
+             user: str | None = None) -> list[JobInfo]:
+        """Jobs, oldest first, optionally filtered by state (any case), team, experiment, the
+        user who submitted them; a page
         of at most `limit` (up to 1000) jobs with ids above `after_id`; with `finished_limit`,
         every job not finished but only that many of the newest finished ones; with `newest`,
         the running ones first, then the newest (the first page `onepool status` shows). A member sees
@@ -242,6 +246,7 @@ class Client(AdminMixin, EstimateMixin):
         if limit is not None and not 1 <= limit <= MAX_PAGE:
             raise SpecError("list", [f"limit: must be between 1 and {MAX_PAGE} (got {limit})"])
         team = self._team_scope(team, "listing jobs of team")
+        check_user(user, "list")
         with self.store.session() as s:
             q = select(Job).where(col(Job.id) > after_id).order_by(
                 *((col(Job.state) == JobState.RUNNING).desc(), col(Job.id).desc()) if newest
@@ -255,11 +260,15 @@ class Client(AdminMixin, EstimateMixin):
                     recent = recent.where(Job.team == team)
                 if experiment:
                     recent = recent.where(Job.experiment == experiment)
+                if user:
+                    recent = recent.where(Job.user == user)
                 q = q.where(or_(col(Job.state).not_in(FINAL), col(Job.id).in_(recent)))
             if team:
                 q = q.where(Job.team == team)
             if experiment:
                 q = q.where(Job.experiment == experiment)
+            if user:
+                q = q.where(Job.user == user)
             if limit is not None:
                 q = q.limit(limit)
             jobs = s.exec(q).all()
@@ -302,6 +311,8 @@ class Client(AdminMixin, EstimateMixin):
         now = self.clock.now()
         with self.store.session() as s, acting_as(self.principal.actor):
             j = self._job(s, job_id)
+            access.require(self.principal, access.Action.CHANGE, f"cancelling job {job_id}", j.team,
+                           j.user, job_id)
             if j.state in FINAL:
                 raise InvalidState(f"job {job_id} already ended ({j.state}); nothing to cancel")
             # Pending: only if it is still pending when written (the broker may be starting it
@@ -331,16 +342,24 @@ class Client(AdminMixin, EstimateMixin):
         s.commit()
         return self.get(job_id)
 
-    def events(self, job_id: int | None = None) -> list[EventInfo]:
+    def events(self, job_id: int | None = None, user: str | None = None) -> list[EventInfo]:
         """The event log, oldest first: of one job, or every event the caller may see (a
-        member: its team's jobs). Raises NotFound (also another team's job)."""
+        member: its team's jobs), or only those of the jobs `user` submitted. Raises NotFound
+        (also another team's job), SpecError (a bad user name)."""
+        check_user(user, "events")
+        if user is not None and job_id is not None:
+            raise SpecError("events", ["user: give a job id or a user, not both"])
         with self.store.session() as s:
             q = select(Event).order_by(col(Event.id))
             if job_id is not None:
                 self._job(s, job_id)
                 q = q.where(Event.job_id == job_id)
-            elif not self.principal.is_admin:
-                q = q.join(Job, col(Job.id) == Event.job_id).where(Job.team == self.principal.team)
+            elif not self.principal.is_admin or user:
+                q = q.join(Job, col(Job.id) == Event.job_id)
+                if not self.principal.is_admin:
+                    q = q.where(Job.team == self.principal.team)
+            if user:
+                q = q.where(Job.user == user)
             return [EventInfo.of(e) for e in s.exec(q).all()]
 
     def logs(self, job_id: int, attempt: int | None = None, rank: int = 0,
@@ -377,8 +396,8 @@ class Client(AdminMixin, EstimateMixin):
         """Lost GPU-hours, most first: by="team"/"job" charges preemptions to the preempting
         team/job; by="cause" groups every interruption by its cause. A member sees job rows
         of its own team only. Raises SpecError for another `by`."""
-        if by not in ("team", "job", "cause"):
-            raise SpecError("lost", [f"by: must be one of team, job, cause (got {by!r})"])
+        if by not in telemetry.LOST_BY:
+            raise SpecError("lost", [f"by: must be one of {', '.join(telemetry.LOST_BY)} (got {by!r})"])
         with self.store.session() as s:
             rows = telemetry.lost_work(s, by)
             if self.principal.is_admin:
@@ -386,6 +405,8 @@ class Client(AdminMixin, EstimateMixin):
             mine = self._team_job_ids(s)
             if by == "job":
                 rows = [r for r in rows if int(r.key) in mine]
+            elif by == "user":
+                rows = [r for r in rows if r.key.startswith(f"{self.principal.team}/")]
             return [r.model_copy(update={"victims": [v for v in r.victims if v in mine]})
                     for r in rows]
 
@@ -406,14 +427,19 @@ class Client(AdminMixin, EstimateMixin):
             if self.principal.is_admin or by in ("team", "pool", "market", "day"):
                 return rows
             jobs = s.exec(select(Job.id, Job.experiment).where(Job.team == self.principal.team)).all()
-            keys = {str(i) for i, _ in jobs} if by == "job" else {e for _, e in jobs}
+            keys = ({str(i) for i, _ in jobs} if by == "job" else
+                    set(cost_queries.user_keys(s, self.principal.team).values()) if by == "user"
+                    else {e for _, e in jobs})
             return [r for r in rows if r.key in keys]
 
     def set_budget(self, amount_usd: float, *, job_id: int | None = None,
                    team: str | None = None) -> str:
         """Set a job's budget (a BUDGET_EXHAUSTED job resumes) or override a team's window
-        budget. Give exactly one of job_id, team. Admins only. Returns what happened."""
-        self.principal.require_admin("changing budgets")
+        budget. Give exactly one of job_id, team. A job's: its team lead or an admin (its
+        submitter: update(budget_usd=...), under the submit's rules); a team's: admins. Returns
+        what happened."""
+        if team is not None or job_id is None:
+            self.principal.require_admin("changing a team's budget")
         if (job_id is None) == (team is None):
             raise SpecError("budget", ["give a job id or a team (exactly one)"])
         if not math.isfinite(amount_usd) or amount_usd < 0:
@@ -421,6 +447,9 @@ class Client(AdminMixin, EstimateMixin):
         now = self.clock.now()
         with self.store.session() as s, acting_as(self.principal.actor):
             if job_id is not None:
+                j = self._job(s, job_id)
+                access.require(self.principal, access.Action.JOB_BUDGET, f"setting job {job_id}'s "
+                               "budget", j.team, j.user, job_id)
                 said = budget_rules.set_job_budget(s, job_id, amount_usd, now)
             else:
                 said = budget_rules.set_team_budget(s, applied_config(s), team or "", amount_usd, now)

@@ -37,7 +37,7 @@ def visible_nodes(s: Session, principal: Principal, nodes: list[NodeInfo]) -> li
 
 
 def _token_info(row: ApiToken, token: str | None = None) -> TokenInfo:
-    return TokenInfo(id=row.id, team=row.team, role=row.role, note=row.note,
+    return TokenInfo(id=row.id, team=row.team, role=row.role, note=row.note, user=row.user,
                      created_at=row.created_at, created_by=row.created_by,
                      revoked_at=row.revoked_at, token=token)
 
@@ -48,14 +48,18 @@ class AdminMixin:
     principal: Principal
 
     # -- tokens -------------------------------------------------------------------------------
-    def create_token(self, team: str, role: str = "member", note: str = "") -> TokenInfo:
-        """A new API token for `team` with `role` (member|admin). The answer carries the token
-        itself, the only time it is shown. Admins only; raises Forbidden, SpecError."""
+    def create_token(self, team: str, role: str = "member", note: str = "",
+                     user: str | None = None) -> TokenInfo:
+        """A new API token for `team` with `role` (member|lead|admin|metrics), belonging to the
+        person `user` (None: the whole team; see broker.state.access for what each may do).
+        The answer carries the token itself, the only time it is shown. Admins only; raises
+        Forbidden, SpecError."""
         now = self.clock.now()
         with self.store.session() as s, acting_as(self.principal.actor):
-            token, row = create_api_token(s, team, role, self.principal, now, note)
-            record(s, now, "token_created", f"{role} token {row.id} for team {team}",
-                   token_id=row.id, team=team, role=role)
+            token, row = create_api_token(s, team, role, self.principal, now, note, user)
+            whose = f" for {user} of team {team}" if user else f" for team {team}"
+            record(s, now, "token_created", f"{role} token {row.id}{whose}",
+                   token_id=row.id, team=team, role=role, user=user)
             return _token_info(row, token)
 
     def revoke_token(self, token_id: str) -> TokenInfo:

@@ -1,5 +1,6 @@
 """Pending jobs the plan does not see this cycle (issue 29), read from the database and decided
-by pure rules: a retry's backoff (broker.control.retries), dependencies not met yet
+by pure rules: a hold (`onepool hold`, issue 28: never placed until released), a retry's
+backoff (broker.control.retries), dependencies not met yet
 (broker.policy.dependencies.resolve), an array's limit of elements running at once
 (broker.policy.arrays.throttle).
 
@@ -29,23 +30,28 @@ class Waiting:
     members: dict[int, Member]  # throttled array elements
     backoff: dict[int, tuple[float, int, int]]  # job -> (not_before, retried, retries)
     after: dict[int, list[tuple[int, str]]]  # job -> its dependencies
+    held: dict[int, str]  # job -> who put it on hold (issue 28)
 
     @classmethod
     def read(cls, s: Session) -> Waiting:
         members: dict[int, Member] = {}
         backoff: dict[int, tuple[float, int, int]] = {}
         after: dict[int, list[tuple[int, str]]] = {}
-        for jid, aid, index, limit, not_before, retried, retries, deps in s.exec(
+        held: dict[int, str] = {}
+        for jid, aid, index, limit, not_before, retried, retries, deps, held_by in s.exec(
                 select(Job.id, Job.array_id, Job.array_index, Job.array_limit, Job.not_before,
-                       Job.retried, Job.retries, Job.after).where(Job.state == JobState.PENDING)).all():
+                       Job.retried, Job.retries, Job.after, Job.held_by)
+                .where(Job.state == JobState.PENDING)).all():
             assert jid is not None
+            if held_by is not None:
+                held[jid] = held_by
             if aid is not None and limit is not None:
                 members[jid] = Member(aid, index or 0, limit)
             if not_before is not None:
                 backoff[jid] = (not_before, retried, retries)
             if deps:
                 after[jid] = [(int(d), str(c)) for d, c in deps]
-        return cls(members, backoff, after)
+        return cls(members, backoff, after, held)
 
 
 def dependencies(s: Session, after: dict[int, list[tuple[int, str]]]) -> dict[int, DependencyState]:
@@ -73,9 +79,11 @@ def hold(snap: Snapshot, s: Session) -> tuple[Snapshot, dict[int, str]]:
     """`snap` without the pending jobs held back this cycle, and why each one waits."""
     w = Waiting.read(s)
     now = snap.now
-    held = {jid: f"retry {done} of {allowed} after a failure: starts no sooner than "
-                 f"{until - now:.0f}s from now (backoff)"
-            for jid, (until, done, allowed) in w.backoff.items() if until > now}
+    held = {jid: hold_reason(by, jid) for jid, by in w.held.items()}
+    for jid, (until, done, allowed) in w.backoff.items():
+        if until > now:
+            held.setdefault(jid, f"retry {done} of {allowed} after a failure: starts no sooner "
+                                 f"than {until - now:.0f}s from now (backoff)")
     for jid, st in dependencies(s, w.after).items():
         if not st.met:
             held.setdefault(jid, st.waiting or f"dependency never met: {st.never}")
@@ -86,6 +94,11 @@ def hold(snap: Snapshot, s: Session) -> tuple[Snapshot, dict[int, str]]:
         return snap, {}
     return replace(snap, pending=tuple(p for p in snap.pending if p.job_id not in held),
                    queue=None), held
+
+
+def hold_reason(held_by: str, job_id: int) -> str:
+    """A held job's "why waiting"."""
+    return f"on hold (by {held_by}): never placed until `onepool release {job_id}`"
 
 
 def end_never_met(s: Session, now: float) -> list[int]:

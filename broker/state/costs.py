@@ -1,9 +1,10 @@
 """Cost queries over the ledger (broker/state/ledger.py): the one place the CLI, the SDK and the
 dashboard read money from.
 
-`costs(s, by=..., since=, until=)` groups charged USD by experiment, team, job, array, pool, market or
-(UTC) day. One total, many views: every ledger row lands under exactly one key of every view,
-so all views of one window sum to the same total.
+`costs(s, by=..., since=, until=)` groups charged USD by experiment, team, job, array, user
+(`team/user` of the person who submitted the job, `team/(team token)` for a token without a
+user; issue 28), pool, market or (UTC) day. One total, many views: every ledger row lands
+under exactly one key of every view, so all views of one window sum to the same total.
 
 - Rows spanning [start, end] are pro-rated to the part inside [since, until) (and, by day, to
   each UTC day they cover).
@@ -35,8 +36,8 @@ from sqlmodel import Session, col, select
 from broker.state.model import Attempt, Job, LedgerEntry, Pool
 from broker.wire import CostRow
 
-CostBy = Literal["experiment", "team", "job", "pool", "market", "day", "array"]
-COST_BY: tuple[str, ...] = ("experiment", "team", "job", "pool", "market", "day", "array")
+CostBy = Literal["experiment", "team", "job", "pool", "market", "day", "array", "user"]
+COST_BY: tuple[str, ...] = ("experiment", "team", "job", "pool", "market", "day", "array", "user")
 IDLE_ONPREM, IDLE_RENTED, BOOT_DRAIN = "idle on-prem", "idle rented", "boot/drain"
 UNOWNED = (IDLE_ONPREM, IDLE_RENTED, BOOT_DRAIN)
 NO_POOL = "checkpoint storage"
@@ -56,7 +57,7 @@ def _key(by: str, r: LedgerEntry, market: str) -> str:
         return r.kind if r.kind in ("egress", "storage") else market
     if r.job_id is not None:
         return {"experiment": r.experiment or "default", "team": r.team or "",
-                "job": str(r.job_id), "array": str(r.job_id)}[by]
+                "job": str(r.job_id), "array": str(r.job_id), "user": str(r.job_id)}[by]
     if by == "team" and r.team:
         return r.team  # unused rented time charged to the launching team
     if r.kind == "idle":
@@ -69,6 +70,19 @@ def array_keys(s: Session) -> dict[int, str]:
     by its id, as `--by job` does)."""
     return {jid: f"array {aid}" for jid, aid in s.exec(select(Job.id, Job.array_id).where(
         col(Job.array_id).is_not(None))).all() if jid is not None}
+
+
+def user_key(team: str, user: str | None) -> str:
+    """The `--by user` key of a job of `team` submitted by `user`."""
+    return f"{team}/{user or '(team token)'}"
+
+
+def user_keys(s: Session, team: str | None = None) -> dict[int, str]:
+    """The `--by user` key of every job (of `team` only, if given)."""
+    q = select(Job.id, Job.team, Job.user)
+    if team is not None:
+        q = q.where(Job.team == team)
+    return {jid: user_key(t, u) for jid, t, u in s.exec(q).all() if jid is not None}
 
 
 def _share(r: LedgerEntry, lo: float, hi: float, since: float | None, until: float | None) -> float:
@@ -111,7 +125,8 @@ def costs(s: Session, by: CostBy = "experiment", since: float | None = None,
     if since is not None:
         q = q.where(LedgerEntry.end >= since)
     market = {p.name: p.market for p in s.exec(select(Pool)).all()}
-    group = array_keys(s) if by == "array" else {}  # issue 29: an array's elements together
+    # issue 29: an array's elements together; issue 28: a person's jobs together
+    group = array_keys(s) if by == "array" else user_keys(s) if by == "user" else {}
     usd: dict[str, float] = defaultdict(float)
     idle: dict[str, float] = defaultdict(float)
     gpu_h: dict[str, float] = defaultdict(float)
@@ -121,7 +136,7 @@ def costs(s: Session, by: CostBy = "experiment", since: float | None = None,
             pieces = [(k, _share(r, lo, hi, since, until)) for k, lo, hi in _days(r.start, r.end)]
         else:
             key = _key(by, r, market.get(r.pool, ""))
-            if by == "array" and r.job_id is not None:
+            if by in ("array", "user") and r.job_id is not None:
                 key = group.get(r.job_id, key)
             pieces = [(key, _share(r, r.start, r.end, since, until))]
         for key, f in pieces:
@@ -139,7 +154,7 @@ def costs(s: Session, by: CostBy = "experiment", since: float | None = None,
     for a, j, rate in lost_attempts(s, since, until):
         key = {"pool": a.pool, "market": market.get(a.pool, ""), "experiment": j.experiment,
                "team": j.team, "job": str(j.id), "day": day_of(a.ended_at or a.started_at),
-               "array": group.get(j.id or 0, str(j.id))}[by]
+               "array": group.get(j.id or 0, str(j.id)), "user": user_key(j.team, j.user)}[by]
         lost_h[key] += a.lost_gpu_s / 3600.0
         lost_usd[key] += a.lost_gpu_s * rate
         jobs[key].add(j.id or 0)

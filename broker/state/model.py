@@ -96,6 +96,10 @@ class Job(SQLModel, table=True):
     last_checkpoint_at: float | None = None
     waiting_reason: str | None = None
     submitted_by: str | None = Field(default=None, max_length=120)  # who submitted it (issue 9)
+    # The person who submitted it (issue 28): the token's user, the local user embedded; None
+    # for a token without a user (it acts as its whole team).
+    user: str | None = Field(default=None, max_length=63, index=True)
+    held_by: str | None = Field(default=None, max_length=120)  # on hold (`onepool hold`): by whom
     # Its own webhook (issue 30, broker.control.notify): secrets, never in a view or a log.
     webhook_url: str | None = Field(default=None, max_length=2000)
     webhook_secret: str | None = Field(default=None, max_length=200)

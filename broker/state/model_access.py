@@ -15,7 +15,8 @@ from sqlmodel import Field, SQLModel
 
 
 class Role(StrEnum):
-    MEMBER = "member"  # acts within its team only
+    MEMBER = "member"  # acts within its team only: its own jobs (all the team's without a user)
+    LEAD = "lead"  # a team lead: acts on every job of its team
     ADMIN = "admin"  # manages pools, teams, budgets and tokens; sees every team
     METRICS = "metrics"  # reads GET /metrics only (a Prometheus scraper): no other route
 
@@ -26,6 +27,7 @@ class ApiToken(SQLModel, table=True):
 
     id: str = Field(primary_key=True, max_length=16)
     team: str = Field(max_length=63, index=True)
+    user: str | None = Field(default=None, max_length=63)  # the person (None: the whole team)
     role: str = Field(max_length=8)
     hash: str = Field(max_length=200)
     note: str = Field(default="", max_length=200)

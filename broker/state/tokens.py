@@ -27,6 +27,7 @@ from sqlmodel import Session, select
 
 from broker.clock import Clock, SystemClock
 from broker.errors import Forbidden, NotFound, SpecError, Unauthorized
+from broker.state import access
 from broker.state.model import Setting, Team
 from broker.state.model_access import ApiToken, NodeAgent, Role
 from broker.state.token_hash import Check, Hasher, LegacyBudget, hash_secret, is_legacy
@@ -44,40 +45,46 @@ class NotVerifiedHere(Exception):
 @dataclass(frozen=True)
 class Principal:
     """Who makes a request. kind: local (the embedded, single-user mode: full rights), member,
-    admin, metrics (a Prometheus scraper: GET /metrics only), agent (a node agent: only the
-    agent routes) or broker (the engine itself)."""
+    lead (a team lead), admin, metrics (a Prometheus scraper: GET /metrics only), agent (a
+    node agent: only the agent routes) or broker (the engine itself). `user`: the person a
+    member, lead or admin token belongs to (None: a token of the whole team); the local user's
+    login. What each may do: broker.state.access, the one rule."""
 
     kind: str
     team: str | None
     id: str
+    user: str | None = None
 
     @property
     def is_admin(self) -> bool:
         return self.kind in ("local", "admin", "broker")
 
     @property
+    def person(self) -> str | None:
+        """The user a job it submits records (Job.user): the token's user, the local login."""
+        return self.id if self.kind == "local" else self.user
+
+    @property
     def actor(self) -> str:
-        """How events name it: `token:ID (team role)`, `local:USER`, `agent:NODE`, `broker`."""
-        if self.kind in ("member", "admin"):
-            return f"token:{self.id} ({self.team} {self.kind})"
+        """How events name it: `token:ID (team role)` or `token:ID (team role USER)`,
+        `local:USER`, `agent:NODE`, `broker`."""
+        if self.kind in ("member", "lead", "admin"):
+            return f"token:{self.id} ({self.team} {self.kind}{' ' + self.user if self.user else ''})"
         if self.kind == "broker":
             return "broker"
         return f"{self.kind}:{self.id}"
 
     def require_admin(self, what: str) -> None:
         """Raises Forbidden unless this principal may manage pools, teams, budgets and tokens."""
-        if not self.is_admin:
-            raise Forbidden(f"{what} needs an admin token (this token is a member of team "
-                            f"{self.team})")
+        access.require(self, access.Action.ADMIN, what)
 
     def may_act_for(self, team: str) -> bool:
-        """Whether this principal may see and act on `team`'s jobs."""
-        return self.is_admin or team == self.team
+        """Whether this principal may see `team`'s jobs (changing one: broker.state.access)."""
+        return access.allowed(self, access.Action.READ, team)
 
     def require_team(self, team: str, what: str) -> None:
-        """Raises Forbidden unless this principal may act on `team`'s jobs."""
-        if not self.may_act_for(team):
-            raise Forbidden(f"{what}: this token acts for team {self.team} only (not {team})")
+        """Raises Forbidden unless this principal may read `team`'s jobs and submit for it."""
+        access.require(self, access.Action.SUBMIT, what, team)
 
 
 def local_principal() -> Principal:
@@ -143,7 +150,7 @@ class Verifier:
         if verdict is Check.OK_UPGRADE:
             row.hash = hash_secret(token)
             s.add(row)
-        return Principal(row.role, row.team, row.id)
+        return Principal(row.role, row.team, row.id, row.user)
 
     def node_of_credential(self, s: Session, credential: str | None) -> NodeAgent:
         """The agent row a node credential belongs to. Raises Unauthorized. A row with an old
@@ -163,14 +170,30 @@ class Verifier:
 
 
 # -- API tokens -----------------------------------------------------------------------------------
+USER_HELP = "1 to 63 letters, digits, '.', '_', '-' or '@', starting with a letter or digit"
+_USER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,62}$")
+
+
+def check_user(user: str | None, source: str = "token") -> str | None:
+    """`user` if it is a valid person's name (or None). Raises SpecError naming the field."""
+    if user is not None and not _USER.match(user):
+        raise SpecError(source, [f"user: must be {USER_HELP} (got {user!r})"])
+    return user
+
+
 def create_api_token(s: Session, team: str, role: str, by: Principal, now: float,
-                     note: str = "") -> tuple[str, ApiToken]:
-    """Create a token for `team` with `role`; returns (plaintext, row). Only admins (or the
-    embedded mode) may. Raises Forbidden, SpecError (unknown team or role)."""
+                     note: str = "", user: str | None = None) -> tuple[str, ApiToken]:
+    """Create a token for `team` with `role`, belonging to the person `user` (None: a token of
+    the whole team); returns (plaintext, row). Only admins (or the embedded mode) may. Raises
+    Forbidden, SpecError (unknown team or role, a bad user name, a metrics token with a user)."""
     by.require_admin("creating tokens")
     roles = [r.value for r in Role]
     if role not in roles:
         raise SpecError("token", [f"role: must be one of {', '.join(roles)} (got {role!r})"])
+    check_user(user)
+    if user is not None and role == Role.METRICS:
+        raise SpecError("token", ["user: a metrics token reads GET /metrics only and belongs to "
+                                  "no person; leave --user out"])
     teams = [t.name for t in s.exec(select(Team).order_by(Team.name)).all()]
     if team not in teams:
         allowed = ", ".join(teams) or "(none: apply an onepool.yaml first)"
@@ -178,7 +201,7 @@ def create_api_token(s: Session, team: str, role: str, by: Principal, now: float
     if len(note) > 200:
         raise SpecError("token", ["note: at most 200 characters"])
     tid, token = _new(API)
-    row = ApiToken(id=tid, team=team, role=role, hash=hash_secret(token), note=note,
+    row = ApiToken(id=tid, team=team, user=user, role=role, hash=hash_secret(token), note=note,
                    created_at=now, created_by=by.actor)
     s.add(row)
     return token, row

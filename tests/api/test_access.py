@@ -24,13 +24,16 @@ def submit(api: Api, token: str, **kw: object) -> dict:
 
 # (method, path template, body, status, error type): every route that reads or changes one job
 # of another team. A member is told such a job does not exist (tests/api/test_bounds.py: the
-# same answer as an unknown id); setting a job's budget is for admins whatever the job.
+# same answer as an unknown id), whatever the route.
 JOB_ROUTES = [
     ("GET", "/v1/jobs/{id}", None, 404, "NotFound"),
     ("POST", "/v1/jobs/{id}/cancel", None, 404, "NotFound"),
     ("GET", "/v1/jobs/{id}/events", None, 404, "NotFound"),
     ("GET", "/v1/jobs/{id}/logs", None, 404, "NotFound"),
-    ("PUT", "/v1/jobs/{id}/budget", {"usd": 5}, 403, "Forbidden"),
+    ("PUT", "/v1/jobs/{id}/budget", {"usd": 5}, 404, "NotFound"),
+    ("PATCH", "/v1/jobs/{id}", {"priority": "low"}, 404, "NotFound"),
+    ("POST", "/v1/jobs/{id}/hold", None, 404, "NotFound"),
+    ("POST", "/v1/jobs/{id}/release", None, 404, "NotFound"),
 ]
 ADMIN_ROUTES = [
     ("PUT", "/v1/config", {"pools": [], "teams": []}),
