@@ -200,3 +200,34 @@ def test_cancel_of_a_budget_stopped_job_ends_it(make_cluster, clock):
     assert c.cancel(j).status == "CANCELLED"
     with pytest.raises(InvalidState, match="already ended"):
         c.cancel(j)
+
+
+def test_team_budget_spent_stops_its_running_work_and_raising_it_resumes_it(make_cluster, clock):
+    """Issue 28 part 5: at $1 per GPU-second, a team with a $30 month budget whose 2-GPU job
+    runs 20 s of broker time has spent $40: the job checkpoints and stops as BUDGET_EXHAUSTED
+    (the team's budget, not its own: it has none), new work of the team is refused; raising the
+    team's budget puts it back in the queue and it finishes from that checkpoint."""
+    teams = [{"name": "research", "budget_usd": 30.0, "budget_window": "month"}, {"name": "prod"}]
+    c, eng = make_cluster(pools=[{**ONPREM, "price_per_node_hour": 7200.0}], teams=teams)
+    j = c.submit(name="team-paid", team="research", command=train(60, step_s=0.02, ckpt_every=5),
+                 gpus_per_node=2).id
+    drive(eng, lambda: (c.get(j).last_step or -1) >= 0)
+    clock.advance(20)
+    drive(eng, lambda: c.get(j).status == "BUDGET_EXHAUSTED")
+    first = c.get(j).attempt_list[0]
+    assert first.end_reason == "BUDGET" and (first.reached_step or 0) > 0, "a final checkpoint on stop"
+    assert {b.team: b.state for b in c.budgets()}["research"] == "exhausted"
+    stops = [e.message for e in c.events(j) if e.kind == "budget_stop"]
+    assert stops and "team research's budget is spent" in stops[0]
+    assert "team_budget_exhausted" in [e.kind for e in c.events()]
+    with pytest.raises(budgets.BudgetError, match="team research has spent"):
+        c.submit(name="more", team="research", command=["true"])
+    eng.cycle()  # still stopped: nothing of an exhausted team is placed
+    assert c.get(j).status == "BUDGET_EXHAUSTED"
+    assert f"back in the queue: jobs {j}" in c.set_budget(1000.0, team="research")
+    drive(eng, lambda: c.get(j).status == "SUCCEEDED")
+    second = c.get(j).attempt_list[1]
+    assert second.restored_step == first.reached_step and second.end_reason == "COMPLETED"
+    total = sum(r.usd for r in c.costs("team"))  # issue 28: the user view sums to the same total
+    assert sum(r.usd for r in c.costs("user")) == pytest.approx(total)
+    assert {r.key for r in c.costs("user") if r.jobs} == {f"research/{c.principal.id}"}

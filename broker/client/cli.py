@@ -308,6 +308,8 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
                                                    "newest")] = STATUS_LIMIT,
            array: Annotated[int | None, typer.Option("--array", metavar="ARRAY",
                                                      help="only this array's elements")] = None,
+           user: Annotated[str | None, typer.Option(metavar="USER", help="only the jobs USER submitted")]
+           = None,
            estimate: Annotated[bool, typer.Option("--estimate", help="also when each pending job "
                                                   "(the first 50) would start, where, at what cost")] = False,
            as_json: JsonOpt = False) -> None:
@@ -348,8 +350,8 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
 
         jobs = elements(c, array, team)
     else:
-        jobs = c.list(status=state, team=team) if all_ else c.list(status=state, team=team, limit=limit,
-                                                                     newest=True)
+        jobs = (c.list(status=state, team=team, user=user) if all_ else
+                c.list(status=state, team=team, limit=limit, newest=True, user=user))
     _warn_if_down(c, "the states below may be stale")
     if not as_json and array is None:
         counts = c.counts(team)
@@ -426,11 +428,11 @@ def pools(as_json: JsonOpt = False) -> None:
 
 
 @app.command()
-def lost(by: Annotated[str, typer.Option(metavar="KEY", help="team|job (who preempted) or cause")] = "team",
-         as_json: JsonOpt = False) -> None:
-    """Lost GPU-hours: charged to the preempting team or job, or grouped by cause."""
-    if by not in ("team", "job", "cause"):
-        raise SpecError("--by", [f"by: must be one of team, job, cause (got {by!r})"])
+def lost(by: Annotated[str, typer.Option(metavar="KEY", help="team|job|user (who preempted) or cause")]
+         = "team", as_json: JsonOpt = False) -> None:
+    """Lost GPU-hours: charged to the preempting team, job or user, or grouped by cause."""
+    if by not in ("team", "job", "cause", "user"):
+        raise SpecError("--by", [f"by: must be one of team, job, cause, user (got {by!r})"])
     rows = _client().lost_work(by)  # type: ignore[arg-type]
     if as_json:
         _print_json([r.model_dump() for r in rows])
@@ -470,15 +472,17 @@ def cancel(job: Annotated[int, typer.Argument(metavar="JOB", help="the job's id"
 
 @app.command()
 def events(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one job's id")] = None,
+           user: Annotated[str | None, typer.Option(metavar="USER", help="only of the jobs USER "
+                                                    "submitted")] = None,
            as_json: JsonOpt = False) -> None:
-    """The event log (of one job, or all)."""
-    evs = _client().events(job)
+    """The event log (of one job, or all), with who made each happen."""
+    evs = _client().events(job, user=user) if user else _client().events(job)
     if as_json:
         _print_json([e.model_dump() for e in evs])
         return
-    t = _table("events", ["time", "job", "kind", "message"])
+    t = _table("events", ["time", "job", "kind", "message", "by"])
     for e in evs:
-        t.add_row(_ts(e.time), str(e.job_id or ""), e.kind, _esc(e.message))
+        t.add_row(_ts(e.time), str(e.job_id or ""), e.kind, _esc(e.message), _esc(e.actor or ""))
     _out().print(t)
 
 
@@ -508,6 +512,10 @@ def logs(job: Annotated[int, typer.Argument(metavar="JOB", help="the job's id")]
 from broker.client.cli_money import register as _register_money  # noqa: E402  (issue 6: cost, budget, dashboard)
 
 _register_money(app, _client, _out)
+
+from broker.client.cli_people import register as _register_people  # noqa: E402  (issue 28)
+
+_register_people(app, _client, _out, _print_json)
 
 from broker.client.cli_remote import register as _register_remote  # noqa: E402  (issue 9)
 

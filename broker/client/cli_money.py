@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 DASHBOARD_APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
-COST_VIEWS = ("experiment", "team", "job", "pool", "market", "day", "array")  # broker.state.costs.COST_BY
+# broker.state.costs.COST_BY
+COST_VIEWS = ("experiment", "team", "job", "pool", "market", "day", "array", "user")
 STOP_GRACE_S = 10.0  # `onepool dashboard`: how long Streamlit gets to stop before it is killed
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from broker.client.filters import check_filters
 from broker.clock import Clock, SystemClock
 from broker.errors import NotConfigured, NotFound
+from broker.state.access import check_user
 from broker.state.health_view import assess
 from broker.state.schema_head import head_revision
 from broker.state.states import CheckpointState, EndReason, JobState
@@ -76,7 +77,7 @@ class Reader:
 
     def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
              experiment: str | None = None, finished_limit: int | None = None,
-             limit: int | None = None, newest: bool = False) -> list[JobInfo]:
+             limit: int | None = None, newest: bool = False, user: str | None = None) -> list[JobInfo]:
         """Jobs, oldest first (`newest`: the running first, then the newest), at most `limit`,
         filtered as the SDK's `list` does. Raises SpecError for a status or team that does not
         exist (broker.client.filters)."""
@@ -91,13 +92,17 @@ class Reader:
         if experiment:
             where.append("experiment = ?")
             args.append(experiment)
+        if user:
+            where.append('"user" = ?')
+            args.append(check_user(user, "list"))
         if finished_limit is not None:
             final = [str(x) for x in FINAL]
             marks = ", ".join("?" * len(final))
-            scope = "".join(f" AND {c} = ?" for c, v in (("team", team), ("experiment", experiment)) if v)
+            scoped = (("team", team), ("experiment", experiment), ('"user"', user))
+            scope = "".join(f" AND {c} = ?" for c, v in scoped if v)
             where.append(f"(state NOT IN ({marks}) OR id IN (SELECT id FROM job WHERE state IN ({marks})"
                          f"{scope} ORDER BY id DESC LIMIT ?))")
-            args += [*final, *final, *[v for v in (team, experiment) if v], finished_limit]
+            args += [*final, *final, *[v for v in (team, experiment, user) if v], finished_limit]
         sql = "SELECT * FROM job" + (f" WHERE {' AND '.join(where)}" if where else "")
         sql += " ORDER BY state = ? DESC, id DESC" if newest else " ORDER BY id"
         args += [str(JobState.RUNNING)] if newest else []

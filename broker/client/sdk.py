@@ -55,10 +55,11 @@ from broker.spec import (
 )
 from broker.state import access
 from broker.state import costs as cost_queries
+from broker.state.access import check_user
 from broker.state.events import acting_as, record
 from broker.state.model import Attempt, Event, Job, JobState
 from broker.state.store import Store
-from broker.state.tokens import Principal, check_user, local_principal
+from broker.state.tokens import Principal, local_principal
 from broker.state.views import EventInfo, JobInfo, LogChunk, LostWorkRow, PoolInfo
 
 STATES = [s.value for s in JobState]

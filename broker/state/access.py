@@ -30,13 +30,25 @@ with the message of a job that does not exist.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from broker.errors import Forbidden, NotFound
+from broker.errors import Forbidden, NotFound, SpecError
 
 if TYPE_CHECKING:
     from broker.state.tokens import Principal
+
+
+USER_HELP = "1 to 63 letters, digits, '.', '_', '-' or '@', starting with a letter or digit"
+_USER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,62}$")
+
+
+def check_user(user: str | None, source: str = "token") -> str | None:
+    """`user` if it is a valid person's name (or None). Raises SpecError naming the field."""
+    if user is not None and not _USER.match(user):
+        raise SpecError(source, [f"user: must be {USER_HELP} (got {user!r})"])
+    return user
 
 
 class Action(StrEnum):

@@ -28,6 +28,7 @@ from sqlmodel import Session, select
 from broker.clock import Clock, SystemClock
 from broker.errors import Forbidden, NotFound, SpecError, Unauthorized
 from broker.state import access
+from broker.state.access import check_user
 from broker.state.model import Setting, Team
 from broker.state.model_access import ApiToken, NodeAgent, Role
 from broker.state.token_hash import Check, Hasher, LegacyBudget, hash_secret, is_legacy
@@ -170,17 +171,6 @@ class Verifier:
 
 
 # -- API tokens -----------------------------------------------------------------------------------
-USER_HELP = "1 to 63 letters, digits, '.', '_', '-' or '@', starting with a letter or digit"
-_USER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,62}$")
-
-
-def check_user(user: str | None, source: str = "token") -> str | None:
-    """`user` if it is a valid person's name (or None). Raises SpecError naming the field."""
-    if user is not None and not _USER.match(user):
-        raise SpecError(source, [f"user: must be {USER_HELP} (got {user!r})"])
-    return user
-
-
 def create_api_token(s: Session, team: str, role: str, by: Principal, now: float,
                      note: str = "", user: str | None = None) -> tuple[str, ApiToken]:
     """Create a token for `team` with `role`, belonging to the person `user` (None: a token of
