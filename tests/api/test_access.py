@@ -114,7 +114,8 @@ def test_tokens_are_stored_hashed_and_shown_once(api: Api):
     assert all(t["token"] is None for t in listed) and created["id"] in {t["id"] for t in listed}
     bad = api.http.post("/v1/tokens", json={"team": "nope", "role": "boss"}, headers=api.as_(api.admin))
     assert bad.status_code == 422
-    assert bad.json()["error"]["problems"] == ["role: must be one of member, lead, admin, metrics (got 'boss')"]
+    assert bad.json()["error"]["problems"] == [
+        "role: must be one of member, lead, admin, metrics (got 'boss')"]
 
 
 def test_a_retried_submit_with_the_same_idempotency_key_makes_one_job(api: Api):

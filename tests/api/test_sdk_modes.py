@@ -58,7 +58,27 @@ def test_money_and_capacity(sdk: Any) -> None:
     assert t.token and sdk.revoke_token(t.id).revoked_at is not None
 
 
+def test_update_hold_release(sdk: Any) -> None:
+    """Issue 28: a change after submit, the same in both modes, each an event naming its actor."""
+    j = sdk.submit(JOB, budget_usd=1.0).id
+    info = sdk.update(j, priority="urgent", budget_usd=2.5)
+    assert (info.priority, info.budget_usd) == ("urgent", 2.5)
+    assert sdk.hold(j).held_by is not None and sdk.hold(j).status == "PENDING"  # twice: no-op
+    assert sdk.release(j).held_by is None
+    evs = [(e.kind, e.actor) for e in sdk.events(j)][1:]
+    assert [k for k, _ in evs] == ["priority_changed", "budget_set", "held", "released"]
+    assert len({a for _, a in evs}) == 1 and evs[0][1] != "broker"
+    assert [i.id for i in sdk.list(user="nobody")] == []
+
+
 CALLS: list[tuple[str, Callable[[Any], Any], type[OnepoolError]]] = [
+    ("bad update priority", lambda c: c.update(c.submit(JOB).id, priority="vip"), SpecError),
+    ("update of nothing", lambda c: c.update(c.submit(JOB).id), SpecError),
+    ("update of an ended job", lambda c: c.update(c.cancel(c.submit(JOB).id).id, priority="low"),
+     InvalidState),
+    ("hold of no such job", lambda c: c.hold(999), NotFound),
+    ("bad user filter", lambda c: c.list(user="a b"), SpecError),
+    ("events of a job and a user", lambda c: c.events(1, user="alice"), SpecError),
     ("bad priority", lambda c: c.submit({**JOB, "priority": "vip"}), SpecError),
     ("unknown team", lambda c: c.submit({**JOB, "team": "ml"}), SpecError),
     ("no such job", lambda c: c.get(999), NotFound),
