@@ -94,6 +94,12 @@ def test_bad_token_users_and_roles(home, user: str, role: str, problem: str):
     assert e.value.problems[0].startswith(problem)
 
 
+def test_an_actor_fits_its_columns_whatever_the_names():
+    long = Principal("member", "t" * 63, "0123456789ab", "u" * 63)
+    assert len(long.actor) == 120 and long.actor.startswith("token:0123456789ab (" + "t" * 63 + " member u")
+    assert who("member", user="alice").actor == "token:member-alice (research member alice)"
+
+
 def test_jobs_record_their_user_and_views_filter_by_it(home):
     c, _, as_ = home
     a = as_["alice"].submit(name="a", command=["true"])

@@ -34,6 +34,7 @@ from broker.state.model_access import ApiToken, NodeAgent, Role
 from broker.state.token_hash import Check, Hasher, LegacyBudget, hash_secret, is_legacy
 
 API, JOIN, NODE = "op", "opj", "opn"
+ACTOR_MAX = 120  # Event.actor, Job.submitted_by, Job.held_by, ApiToken.created_by
 _SHAPE = re.compile(r"^(op|opj|opn)_([0-9a-f]{12})_([A-Za-z0-9_-]{20,100})$")
 
 
@@ -68,9 +69,13 @@ class Principal:
     @property
     def actor(self) -> str:
         """How events name it: `token:ID (team role)` or `token:ID (team role USER)`,
-        `local:USER`, `agent:NODE`, `broker`."""
+        `local:USER`, `agent:NODE`, `broker`; at most ACTOR_MAX characters (the columns that
+        hold it): a long user name is cut short there (the token id still says whose it is)."""
         if self.kind in ("member", "lead", "admin"):
-            return f"token:{self.id} ({self.team} {self.kind}{' ' + self.user if self.user else ''})"
+            head = f"token:{self.id} ({self.team} {self.kind}"
+            if not self.user:
+                return head + ")"
+            return f"{head} {self.user}"[:ACTOR_MAX - 1] + ")"
         if self.kind == "broker":
             return "broker"
         return f"{self.kind}:{self.id}"
