@@ -161,8 +161,9 @@ def main() -> None:
                               snap.team)
         with tabs[1]:
             sections.experiments(snap.costs, data.experiment_jobs, lambda j: data.job(j).attempts)
+            sections.people(snap.costs_by_user)
         with tabs[2]:
-            jobs = list(snap.jobs)
+            jobs = sections.by_user(list(snap.jobs))
             asked = wanted_job(dict(st.query_params))
             if asked is not None and asked not in {j.id for j in jobs}:
                 try:  # a link to an older finished job than the page lists

@@ -38,7 +38,7 @@ class LocalData:
         """Every tab's data over at most the last `hours` (1 to 90 days' worth)."""
         now, team = self.c.clock.now(), self.team
         pools = self.c.pools()
-        costs = self.c.costs("experiment")
+        costs, by_user = self.c.costs("experiment"), self.c.costs("user")
         jobs = self.c.list(finished_limit=JOB_PAGE_FINISHED)
         with self.c.store.session() as s:
             lo, hi = queries.time_range(s, now, min(max(hours, 1.0), MAX_HOURS) * 3600.0, team)
@@ -47,7 +47,8 @@ class LocalData:
                 now=now, viewer=viewer(self.c), team=team, since=lo,
                 overview={**queries.now_overview(s, now, team), "free_gpus": sum(p.free_gpus for p in pools)},
                 usage=queries.gpus_in_use(s, lo, hi, team), queue=queries.queue_length(s, lo, hi, team),
-                pools=pools, costs=costs, jobs=jobs, interruptions=queries.interruptions(s, team=team),
+                pools=pools, costs=costs, costs_by_user=by_user, jobs=jobs,
+                interruptions=queries.interruptions(s, team=team),
                 budgets=budgets,
                 burndowns={r["team"]: queries.burndown(s, r["team"], now) for r in budgets
                            if r["budget_usd"] is not None},

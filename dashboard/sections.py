@@ -105,6 +105,24 @@ def overview(now_: dict[str, Any], usage: list[dict[str, Any]], queue: list[dict
     step_chart(queue, "waiting", "jobs waiting", stacked=False)
 
 
+def people(costs_by_user: list[Any]) -> None:
+    """The cost per person (`team/user`; `team/(team token)`: jobs of tokens without a user)."""
+    rows = [r.model_dump() for r in costs_by_user if r.jobs]
+    if rows:
+        st.subheader("cost per user")
+        st.table(pd.DataFrame(rows, columns=COST_COLUMNS).rename(columns={"key": "user"}).round(4),
+                 hide_index=True)
+
+
+def by_user(jobs: list[Any]) -> list[Any]:
+    """`jobs`, or only those of the user picked in a select box (when more than one submitted)."""
+    users = sorted({j.user or "(team token)" for j in jobs})
+    if len(users) < 2:
+        return jobs
+    pick = st.selectbox("user", ["everyone", *users], key="jobs_user")
+    return jobs if pick == "everyone" else [j for j in jobs if (j.user or "(team token)") == pick]
+
+
 def experiments(costs: list[Any], jobs_of: Callable[[str], list[dict[str, Any]]],
                 attempts_of: Callable[[int], list[dict[str, Any]]]) -> None:
     """The cost table per experiment (unused GPU time in its own rows), a bar chart, and a
@@ -138,7 +156,8 @@ def waiting(jobs: list[Any], estimates: dict[int | None, Any]) -> None:
     and, for the first MAX_ESTIMATED, when it would start at the earliest (p10) and likely
     (p50) (broker.client.sdk_estimate)."""
     st.subheader("waiting")
-    rows = [{"job": job_link(j.id), "name": j.name, "team": j.team, "priority": j.priority,
+    rows = [{"job": job_link(j.id), "name": j.name, "team": j.team, "user": j.user or "",
+             "priority": j.priority,
              "GPUs": f"{j.nodes}x{j.gpus_per_node}",
              "waiting because": j.waiting_reason or "not looked at yet",
              "earliest start": _start(estimates.get(j.id), "start_p10"),
@@ -190,7 +209,8 @@ def job_page(jobs: list[Any], get: Callable[[int], Any], detail_of: Callable[[in
                                                                   else ""),
                    help="the newest step it reported or checkpointed")
     cols[4].metric("ETA", "-" if j.eta is None else when(j.eta)[11:])
-    st.caption(f"{j.name}: team {j.team}, experiment {j.experiment}, {j.priority}, "
+    st.caption(f"{j.name}: team {j.team}" + (f", by {j.user}" if j.user else "")
+               + f", experiment {j.experiment}, {j.priority}, "
                f"{j.nodes}x{j.gpus_per_node} GPUs; submitted {when(j.submit_time)}"
                + (f", ended {when(j.end_time)}" if j.end_time else "")
                + ("" if j.array_id is None else f"; element {j.array_index} of array {j.array_id}")

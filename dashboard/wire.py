@@ -27,6 +27,7 @@ class Snapshot(BaseModel):
     queue: Rows
     pools: list[PoolInfo]
     costs: list[CostRow]  # by experiment
+    costs_by_user: list[CostRow] = []  # by person: `team/user` (issue 28)
     jobs: list[JobInfo]  # every unfinished job and the newest finished ones
     interruptions: Rows
     budgets: Rows

@@ -48,6 +48,7 @@ def seed(home: Path, start: float | None = None) -> Client:
         for name, team, exp, prio, node, slots, a, b, why, cause, lost, egress in ATTEMPTS:
             j = jobs.get(name) or Job(name=name, team=team, experiment=exp, priority=prio, command=["x"],
                                       submit_time=t0, queued_at=t0, state=STATES[name],
+                                      user="alice" if name.startswith("sweep") else None,  # issue 28
                                       end_time=None if STATES[name] == "RUNNING" else t0 + SPAN_S)
             s.add(j)
             s.flush()

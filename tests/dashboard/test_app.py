@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dashboard.tabs import TABS, job_link
+from dashboard.tabs import JOB_KEY, TABS, job_link
 from tests.dashboard.seed import seed
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
@@ -73,6 +73,21 @@ def test_cost_table_equals_costs_by_experiment_with_unused_rows(app):
     assert list(table["usd"]) == [round(r.usd, 4) for r in rows]
     assert round(table["usd"].sum(), 2) == round(sum(r.usd for r in c.costs("pool")), 2)
     assert list(table["lost_gpu_hours"]) == [round(r.lost_gpu_hours, 4) for r in rows]
+
+
+def test_cost_per_user_equals_costs_by_user(app):
+    """Issue 28: each person's jobs (alice's sweep; the rest by team tokens) with what they cost."""
+    c, at = app
+    table = _tab(at, "Cost per experiment").table[1].value
+    rows = [r for r in c.costs("user") if r.jobs]
+    assert list(table["user"]) == [r.key for r in rows]
+    assert "research/alice" in set(table["user"])
+    assert list(table["usd"]) == [round(r.usd, 4) for r in rows]
+    jobs_tab = _tab(at, "Jobs")
+    assert jobs_tab.selectbox[0].label == "user"
+    at.selectbox(key="jobs_user").select("alice").run()
+    sweep = {j.id for j in c.list() if j.user == "alice"}
+    assert sweep and {int(o.split(":")[0]) for o in at.selectbox(key=JOB_KEY).options} == sweep
 
 
 def test_experiment_drill_down_to_jobs_and_attempts(app):
