@@ -92,6 +92,13 @@ COMMANDS = [
     ("submit-dry-run", ["submit", "--name", "x", "--team", "research", "--gpus", "2", "--dry-run",
                         "--json", "--", "true"]),
     ("status-estimate", ["status", "--estimate", "--json"]),
+    # people inside teams, changes after submit (issue 28)
+    ("status-user", ["status", "--user", "nobody", "--json"]),
+    ("events-user", ["events", "--user", "nobody", "--json"]),
+    ("cost-by-user", ["cost", "--by", "user", "--json"]),
+    ("lost-by-user", ["lost", "--by", "user", "--json"]),
+    ("update", ["update", "{job}", "--priority", "high", "--json"]),
+    ("release-not-held", ["release", "{job}", "--json"]),
     # the tables people read
     ("status-table", ["status"]),
     ("pools-table", ["pools"]),
@@ -107,12 +114,16 @@ COMMANDS = [
     ("node-list-unknown-pool", ["node", "list", "--pool", "nope", "--json"]),
     ("node-join-token-local", ["node", "join-token", "od-0", "--json"]),
     ("budget-set-negative", ["budget", "set", "--team", "research", "-5", "--json"]),
+    ("hold-running", ["hold", "{job}", "--json"]),
+    ("hold-ended", ["hold", "{done}", "--json"]),
+    ("update-bad-priority", ["update", "{job}", "--priority", "vip", "--json"]),
 ]
 
 
 REFUSED = {"cancel-ended", "status-unknown-job", "logs-unknown-job", "status-unknown-team",
-           "node-list-unknown-pool", "node-join-token-local", "budget-set-negative"}
-WRITES = {"budget-set-team", "budget-set-job", "apply"}  # each records an event
+           "node-list-unknown-pool", "node-join-token-local", "budget-set-negative", "hold-running",
+           "hold-ended", "update-bad-priority"}
+WRITES = {"budget-set-team", "budget-set-job", "apply", "update", "release-not-held"}  # may record events
 
 
 def fill(m: Modes, args: list[str]) -> list[str]:
