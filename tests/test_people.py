@@ -178,3 +178,17 @@ def test_a_held_job_is_never_placed_and_says_why(home):
     drive(eng, lambda: c.get(j).status == "SUCCEEDED")
     kinds = [(e.kind, e.actor) for e in c.events(j) if e.kind in ("held", "released")]
     assert kinds == [("held", ALICE.actor), ("released", ALICE.actor)]
+
+
+def test_each_change_wakes_the_broker(home):
+    c, _, as_ = home
+    j = as_["alice"].submit(name="a", command=["true"]).id
+    pokes: list[int] = []
+    remove = c.store.wake.listen(lambda: pokes.append(1))
+    try:
+        as_["alice"].update(j, priority="low")
+        as_["alice"].hold(j)
+        as_["alice"].release(j)
+    finally:
+        remove()
+    assert len(pokes) == 3
