@@ -47,11 +47,15 @@ class Home:
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Home]:
+def home(tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path) -> Iterator[Home]:
     from _pytest.monkeypatch import MonkeyPatch
 
-    mp = MonkeyPatch()  # module scope: the autouse `db` fixture's template is per test
+    import broker.state.store
+    from tests.conftest import _from_template
+
+    mp = MonkeyPatch()  # module scope: what the autouse `db` fixture does for each test
     mp.delenv("ONEPOOL_DATABASE_URL", raising=False)
+    mp.setattr(broker.state.store, "upgrade", _from_template(sqlite_template, broker.state.store.upgrade))
     clock = FakeClock()
     local = Client(Path(tmp_path_factory.mktemp("rules")) / "home", clock=clock)
     local.apply(parse_config(config(pools=[
