@@ -192,3 +192,19 @@ def test_each_change_wakes_the_broker(home):
     finally:
         remove()
     assert len(pokes) == 3
+
+
+@pytest.mark.parametrize(("allowance", "placed_as"), [(0, "normal"), (2, "urgent")])
+def test_a_raised_priority_goes_through_the_urgent_allowance_at_placement(make_cluster, allowance: int,
+                                                                         placed_as: str):
+    """The allowance is counted at placement, for a submitted class as for an updated one."""
+    c, eng = make_cluster(pools=[ONPREM], teams=[{"name": "research", "priority_allowance_gpus": allowance},
+                                                 {"name": "prod"}])
+    alice = Client(store=c.store, clock=c.clock, principal=ALICE)
+    j = alice.submit(name="a", command=train(2), gpus_per_node=2).id
+    alice.hold(j)
+    eng.cycle()
+    alice.update(j, priority="urgent")
+    alice.release(j)
+    drive(eng, lambda: c.get(j).attempts == 1)
+    assert (c.get(j).priority, c.get(j).attempt_list[0].priority) == ("urgent", placed_as)
