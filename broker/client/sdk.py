@@ -394,9 +394,10 @@ class Client(AdminMixin, EstimateMixin, ChangesMixin):
                         dropped=output_log.extent(run_dir).dropped)
 
     def lost_work(self, by: telemetry.By = "team") -> list[LostWorkRow]:
-        """Lost GPU-hours, most first: by="team"/"job" charges preemptions to the preempting
-        team/job; by="cause" groups every interruption by its cause. A member sees job rows
-        of its own team only. Raises SpecError for another `by`."""
+        """Lost GPU-hours, most first: by="team"/"job"/"user" charges preemptions to the
+        preempting team/job/person (`team/user`); by="cause" groups every interruption by its
+        cause. A member sees job and user rows of its own team only. Raises SpecError for
+        another `by`."""
         if by not in telemetry.LOST_BY:
             raise SpecError("lost", [f"by: must be one of {', '.join(telemetry.LOST_BY)} (got {by!r})"])
         with self.store.session() as s:
