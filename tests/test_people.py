@@ -11,7 +11,7 @@ import pytest
 from broker.client.sdk import Client
 from broker.errors import BudgetError, Forbidden, InvalidState, NotFound, SpecError
 from broker.state.access import Action, allowed
-from broker.state.model import Job, JobState, LedgerEntry
+from broker.state.model import Attempt, AttemptState, Job, JobState, LedgerEntry
 from broker.state.tokens import Principal
 from tests.conftest import drive, train
 
@@ -208,3 +208,27 @@ def test_a_raised_priority_goes_through_the_urgent_allowance_at_placement(make_c
     alice.release(j)
     drive(eng, lambda: c.get(j).attempts == 1)
     assert (c.get(j).priority, c.get(j).attempt_list[0].priority) == ("urgent", placed_as)
+
+
+def test_cost_and_lost_work_by_user_and_what_a_member_sees(home):
+    """alice's job preempted carol's (2 GPU-hours lost); each was charged. Cost by user keys
+    each person under its team; lost work is charged to the preempting person. carol (prod)
+    sees her own team's people only."""
+    c, _, as_ = home
+    a = as_["alice"].submit(name="a", command=["true"]).id
+    b = as_["carol"].submit(name="b", command=["true"]).id
+    t = as_["team"].submit(name="t", command=["true"]).id
+    with c.store.session() as s:
+        s.add(Attempt(job_id=b, number=1, pool="a100", alloc=[["a100-0", [0]]], priority="normal",
+                      started_at=0.0, ended_at=10.0, gpus=1, state=AttemptState.ENDED,
+                      end_reason="PREEMPTED", preempted_by=a, lost_gpu_s=7200.0))
+        for job, team, usd in ((a, "research", 3.0), (b, "prod", 2.0), (t, "research", 1.0)):
+            s.add(LedgerEntry(kind="gpu", pool="a100", team=team, job_id=job, experiment="default",
+                              start=0.0, end=10.0, usd=usd))
+    assert {r.key: r.usd for r in c.costs("user")} == {
+        "research/alice": 3.0, "prod/carol": 2.0, "research/(team token)": 1.0}
+    assert [(r.key, r.lost_gpu_hours, r.victims) for r in c.lost_work("user")] == [
+        ("research/alice", 2.0, [b])]
+    assert [r.key for r in as_["carol"].costs("user")] == ["prod/carol"]
+    assert as_["carol"].lost_work("user") == []
+    assert [r.key for r in as_["bob"].lost_work("user")] == ["research/alice"]
