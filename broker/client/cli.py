@@ -428,24 +428,6 @@ def pools(as_json: JsonOpt = False) -> None:
 
 
 @app.command()
-def lost(by: Annotated[str, typer.Option(metavar="KEY", help="team|job|user (who preempted) or cause")]
-         = "team", as_json: JsonOpt = False) -> None:
-    """Lost GPU-hours: charged to the preempting team, job or user, or grouped by cause."""
-    if by not in ("team", "job", "cause", "user"):
-        raise SpecError("--by", [f"by: must be one of team, job, cause, user (got {by!r})"])
-    rows = _client().lost_work(by)  # type: ignore[arg-type]
-    if as_json:
-        _print_json([r.model_dump() for r in rows])
-        return
-    t = _table(f"lost work by {by}" + (" (who preempted)" if by != "cause" else ""),
-               [by, "lost GPU-s", "lost GPU-h", "attempts", "victim jobs"])
-    for r in rows:
-        t.add_row(r.key, f"{r.lost_gpu_s:.1f}", f"{r.lost_gpu_hours:.3f}", str(r.attempts),
-                  ", ".join(map(str, r.victims)))
-    _out().print(t)
-
-
-@app.command()
 def cancel(job: Annotated[int, typer.Argument(metavar="JOB", help="the job's id")],
            array: Annotated[bool, typer.Option("--array", help="JOB is an array: cancel every "
                                                                "element not ended")] = False,

@@ -1,5 +1,6 @@
 """`onepool update JOB`, `onepool hold JOB`, `onepool release JOB`: change a job after its
-submit (issue 28), under the submit's rules, embedded or over HTTP (broker.client.sdk_changes).
+submit (issue 28), under the submit's rules, embedded or over HTTP (broker.client.sdk_changes);
+`onepool lost --by team|job|user|cause`: who caused the work lost to preemptions.
 
 Registered on the main typer app by `register(app, client, out, print_json)` like the money
 commands, so they share its --home and its error handling (OnepoolError -> one message, exit
@@ -13,6 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from broker.errors import SpecError
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
 
 JobArg = Annotated[int, typer.Argument(metavar="JOB", help="the job's id")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the job as JSON")]
+LOST_BY = ("team", "job", "cause", "user")  # broker.checkpoint.telemetry.LOST_BY
 
 
 def register(app: typer.Typer, client: Callable[[], Any], out: Callable[[], Console],
@@ -58,3 +62,23 @@ def register(app: typer.Typer, client: Callable[[], Any], out: Callable[[], Cons
         """Let a held job start again (its place in the queue is unchanged)."""
         info = client().release(job)
         show(info, as_json, f"job {job} released ({info.status})")
+
+    @app.command()
+    def lost(by: Annotated[str, typer.Option(metavar="KEY", help="team|job|user (who preempted) or cause")]
+             = "team", as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+        """Lost GPU-hours: charged to the preempting team, job or user, or grouped by cause."""
+        if by not in LOST_BY:
+            raise SpecError("--by", [f"by: must be one of {', '.join(LOST_BY)} (got {by!r})"])
+        rows = client().lost_work(by)
+        if as_json:
+            print_json([r.model_dump() for r in rows])
+            return
+        from rich.table import Table
+
+        t = Table(title=f"lost work by {by}" + (" (who preempted)" if by != "cause" else ""))
+        for col in (by, "lost GPU-s", "lost GPU-h", "attempts", "victim jobs"):
+            t.add_column(col)
+        for r in rows:
+            t.add_row(r.key, f"{r.lost_gpu_s:.1f}", f"{r.lost_gpu_hours:.3f}", str(r.attempts),
+                      ", ".join(map(str, r.victims)))
+        out().print(t)
