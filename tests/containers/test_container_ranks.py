@@ -17,7 +17,7 @@ import pytest
 from providers.container import container_name
 from providers.image_pull import pull_image_seconds
 from providers.local import LocalProcesses
-from tests.conftest import TRAIN, drive, train
+from tests.conftest import drive, train
 from tests.containers.conftest import Lab
 
 pytestmark = pytest.mark.e2e
@@ -76,3 +76,53 @@ def test_signals_reach_the_process_inside_and_its_status_is_kept(node: Lab, tmp_
     assert "pulled in" in text or "found on this node" in text
     assert node.podman("container", "exists", container_name(Path(h["run_dir"])), check=False).returncode == 1
     assert not (Path(h["run_dir"]) / "container.env").exists()  # the job's environment is gone
+
+
+IN_CONTAINER = ("import os, runpy, sys; "
+                "print('in container:', os.path.exists('/run/.containerenv'), flush=True); "
+                "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def test_a_container_job_is_preempted_checkpoints_inside_and_resumes_in_another_container(
+        node: Lab, make_cluster, tmp_path: Path):
+    """On a local node of this machine: the low job checkpoints from inside its container, is
+    preempted by an urgent one, and resumes from that checkpoint in a new container (the image
+    now cached). The lab's agent hosts (tests/lab) would make it another machine, but podman
+    needs mounts and namespaces those sandboxed hosts do not give."""
+    c, eng = make_cluster()
+    low = c.submit(name="low", team="research", image=node.image, gpus_per_node=2, priority="low",
+                   workdir=str(tmp_path),  # (not the checkout: the lab mounts it read-only)
+                   command=[sys.executable, "-c", IN_CONTAINER, *train(60, step_s=0.05, ckpt_every=2)[1:]]).id
+    drive(eng, lambda: (c.get(low).last_step or -1) >= 4)
+    urgent = c.submit(name="urgent", team="prod", command=train(2), gpus_per_node=2, priority="urgent").id
+    drive(eng, lambda: c.get(low).status == "SUCCEEDED" and c.get(urgent).status == "SUCCEEDED", timeout=60)
+    info = c.get(low)
+    first, second = info.attempt_list
+    assert (first.end_reason, second.end_reason) == ("PREEMPTED", "COMPLETED")
+    assert second.restored_step is not None and second.restored_step >= 4
+    runs = c.store.home / "runs"
+    for a in (first, second):
+        out = (runs / f"attempt-{a.id}" / "rank-0" / "output.log").read_text()
+        assert "in container: True" in out, out[-2000:]
+    out2 = (runs / f"attempt-{second.id}" / "rank-0" / "output.log").read_text()
+    assert f"resumed from step {second.restored_step} (attempt 2)" in out2
+    pulls = [json.loads((runs / f"attempt-{a.id}" / "rank-0" / "image.json").read_text())
+             for a in (first, second)]
+    assert pulls[1]["cached"] is True
+    assert pull_image_seconds(runs / f"attempt-{second.id}" / "rank-0") == pulls[1]["pull_image_s"]
+    names = {container_name(runs / f"attempt-{a.id}" / "rank-0") for a in (first, second)}
+    assert len(names) == 2
+    print(f"\npull_image: first {pulls[0]['pull_image_s']:.3f}s (cached={pulls[0]['cached']}), "
+          f"resume {pulls[1]['pull_image_s']:.3f}s (cached)")
+
+
+def test_an_image_that_cannot_be_pulled_fails_its_attempt_with_that_cause_once(node: Lab, make_cluster):
+    c, eng = make_cluster(pools=[{"name": "a100", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 4}])
+    j = c.submit(name="typo", team="research", image=f"{node.registry}/onepool/no-such-image:1",
+                 command=["python", "train.py"], gpus_per_node=2).id
+    drive(eng, lambda: c.get(j).status == "FAILED")
+    info = c.get(j)
+    assert info.attempts == 1 and info.attempt_list[0].cause == "start_failed:image_not_found"
+    final = next(e for e in c.events(j) if e.kind == "start_failed_final")
+    assert "not found in its registry" in final.message
+    assert "no-such-image" in c.logs(j).data
