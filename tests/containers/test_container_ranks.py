@@ -7,6 +7,7 @@ quirks (kept in the node settings the tests give, not in the code a GPU host run
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -126,3 +127,26 @@ def test_an_image_that_cannot_be_pulled_fails_its_attempt_with_that_cause_once(n
     final = next(e for e in c.events(j) if e.kind == "start_failed_final")
     assert "not found in its registry" in final.message
     assert "no-such-image" in c.logs(j).data
+
+
+def test_a_dead_supervisors_container_is_killed_and_removed(node: Lab, tmp_path: Path):
+    """The supervisor dies (SIGKILL) while its container runs: the job inside is found by its
+    rank's tag (ORPHANED), killed with the rank, and its container removed by whoever sees the
+    rank end."""
+    procs = LocalProcesses(tmp_path / "runs")
+    h = procs.start(1, 0, [sys.executable, "-c", SIGNALS], {"ONEPOOL_IMAGE": node.image})
+    run_dir = Path(h["run_dir"])
+    wait_for(run_dir / "output.log", "ready")
+    os.kill(h["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while (st := procs.status(h)).state == "running":
+        assert time.monotonic() < deadline
+        procs.wait_for_change(0.1)
+    assert st.state == "orphaned"  # the job inside lives on without its supervisor
+    while (st := procs.status(h)).state == "orphaned":
+        assert time.monotonic() < deadline, "the container's job survived its rank's kill"
+        procs.kill(h)
+        time.sleep(0.05)
+    assert st.state == "lost"  # no status recorded: the broker requeues it
+    assert node.podman("container", "exists", container_name(run_dir), check=False).returncode == 1
+    assert not (run_dir / "container.env").exists() and not (run_dir / "container.json").exists()
