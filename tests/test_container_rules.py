@@ -191,3 +191,34 @@ def test_the_broker_names_the_image_and_the_pools_runtime_only_for_image_jobs():
     assert container_env(None, "podman") == {}
     assert container_env("bb:1", None) == {"ONEPOOL_IMAGE": "bb:1"}
     assert container_env("bb:1", "docker") == {"ONEPOOL_IMAGE": "bb:1", "ONEPOOL_CONTAINER_RUNTIME": "docker"}
+
+
+@pytest.mark.parametrize(("runtime", "workdir", "srun", "argv"), [
+    ("pyxis", "/shared/proj", ("--container-image=ghcr.io/lab/train:3",
+                               "--container-mounts=/shared/proj:/shared/proj",
+                               "--container-workdir=/shared/proj"), ("python", "train.py")),
+    ("pyxis", None, ("--container-image=ghcr.io/lab/train:3",), ("python", "train.py")),
+    ("apptainer", "/shared/proj", (), ("apptainer", "exec", "--nv", "docker://ghcr.io/lab/train:3",
+                                       "python", "train.py")),
+])
+def test_a_slurm_pools_plugin_runs_the_rank_in_the_image(runtime, workdir, srun, argv):
+    """The sbatch script only: no plug-in on the Slurm test cluster (see the README)."""
+    from providers.slurm.script import Submission, batch_script, in_container
+
+    got = in_container(runtime, "ghcr.io/lab/train:3", ("python", "train.py"), workdir)
+    assert got == (srun, argv)
+    script = batch_script(Submission(name="n", comment="c", partition="gpu", nodes=("n1",), gpus_per_node=1,
+                                     gres_type=None, argv=got[1], env={}, output_dir="/o", attempt_id=1,
+                                     srun_extra=got[0]))
+    srun_line = script.splitlines()[-1]
+    assert all(o in srun_line for o in srun) and srun_line.index("--open-mode") < srun_line.index("bash")
+    with pytest.raises(ValueError, match="pyxis or apptainer"):
+        in_container("podman", "x:1", (), None)
+
+
+def test_the_container_example_is_a_valid_job() -> None:
+    import yaml
+
+    spec = parse_job(yaml.safe_load((Path(__file__).parent.parent / "examples" / "container" / "job.yaml")
+                                    .read_text()))
+    assert spec.image == "registry.example.com/lab/train-numpy:1" and "/app/train_numpy.py" in spec.command
