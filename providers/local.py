@@ -24,6 +24,11 @@ one. When ranks run as other users (this process is root, see providers.isolatio
 process is a child subreaper too: what a dead supervisor leaves comes to it, tagged or not,
 in a session of its own or not, and is killed by its uid (_end_adopted).
 
+Images (providers.container): a rank whose environment names ONEPOOL_IMAGE runs in a
+container; start() resolves this host's runtime (a node without one is a start failure of
+kind no_container_runtime) and hands the supervisor the `run` command line; status() removes a
+container its dead supervisor left.
+
 Isolation (providers.isolation): the supervisor gets the broker's environment, never the
 job's (it may stay root); the job's environment, working directory and user reach it in a
 launch file (0600, read once and deleted), and its child switches to that user before exec.

@@ -15,6 +15,12 @@ be started at all (no such command, exec format error, E2BIG, ...) is recorded w
 126/127 and a `start_error` ({cause, errno, message}, see providers.start_errors).
 Then it ends whatever the job left behind (SIGTERM, 2 s, SIGKILL) before it exits itself:
 no process outlives its rank. It survives the broker: it runs in its own session.
+A job with an image (providers.container): it pulls the image (timed, providers.image_pull; a
+failure is a start failure with its cause) and runs the container runtime's `run` in place of
+the command, as itself (the container takes the rank's user); the runtime's signal proxy and
+the container's init pass SIGTERM and SIGUSR1 to the job. A SIGTERM that comes during the pull
+ends the rank before the container starts (143). Status 125 (the runtime's own failure) is
+recorded as `start_failed:container_failed`. The container is removed before it exits.
 """
 
 from __future__ import annotations
