@@ -54,9 +54,26 @@ def _run(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=120, **kw)  # type: ignore[call-overload]
 
 
-def _mounts() -> list[str]:
-    """This machine's interpreter, virtualenv and checkout, read-only (the image has none)."""
-    paths = ["/usr", sys.base_prefix, sys.prefix, str(ROOT)]
+def build_and_push(cli: Path, tag: str, image: str) -> str | None:
+    """Build the test image (a static busybox in an empty image: no network, no base image)
+    as `tag` in this machine's storage and push it as `image` (a plain-HTTP registry). Returns
+    why that cannot be done here, or None."""
+    c = _run("buildah", "from", "scratch").stdout.strip()
+    steps = [("buildah", "copy", c, shutil.which("busybox") or "/bin/busybox", "/bin/busybox"),
+             ("buildah", "config", "--cmd", "/bin/busybox sh", c),
+             ("buildah", "commit", "-q", "--rm", c, tag),
+             (str(cli), "push", "-q", "--tls-verify=false", tag, image)]
+    for step in steps:
+        r = _run(*step)
+        if r.returncode != 0:
+            return f"cannot build the test image here ({' '.join(step[:2])}): {r.stderr.strip()[-300:]}"
+    return None
+
+
+def mounts(*more: str) -> list[str]:
+    """This machine's interpreter, virtualenv and checkout (and `more`), read-only: the test
+    image has none of them."""
+    paths = ["/usr", sys.base_prefix, sys.prefix, str(ROOT), *more]
     out = []
     for p in dict.fromkeys(paths):
         out += ["--volume", f"{p}:{p}:ro"]
@@ -90,7 +107,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     tag = f"localhost/onepool-test-bb:{port}"
     image = f"{registry}/onepool/bb:1"
     lab = Lab(registry, image, cli, {"ONEPOOL_CONTAINER_CLI": str(cli), "ONEPOOL_CONTAINER_GPUS": "none",
-                                     "ONEPOOL_CONTAINER_ARGS": " ".join([*QUIRKS, *_mounts()])})
+                                     "ONEPOOL_CONTAINER_ARGS": " ".join([*QUIRKS, *mounts()])})
     try:
         deadline = time.monotonic() + 20
         while True:  # the registry answers /v2/ once it listens
@@ -101,16 +118,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                 if reg.poll() is not None or time.monotonic() > deadline:
                     pytest.skip(f"the registry on {registry} did not start")
                 time.sleep(0.05)
-        c = _run("buildah", "from", "scratch").stdout.strip()
-        steps = [("buildah", "copy", c, shutil.which("busybox") or "/bin/busybox", "/bin/busybox"),
-                 ("buildah", "config", "--cmd", "/bin/busybox sh", c),
-                 ("buildah", "commit", "-q", "--rm", c, tag),
-                 (str(cli), "push", "-q", tag, image)]
-        for step in steps:
-            r = _run(*step)
-            if r.returncode != 0:
-                why = r.stderr.strip()[-300:]
-                pytest.skip(f"cannot build the test image here ({' '.join(step[:2])}): {why}")
+        why = build_and_push(cli, tag, image)
+        if why is not None:
+            pytest.skip(why)
         probe = lab.podman("run", "--rm", *QUIRKS, tag, "/bin/busybox", "true", check=False)
         if probe.returncode != 0:
             pytest.skip(f"podman cannot run a container here: {probe.stderr.strip()[-300:]}")

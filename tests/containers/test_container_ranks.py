@@ -88,12 +88,12 @@ def test_a_container_job_is_preempted_checkpoints_inside_and_resumes_in_another_
         node: Lab, make_cluster, tmp_path: Path):
     """On a local node of this machine: the low job checkpoints from inside its container, is
     preempted by an urgent one, and resumes from that checkpoint in a new container (the image
-    now cached). The lab's agent hosts (tests/lab) would make it another machine, but podman
-    needs mounts and namespaces those sandboxed hosts do not give."""
+    now cached). The same across two agents that share nothing (each pulls the image itself):
+    tests/lab/test_lab.py, in-a-container."""
     c, eng = make_cluster()
     low = c.submit(name="low", team="research", image=node.image, gpus_per_node=2, priority="low",
                    workdir=str(tmp_path),  # (not the checkout: the lab mounts it read-only)
-                   command=[sys.executable, "-c", IN_CONTAINER, *train(60, step_s=0.05, ckpt_every=2)[1:]]).id
+                   command=[sys.executable, "-c", IN_CONTAINER, *train(40, step_s=0.05, ckpt_every=2)[1:]]).id
     drive(eng, lambda: (c.get(low).last_step or -1) >= 4)
     urgent = c.submit(name="urgent", team="prod", command=train(2), gpus_per_node=2, priority="urgent").id
     drive(eng, lambda: c.get(low).status == "SUCCEEDED" and c.get(urgent).status == "SUCCEEDED", timeout=60)
