@@ -19,8 +19,9 @@ A job with an image (providers.container): it pulls the image (timed, providers.
 failure is a start failure with its cause) and runs the container runtime's `run` in place of
 the command, as itself (the container takes the rank's user); the runtime's signal proxy and
 the container's init pass SIGTERM and SIGUSR1 to the job. A SIGTERM that comes during the pull
-ends the rank before the container starts (143). Status 125 (the runtime's own failure) is
-recorded as `start_failed:container_failed`. The container is removed before it exits.
+(it stops the pull too: the pull is in the group) ends the rank before the container starts
+(143). Status 125 (the runtime's own failure) is recorded as `start_failed:container_failed`.
+The container is removed before the supervisor exits.
 """
 
 from __future__ import annotations
@@ -141,9 +142,12 @@ def main(argv: list[str]) -> int:
             child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, **opts)
     except PullFailed as e:  # the image: the job's (not found) or maybe this node's
-        why = f"{start_errors.describe(start_errors.cause(e.kind))}: {e}"
-        print(f"onepool: cannot start the rank: {why}", file=sys.stderr, flush=True)
-        code, failed = start_errors.exit_code(e.kind), start_errors.record(e.kind, None, why)
+        if signal.SIGTERM in early:  # the group's SIGTERM stopped the pull too: not a failure
+            code = 128 + signal.SIGTERM
+        else:
+            why = f"{start_errors.describe(start_errors.cause(e.kind))}: {e}"
+            print(f"onepool: cannot start the rank: {why}", file=sys.stderr, flush=True)
+            code, failed = start_errors.exit_code(e.kind), start_errors.record(e.kind, None, why)
     except (OSError, ValueError, subprocess.SubprocessError) as e:  # recorded with its cause
         kind = start_errors.classify(e, cmd[0])
         why = f"{start_errors.describe(start_errors.cause(kind))}: {cmd[0]!r}: {e}"

@@ -150,3 +150,34 @@ def test_a_dead_supervisors_container_is_killed_and_removed(node: Lab, tmp_path:
     assert st.state == "lost"  # no status recorded: the broker requeues it
     assert node.podman("container", "exists", container_name(run_dir), check=False).returncode == 1
     assert not (run_dir / "container.env").exists() and not (run_dir / "container.json").exists()
+
+
+def test_a_sigterm_during_the_pull_ends_the_rank_before_its_container_starts(node: Lab, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch):
+    """A preemption or cancel that comes while the image is pulled: the rank ends 143 (the
+    broker's SIGTERM) without starting the container, instead of starting a job only to stop it."""
+    gate, pulling = tmp_path / "pull-may-finish", tmp_path / "pulling"
+    slow = tmp_path / "slow-podman"
+    slow.write_text(f"#!/bin/sh\n# the lab's podman, whose pulls wait for {gate}\n"
+                    'if [ "$1 $2" = "image exists" ]; then exit 1; fi\n'
+                    f'if [ "$1" = pull ]; then touch {pulling}; '
+                    f'while [ ! -e {gate} ]; do sleep 0.02; done; fi\n'
+                    f'exec {node.cli} "$@"\n')
+    slow.chmod(0o755)
+    monkeypatch.setenv("ONEPOOL_CONTAINER_CLI", str(slow))
+    procs = LocalProcesses(tmp_path / "runs")
+    h = procs.start(1, 0, [sys.executable, "-c", SIGNALS], {"ONEPOOL_IMAGE": node.image})
+    run_dir = Path(h["run_dir"])
+    deadline = time.monotonic() + 30
+    while not pulling.exists():  # the supervisor pulls (no event to await: another process)
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    procs.signal(h, signal.SIGTERM)
+    gate.touch()
+    while (st := procs.status(h)).state == "running":
+        assert time.monotonic() < deadline
+        procs.wait_for_change(0.1)
+    log = (run_dir / "output.log").read_text()
+    # (the group's SIGTERM stopped the pull too: that is no pull failure)
+    assert (st.state, st.exit_code, st.cause) == ("exited", 143, None) and "ready" not in log, log
+    assert node.podman("container", "exists", container_name(run_dir), check=False).returncode == 1
