@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -61,14 +62,16 @@ def pull_image(cli: str, kind: str, image: str, env: Mapping[str, str], *,
     lookup = [cli, "image", "exists" if kind == "podman" else "inspect", image]
     try:
         held = subprocess.run(lookup, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=LOOKUP_TIMEOUT_S).returncode == 0
+                              stderr=subprocess.DEVNULL, timeout=LOOKUP_TIMEOUT_S,
+                              preexec_fn=_deaf_to_usr1).returncode == 0
     except (OSError, subprocess.TimeoutExpired) as e:
         raise PullFailed("image_pull_failed", f"cannot ask {cli} for the image: {e}") from e
     if held:
         return Pulled(image, clock() - t0, cached=True)
     try:
         r = subprocess.run([cli, "pull", image], env=dict(env), stdin=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout_s)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout_s,
+                           preexec_fn=_deaf_to_usr1)
     except subprocess.TimeoutExpired as e:
         raise PullFailed("image_pull_failed", f"pulling {image} took longer than {timeout_s:g}s "
                          f"({TIMEOUT_ENV})") from e
@@ -80,6 +83,12 @@ def pull_image(cli: str, kind: str, image: str, env: Mapping[str, str], *,
         why = "image_not_found" if any(s in last.lower() for s in NOT_FOUND) else "image_pull_failed"
         raise PullFailed(why, f"cannot pull {image}: {last[:400]}")
     return Pulled(image, clock() - t0, cached=False)
+
+
+def _deaf_to_usr1() -> None:
+    """In the pull's process: SIGUSR1 ("checkpoint now", sent to the rank's whole group) would
+    end it; ignored, it stays ignored across exec. SIGTERM still stops it (the rank is stopped)."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def record(run_dir: Path, pulled: Pulled) -> None:

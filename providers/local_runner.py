@@ -156,6 +156,9 @@ def main(argv: list[str]) -> int:
     if child is not None:
         started.append(True)
         for sig in dict.fromkeys(early):  # (one that came during Popen may reach it twice: harmless)
+            if plan is not None and sig == signal.SIGUSR1:
+                continue  # "checkpoint now" during the image's pull: nothing to save yet (and the
+                # job inside, its handler not yet set, would die of it)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, sig)
         copier = threading.Thread(target=copy_output, args=(child, out), daemon=True)

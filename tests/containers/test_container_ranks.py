@@ -152,10 +152,12 @@ def test_a_dead_supervisors_container_is_killed_and_removed(node: Lab, tmp_path:
     assert not (run_dir / "container.env").exists() and not (run_dir / "container.json").exists()
 
 
-def test_a_sigterm_during_the_pull_ends_the_rank_before_its_container_starts(node: Lab, tmp_path: Path,
-                                                                            monkeypatch: pytest.MonkeyPatch):
-    """A preemption or cancel that comes while the image is pulled: the rank ends 143 (the
-    broker's SIGTERM) without starting the container, instead of starting a job only to stop it."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["sigterm", "sigusr1"])
+def test_a_signal_during_the_pull(node: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int):
+    """While the image is pulled, a SIGTERM (preemption, cancel) ends the rank 143 without
+    starting its container (it stops the pull too: that is no pull failure); a SIGUSR1
+    ("checkpoint now") neither stops the pull nor reaches the job, which has nothing to save
+    yet (and would die of it before its handler is set)."""
     gate, pulling = tmp_path / "pull-may-finish", tmp_path / "pulling"
     slow = tmp_path / "slow-podman"
     slow.write_text(f"#!/bin/sh\n# the lab's podman, whose pulls wait for {gate}\n"
@@ -172,12 +174,19 @@ def test_a_sigterm_during_the_pull_ends_the_rank_before_its_container_starts(nod
     while not pulling.exists():  # the supervisor pulls (no event to await: another process)
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    procs.signal(h, signal.SIGTERM)
+    procs.signal(h, sig)
     gate.touch()
+    if sig == signal.SIGUSR1:
+        wait_for(run_dir / "output.log", "ready")
+        procs.signal(h, signal.SIGTERM)
+        wait_for(run_dir / "output.log", "term; pid")
     while (st := procs.status(h)).state == "running":
         assert time.monotonic() < deadline
         procs.wait_for_change(0.1)
     log = (run_dir / "output.log").read_text()
-    # (the group's SIGTERM stopped the pull too: that is no pull failure)
-    assert (st.state, st.exit_code, st.cause) == ("exited", 143, None) and "ready" not in log, log
+    if sig == signal.SIGTERM:
+        assert (st.state, st.exit_code, st.cause) == ("exited", 143, None) and "ready" not in log, log
+    else:
+        assert (st.state, st.exit_code, st.cause) == ("exited", 42, None) and "usr1 in" not in log, log
+        assert "pulled in" in log
     assert node.podman("container", "exists", container_name(run_dir), check=False).returncode == 1
