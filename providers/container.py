@@ -222,16 +222,18 @@ def prepare(run_dir: Path, plan: Mapping[str, Any], say: Callable[[str], None]) 
 def remove(run_dir: Path, timeout_s: float = 30.0) -> None:
     """Remove the rank's container if it is still there (its supervisor died before `--rm`
     did), and its env file. Quietly nothing when there is none. A container whose monitor
-    (conmon) was killed with the rank needs a second `rm -f` (the first waits for its exit
-    file, about 5 s, then marks it stopped). A runtime that still fails or hangs is left to the
-    operator (`podman ps -a --filter label=onepool.rank`), never raised."""
+    (conmon) was killed with the rank may need a second `rm -f` (the first marks it stopped).
+    A runtime that still fails or hangs is left to the operator (`podman ps -a --filter
+    label=onepool.rank`), never raised."""
     with contextlib.suppress(FileNotFoundError):
         (run_dir / ENV_FILE).unlink()
     try:
         c = json.loads((run_dir / CONTAINER_FILE).read_text())
     except (OSError, ValueError):
         return
-    argv = [c["cli"], "rm", "-f", *(["--ignore"] if c["kind"] == "podman" else []), c["name"]]
+    # (no stop grace: its job has ended, or is being killed with the rank)
+    argv = [c["cli"], "rm", "-f", *(["--ignore", "--time", "0"] if c["kind"] == "podman" else []),
+            c["name"]]
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         for _ in range(3):  # a container whose monitor was killed is marked stopped by a first try
             done = subprocess.run(argv, env=c.get("cli_env"), stdin=subprocess.DEVNULL,
