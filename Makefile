@@ -18,6 +18,7 @@ demo: $(STAMP)
 test-deps: $(STAMP)
 	infra/test/install-chromium.sh
 	infra/test/install-prometheus.sh
+	infra/test/install-podman.sh
 	$(BIN)/python -c "from tests.postgres import ensure_installed; ensure_installed()"
 	tests/slurm/start_slurm.sh || echo "the Slurm test cluster cannot run here: its tests will be skipped" >&2
 

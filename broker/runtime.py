@@ -15,6 +15,8 @@ The broker starts every attempt with this environment contract:
     ONEPOOL_JOB_DIR                              the job's own folder on the node (HOME; TMPDIR
                                                  is its tmp/, where staging_dir() goes)
     CUDA_VISIBLE_DEVICES                         the GPU slots granted on this node
+    ONEPOOL_IMAGE                                the job's image, when it runs in one (its
+                                                 GPUs are then numbered from 0 inside)
 
 Nothing else of the server's or agent's environment: see providers.isolation.
 

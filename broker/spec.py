@@ -42,7 +42,10 @@ from broker.spec_types import (
     MAX_PID,
     NAME_HELP,
     NAME_RE,
+    NODE_RUNTIMES,
     PRIORITIES_BY_RANK,
+    SLURM_RUNTIMES,
+    ContainerRuntime,
     DbId,
     LogOffset,
     Market,
@@ -52,6 +55,7 @@ from broker.spec_types import (
     _Strict,
     check_argv,
     check_env,
+    image_ref,
 )
 from broker.spec_workflow import Workflow
 
@@ -170,6 +174,20 @@ class PoolSpec(_Strict):
     # provider slurm: the partition it submits to. Its nodes and free GPUs are read from Slurm
     # every cycle; `nodes` x `gpus_per_node` is the shape submissions are checked against.
     slurm: SlurmSpec | None = None
+    # What runs a job's `image` here (issue 26): podman or docker on local, agent and rented
+    # nodes (default: whichever the node has); a Slurm pool runs image jobs only when it names
+    # its container plug-in (pyxis, apptainer).
+    container_runtime: ContainerRuntime | None = None
+
+    @model_validator(mode="after")
+    def _runtime_fits(self) -> PoolSpec:
+        if self.container_runtime is None:
+            return self
+        allowed = SLURM_RUNTIMES if self.provider == "slurm" else NODE_RUNTIMES
+        if self.container_runtime not in allowed:
+            raise ValueError(f"container_runtime: a {self.provider} pool takes "
+                             f"{' or '.join(r.value for r in allowed)} (got {self.container_runtime.value})")
+        return self
 
     @model_validator(mode="after")
     def _rented(self) -> PoolSpec:
@@ -342,6 +360,8 @@ class JobSpec(Workflow):
     env: dict[str, str] = Field(default_factory=dict)
     # where the command runs; default: where it was submitted from
     workdir: str | None = Field(default=None, max_length=MAX_PATH)
+    # an OCI image each rank runs in (issue 26; providers.container); None: on the node itself
+    image: str | None = None
     gpus_per_node: int = Field(default=1, ge=1, le=64)
     nodes: int = Field(default=1, ge=1, le=1024)
     gpu_types: list[Annotated[str, Field(max_length=40)]] = Field(
@@ -360,6 +380,11 @@ class JobSpec(Workflow):
     @classmethod
     def _webhook(cls, v: str | None) -> str | None:
         return webhook_url(v)
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        return image_ref(v)
 
     @model_validator(mode="after")
     def _webhook_signed(self) -> JobSpec:
@@ -491,6 +516,12 @@ def check_job_fits(spec: JobSpec, config: ClusterConfig, source: str = "job") ->
         ok_market = [p for p in ok_type if market_ok(spec.spot, p.market)]
         fits = [p for p in ok_market if p.gpus_per_node >= spec.gpus_per_node
                 and max(p.nodes, p.max_nodes or 0) >= spec.nodes]
+        if spec.image and fits and not any(runs_images(p) for p in fits):
+            names = ", ".join(p.name for p in fits)
+            problems.append(f"image: no pool that fits this job runs container images ({names}: "
+                "Slurm pools without a container_runtime); declare the "
+                "Slurm pool's container plug-in (container_runtime: pyxis or apptainer) or submit "
+                "without an image")
         if not ok_market:
             problems.append(f"spot: no pool of an acceptable type matches spot={spec.spot.value}")
         elif not fits:
@@ -501,6 +532,13 @@ def check_job_fits(spec: JobSpec, config: ClusterConfig, source: str = "job") ->
                 f"no pool of an acceptable type ({shapes})")
     if problems:
         raise SpecError(source, problems)
+
+
+def runs_images(pool: PoolSpec) -> bool:
+    """Whether a job's `image` can run on this pool: any pool whose nodes run onepool's
+    supervisor (podman or docker, found on the node), a Slurm pool only when it names its
+    container plug-in."""
+    return pool.provider != "slurm" or pool.container_runtime is not None
 
 
 def unreachable_stores(cfg: ClusterConfig) -> list[str]:

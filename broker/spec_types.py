@@ -194,3 +194,41 @@ def parse_pass_env(text: str) -> list[str]:
             raise ValueError(f"pass_env: {n!r} is not a variable name a rank may get (letters, "
                              f"digits and '_', not starting with a digit or ONEPOOL_)")
     return list(dict.fromkeys(names))
+
+
+# -- container images (issue 26) -----------------------------------------------------------------
+class ContainerRuntime(StrEnum):
+    """What runs a job's image on a pool's nodes: podman or docker on local and agent nodes;
+    on a Slurm pool, the cluster's container plug-in (pyxis through srun, apptainer)."""
+
+    PODMAN = "podman"
+    DOCKER = "docker"
+    PYXIS = "pyxis"
+    APPTAINER = "apptainer"
+
+
+NODE_RUNTIMES = (ContainerRuntime.PODMAN, ContainerRuntime.DOCKER)
+SLURM_RUNTIMES = (ContainerRuntime.PYXIS, ContainerRuntime.APPTAINER)
+MAX_IMAGE_REF = 512
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+# The grammar of distribution/reference (what podman, docker and every registry accept):
+# [HOST[:PORT]/]PATH[/PATH...][:TAG][@ALGO:HEX].
+IMAGE_RE = re.compile(
+    rf"(?:(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[0-9a-fA-F:]+\])(?::[0-9]{{1,5}})?/)?"
+    rf"{_PATH_PART}(?:/{_PATH_PART})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+IMAGE_HELP = ("[REGISTRY[:PORT]/]NAME[:TAG][@sha256:DIGEST], the name in lowercase, "
+              "e.g. ghcr.io/lab/train:3")
+
+
+def image_ref(v: str | None) -> str | None:
+    """A job's `image`: an OCI image reference, or None (no container). Raises ValueError
+    saying what a reference looks like."""
+    if v is None:
+        return None
+    if len(v) > MAX_IMAGE_REF or IMAGE_RE.fullmatch(v) is None:
+        shown = v if len(v) <= 80 else v[:77] + "..."
+        raise ValueError(f"{shown!r} is not an OCI image reference; expected {IMAGE_HELP}")
+    return v

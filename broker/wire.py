@@ -137,6 +137,7 @@ class JobInfo(BaseModel):
     after: list[list] = []  # [[job_id, "ok" | "any" | "failed"], ...]: the jobs it waits for
     user: str | None = None  # who submitted it (issue 28; None: a token of the whole team)
     held_by: str | None = None  # on hold (`onepool hold`) by this actor; None: not held
+    image: str | None = None  # the OCI image its ranks run in (issue 26); None: on the node
 
     @classmethod
     def of(cls, j: Job, attempts: list[Attempt], now: float, *, stores: list[str] | None = None,
@@ -152,7 +153,7 @@ class JobInfo(BaseModel):
                    nodes=j.nodes, gpu_types=list(j.gpu_types), budget_usd=j.budget_usd,
                    spot=j.spot, submit_time=j.submit_time, end_time=j.end_time, wait_s=wait,
                    attempts=j.attempts, preemptions=j.preemptions, last_step=j.last_step,
-                   checkpoint_uri=j.checkpoint_uri,
+                   checkpoint_uri=j.checkpoint_uri, image=j.image,
                    waiting_reason=j.waiting_reason if j.state == "PENDING" else None,
                    gpu_s=sum(a.gpu_s for a in infos), lost_gpu_s=sum(a.lost_gpu_s for a in infos),
                    resumed_from_step=resumed, attempt_list=infos,

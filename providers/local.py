@@ -24,6 +24,11 @@ one. When ranks run as other users (this process is root, see providers.isolatio
 process is a child subreaper too: what a dead supervisor leaves comes to it, tagged or not,
 in a session of its own or not, and is killed by its uid (_end_adopted).
 
+Images (providers.container): a rank whose environment names ONEPOOL_IMAGE runs in a
+container; start() resolves this host's runtime (a node without one is a start failure of
+kind no_container_runtime) and hands the supervisor the `run` command line; status() removes a
+container its dead supervisor left.
+
 Isolation (providers.isolation): the supervisor gets the broker's environment, never the
 job's (it may stay root); the job's environment, working directory and user reach it in a
 launch file (0600, read once and deleted), and its child switches to that user before exec.
@@ -41,11 +46,12 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from broker.output_log import CAP_ENV
-from providers import start_errors
+from providers import container, start_errors
 from providers.base import Handle, RankState, RankStatus, StartFailed
 from providers.isolation import TEAM_ENV, Isolation
 from providers.local_runner import LAUNCH_FILE, set_subreaper
@@ -162,12 +168,20 @@ class LocalProcesses:
                     raise ValueError(f"environment variable {bad[0]!r} holds a null byte")
                 launch = {"env": self.iso.env({**env, **tags}, user, job_dir), "cwd": cwd or str(job_dir),
                           "user": None if user is None else [user.uid, user.gid, list(user.groups)]}
+                if env.get(container.IMAGE_ENV):  # the runtime's CLI runs it, as the rank's user
+                    launch["container"] = self._container_plan(d, argv, env, launch, job_dir, tags)
+                    launch["user"] = None
                 _write_private(d / LAUNCH_FILE, launch)
                 with open(d / "output.log", "ab") as log:
                     p = subprocess.Popen(
                         [sys.executable, *SUPERVISOR, str(d), "--", *argv],
                         env=sup_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                         start_new_session=True, cwd=d)
+            except container.ContainerSetupError as e:  # this node's runtime, or the env it cannot carry
+                if cg is not None:
+                    _rmdir(cg)
+                raise StartFailed(f"rank {rank} could not start: {start_errors.describe(e.kind)}: {e}",
+                                  cause=start_errors.cause(e.kind)) from e
             except (OSError, ValueError, subprocess.SubprocessError) as e:
                 if cg is not None:
                     _rmdir(cg)
@@ -180,6 +194,26 @@ class LocalProcesses:
             _write_json(d / "spawned.json", handle)  # found by a restarted broker, like handle.json
         threading.Thread(target=self._reap, args=(p, d), daemon=True).start()
         return handle
+
+    def _container_plan(self, d: Path, argv: list[str], env: dict[str, str], launch: dict[str, Any],
+                        job_dir: Path, tags: dict[str, str]) -> dict[str, Any]:
+        """How the supervisor runs this rank in its image (providers.container), with this
+        host's container settings; recorded in `container.json` so that whoever sees the rank
+        end removes a container its supervisor could not. Raises ContainerSetupError."""
+        rt = container.Runtime.resolve(env.get(container.RUNTIME_ENV) or None)
+        user = launch["user"]
+        store = container.store_path(env.get("ONEPOOL_CHECKPOINT_URI"))
+        if store is not None:
+            os.makedirs(store, exist_ok=True)  # (a rank user's own: Isolation.prepare_store)
+        run, env_text = container.build_run(
+            rt, env[container.IMAGE_ENV], argv, launch["env"], cwd=launch["cwd"], job_dir=job_dir,
+            run_dir=d, user=None if user is None else (user[0], user[1]), rootless=os.geteuid() != 0,
+            env_path=d / container.ENV_FILE)
+        cli_env = {**rt.cli_env(), **tags}
+        _write_json(d / container.CONTAINER_FILE, {"cli": rt.cli, "kind": rt.kind, "cli_env": cli_env,
+                                                   "name": container.container_name(d)})
+        return {"cli": rt.cli, "kind": rt.kind, "image": env[container.IMAGE_ENV], "run": run,
+                "env_file": env_text, "cli_env": cli_env}
 
     def _reap(self, p: subprocess.Popen[bytes], d: Path) -> None:
         """Wait for a supervisor. One that exited by itself (not by a signal) without recording
@@ -257,6 +291,7 @@ class LocalProcesses:
         if (ex is None or int(ex["code"]) > 128) and (Path(d) / "done.json").exists():
             ex = {"code": 0}  # the job said it finished (runtime.done()); then it was killed
         cause = ex.get("cause") or (ex.get("start_error") or {}).get("cause") if ex else None
+        container.remove(Path(d))  # a container its supervisor could not remove (it died)
         self.iso.remove(Path(d))
         final = (RankStatus(RankState.LOST) if ex is None else
                  RankStatus(RankState.EXITED, int(ex["code"]), cause=cause))

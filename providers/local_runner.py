@@ -15,6 +15,13 @@ be started at all (no such command, exec format error, E2BIG, ...) is recorded w
 126/127 and a `start_error` ({cause, errno, message}, see providers.start_errors).
 Then it ends whatever the job left behind (SIGTERM, 2 s, SIGKILL) before it exits itself:
 no process outlives its rank. It survives the broker: it runs in its own session.
+A job with an image (providers.container): it pulls the image (timed, providers.image_pull; a
+failure is a start failure with its cause) and runs the container runtime's `run` in place of
+the command, as itself (the container takes the rank's user); the runtime's signal proxy and
+the container's init pass SIGTERM and SIGUSR1 to the job. A SIGTERM that comes during the pull
+(it stops the pull too: the pull is in the group) ends the rank before the container starts
+(143). Status 125 (the runtime's own failure) is recorded as `start_failed:container_failed`.
+The container is removed before the supervisor exits.
 """
 
 from __future__ import annotations
@@ -34,12 +41,14 @@ from typing import Any
 import psutil
 
 from broker.output_log import CAP_ENV, DEFAULT_CAP, CappedOutput
-from providers import start_errors
+from providers import container, start_errors
+from providers.image_pull import PullFailed
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)
 LAUNCH_FILE = "launch.json"  # written by providers.local (0600): the job's env, cwd and user
+CONTAINER_FAILED = 125  # podman's and docker's own status when they could not run the container
 
 
 def write_json(path: Path, data: dict[str, object]) -> None:
@@ -122,17 +131,34 @@ def main(argv: list[str]) -> int:
         write_json(run_dir / "exit.json", {"code": 126, "start_error": start_errors.record(
             "supervisor_failed", e, f"cannot read this rank's launch file: {e}")})
         return 126
+    plan = opts.pop("container", None)
+    child: subprocess.Popen[bytes] | None = None
     try:
-        child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, **opts)
+        if plan is not None:  # an image (providers.container): pull it, then run it
+            cmd = container.prepare(run_dir, plan, lambda text: out.append(text.encode()))
+        if plan is not None and signal.SIGTERM in early:
+            code = 128 + signal.SIGTERM  # stopped while its image was pulled: never started
+        else:
+            child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, **opts)
+    except PullFailed as e:  # the image: the job's (not found) or maybe this node's
+        if signal.SIGTERM in early:  # the group's SIGTERM stopped the pull too: not a failure
+            code = 128 + signal.SIGTERM
+        else:
+            why = f"{start_errors.describe(start_errors.cause(e.kind))}: {e}"
+            print(f"onepool: cannot start the rank: {why}", file=sys.stderr, flush=True)
+            code, failed = start_errors.exit_code(e.kind), start_errors.record(e.kind, None, why)
     except (OSError, ValueError, subprocess.SubprocessError) as e:  # recorded with its cause
         kind = start_errors.classify(e, cmd[0])
         why = f"{start_errors.describe(start_errors.cause(kind))}: {cmd[0]!r}: {e}"
         print(f"onepool: cannot start the rank: {why}", file=sys.stderr, flush=True)
         code, failed = start_errors.exit_code(kind), start_errors.record(kind, e, why)
-    else:
+    if child is not None:
         started.append(True)
         for sig in dict.fromkeys(early):  # (one that came during Popen may reach it twice: harmless)
+            if plan is not None and sig == signal.SIGUSR1:
+                continue  # "checkpoint now" during the image's pull: nothing to save yet (and the
+                # job inside, its handler not yet set, would die of it)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, sig)
         copier = threading.Thread(target=copy_output, args=(child, out), daemon=True)
@@ -140,6 +166,11 @@ def main(argv: list[str]) -> int:
         code, fenced = _wait(child, out)
     if code < 0:  # killed by a signal: report it the way a shell does
         code = 128 - code
+    if plan is not None:
+        if code == CONTAINER_FAILED and child is not None and failed is None:
+            failed = start_errors.record("container_failed", None, start_errors.describe(
+                start_errors.cause("container_failed")))
+        container.remove(run_dir)  # (--rm did, unless the runtime was killed)
     if copier is not None:  # what the child printed last is in the log before its status
         copier.join(timeout=0.5)
     # at once: the status outlives us
@@ -182,6 +213,8 @@ def launch_options(run_dir: Path) -> dict[str, Any]:
     launch = json.loads(path.read_text())
     path.unlink()
     opts: dict[str, Any] = {"env": launch["env"], "cwd": launch["cwd"], "preexec_fn": _die_with_parent}
+    if launch.get("container") is not None:  # run by the runtime's CLI as this user; see providers.container
+        opts.update(container=launch["container"], env=launch["container"]["cli_env"])
     if launch.get("user") is not None:
         uid, gid, groups = launch["user"]
         opts.update(user=uid, group=gid, extra_groups=groups, umask=0o077)

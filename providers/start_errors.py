@@ -33,6 +33,13 @@ KINDS: dict[str, tuple[str, bool]] = {
                   "(E2BIG: one argument above 128 KiB, or all of them above the system limit)", False),
     "invalid_command": ("its command or environment holds a NUL byte", False),
     "supervisor_failed": ("its supervisor could not start on this node", True),
+    # A job with an image (providers.container, providers.image_pull):
+    "image_not_found": ("its image was not found in its registry (check `image:`, its name and tag)", False),
+    "image_pull_failed": ("its image could not be pulled on this node (the registry unreachable, or "
+                          "the node lacks its credentials)", True),
+    "no_container_runtime": ("this node cannot run containers (no podman or docker, or a bad "
+                             "container setting of the node)", True),
+    "container_failed": ("its container runtime could not run it (status 125: see the rank's log)", True),
 }
 
 

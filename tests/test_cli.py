@@ -377,3 +377,13 @@ def test_health_and_the_warnings_of_submit_and_status(home: Path) -> None:
         assert "broker up" in flat(cli(home, "health").stdout)
     finally:
         lease.release()
+
+
+def test_submit_image_is_stored_and_a_malformed_one_names_the_field(home: Path) -> None:
+    info = cli_json(home, "submit", "--name", "boxed", "--team", "research",
+                    "--image", "ghcr.io/lab/train:3", "--", "python", "train.py")
+    assert stored_job(home, info["id"]).image == info["image"] == "ghcr.io/lab/train:3"
+    res = runner.invoke(app, ["--home", str(home), "submit", "--name", "bad", "--team", "research",
+                              "--image", "ghcr.io/Lab/train:3 --privileged", "--", "true"])
+    assert isinstance(res.exception, SpecError)
+    assert [p for p in res.exception.problems if p.startswith("image:")], res.exception.problems

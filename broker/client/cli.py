@@ -179,6 +179,8 @@ def submit(
     checkpoint_interval_s: Annotated[float | None, typer.Option(
         "--checkpoint-interval-s", metavar="S", help="how often the job checkpoints (a hint; default 1800)")]
     = None,
+    image: Annotated[str | None, typer.Option(
+        "--image", metavar="REF", help="an OCI image each rank runs in, e.g. ghcr.io/lab/train:3")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", metavar="KEY=VALUE",
                                                   help="an environment variable (repeat for more)")] = None,
     array: Annotated[str | None, typer.Option(
@@ -209,7 +211,7 @@ def submit(
     flags = {"name": name, "team": team, "experiment": experiment, "priority": priority,
              "budget_usd": budget_usd, "gpus_per_node": gpus, "nodes": nodes, "gpu_types": gpu_type,
              "spot": spot, "checkpoint_interval_s": checkpoint_interval_s,
-             "command": command or None, "array": array, "after": after}
+             "command": command or None, "array": array, "after": after, "image": image}
     data.update({k: v for k, v in flags.items() if v is not None})
     if env:
         bad = [e for e in env if "=" not in e]

@@ -193,7 +193,7 @@ class Client(AdminMixin, EstimateMixin, ChangesMixin):
         elements = js.elements()  # arrays, sweeps and dependencies (issue 29)
         after = resolve_after(s, self, js, [i for i, _, _ in elements])
         jobs = [Job(name=js.name, experiment=js.experiment, team=js.team, command=command,
-                    env=env, workdir=workdir,
+                    env=env, workdir=workdir, image=js.image,
                     gpus_per_node=js.gpus_per_node, nodes=js.nodes, gpu_types=js.gpu_types,
                     priority=js.priority.value, budget_usd=js.budget_usd, spot=js.spot.value,
                     checkpoint_interval_s=js.checkpoint_interval_s,

@@ -47,6 +47,7 @@ from broker.state.store import Store
 from broker.wire import SERVER_UNREACHABLE
 from providers import start_errors
 from providers.base import Executor, RankState
+from providers.container import container_env
 
 log = logging.getLogger("onepool.engine")
 REQUEUE = (EndReason.PREEMPTED, EndReason.LOST, EndReason.INTERRUPTED, EndReason.REBALANCED)
@@ -511,6 +512,7 @@ class Engine(AttemptGuards, Duties):
                    "CUDA_VISIBLE_DEVICES": ",".join(map(str, slots))}
             if job.workdir:
                 env["ONEPOOL_WORKDIR"] = job.workdir
+            env.update(container_env(job.image, pool.container_runtime))
             handles.append(self.executor.start(a.id, rank, list(job.command), env, recover=recover,
                                                node=node))
             a.handles = list(handles)  # kept rank by rank: a later rank's failure kills these

@@ -35,13 +35,15 @@ import signal as signals
 import time
 from typing import TYPE_CHECKING
 
+from broker.spec_types import SLURM_RUNTIMES
 from broker.state.events import record
 from broker.state.model import Attempt, Job
 from providers import start_errors
-from providers.base import Handle, ProviderError, RankState, RankStatus
+from providers.base import Handle, ProviderError, RankState, RankStatus, StartFailed
+from providers.container import IMAGE_ENV, RUNTIME_ENV
 from providers.slurm import JobRecord, SlurmCluster, SlurmParseError, SlurmRejected
 from providers.slurm.parse import Outcome, exit_status, outcome
-from providers.slurm.script import START_EXIT, Submission, batch_script
+from providers.slurm.script import START_EXIT, Submission, batch_script, in_container
 
 if TYPE_CHECKING:
     from broker.control.slurm_pools import SlurmPools
@@ -74,6 +76,10 @@ class SlurmExecutor:
                 raise ValueError(f"attempt {attempt_id} is not in the database")
             pool, alloc, number, job_id = a.pool, [tuple(x) for x in a.alloc], a.number, job.id
         name = self._name(attempt_id)
+        if env.get(IMAGE_ENV) and env.get(RUNTIME_ENV) not in SLURM_RUNTIMES:  # refused at submit,
+            kind = "no_container_runtime"  # unless a config change took the pool's runtime away
+            raise StartFailed(f"pool {pool} names no container runtime for the job's image",
+                              cause=start_errors.cause(kind))
         if attempt_id not in self._jobs:
             self._jobs[attempt_id] = self._submit(pool, attempt_id, number, job_id, alloc, argv, env,
                                                   name, lookup=recover or rank > 0)
@@ -104,6 +110,11 @@ class SlurmExecutor:
             if found is not None:
                 log.info("attempt %s: adopted Slurm job %s (%s)", attempt_id, found, name)
                 return {"job_id": found, "submitted_at": now}
+        srun_extra: tuple[str, ...] = ()
+        if env.get(IMAGE_ENV):
+            srun_extra, argv_t = in_container(env[RUNTIME_ENV], env[IMAGE_ENV], tuple(argv),
+                                              env.get("ONEPOOL_WORKDIR"))
+            argv = list(argv_t)
         sub = Submission(
             name=name, comment=f"onepool:broker={self.pools.broker},job={job_id},attempt={attempt_id},"
                                f"number={number},pool={pool}",
@@ -113,7 +124,7 @@ class SlurmExecutor:
             env={**env, "ONEPOOL_ATTEMPT_ID": str(attempt_id)}, output_dir=self.pools.output_dir(pool),
             attempt_id=attempt_id, signal_before_s=int(float(env.get("ONEPOOL_GRACE_S", "60")) or 60),
             workdir=env.get("ONEPOOL_WORKDIR"), cpus_per_gpu=spec.cpus_per_gpu,
-            mem_per_gpu=spec.mem_per_gpu, time_limit=spec.time_limit)
+            mem_per_gpu=spec.mem_per_gpu, time_limit=spec.time_limit, srun_extra=srun_extra)
         try:
             jid = cluster.submit(batch_script(sub), sub.attempt_dir)
         except SlurmRejected as e:

@@ -75,6 +75,7 @@ class Job(SQLModel, table=True):
     command: list = _json(list)
     env: dict = _json(dict)
     workdir: str | None = None
+    image: str | None = Field(default=None, max_length=512)  # OCI reference (issue 26)
     gpus_per_node: int = 1
     nodes: int = 1
     gpu_types: list = _json(list)

@@ -88,6 +88,7 @@ class Submission:
     mem_per_gpu: str | None = None
     time_limit: str | None = None
     extra: tuple[str, ...] = field(default_factory=tuple)
+    srun_extra: tuple[str, ...] = field(default_factory=tuple)  # e.g. pyxis's --container-image
 
     @property
     def gres(self) -> str:
@@ -129,7 +130,24 @@ def batch_script(sub: Submission) -> str:
     ranks = " ".join(shlex.quote(f"{sub.attempt_dir}/rank-{r}") for r in range(k))
     lines.append(f"mkdir -p {ranks}")
     srun = ["srun", f"--nodes={k}", f"--ntasks={k}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
-            f"--output={sub.attempt_dir}/rank-%t/output.log", "--open-mode=append",
+            f"--output={sub.attempt_dir}/rank-%t/output.log", "--open-mode=append", *sub.srun_extra,
             "bash", "-c", _RANK_SH, "onepool-rank", *sub.argv]
     lines.append("exec " + " ".join(shlex.quote(a) for a in srun))
     return "\n".join(lines) + "\n"
+
+
+def in_container(runtime: str, image: str, argv: tuple[str, ...],
+                 workdir: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The srun options and the rank's command line that run `argv` in `image` through the
+    pool's container plug-in (issue 26): pyxis (srun --container-image: the whole rank, so the
+    image needs bash; the working directory mounted and entered) or apptainer (`apptainer exec
+    --nv docker://IMAGE ...` as the rank's command). Not exercised against a real cluster here:
+    the Slurm test cluster has neither plug-in. Raises ValueError for another runtime."""
+    if runtime == "pyxis":
+        opts = [f"--container-image={image}"]
+        if workdir:
+            opts += [f"--container-mounts={workdir}:{workdir}", f"--container-workdir={workdir}"]
+        return tuple(opts), argv
+    if runtime == "apptainer":
+        return (), ("apptainer", "exec", "--nv", f"docker://{image}", *argv)
+    raise ValueError(f"container_runtime: a slurm pool takes pyxis or apptainer (got {runtime!r})")

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.lab import containers as lab_containers
 from tests.lab.builders import (
     REPO,
     ThinVenv,
@@ -28,6 +29,7 @@ from tests.lab.builders import (
     readme_blocks,
     shell_parts,
 )
+from tests.lab.containers import LabImages
 from tests.lab.harness import BASE_PATH, Host, Lab, wait_until
 
 BOXES = ("box0", "box1")
@@ -47,6 +49,7 @@ class ReadmeLab:
     researcher_env: dict[str, str]  # ... after the researcher's (a member token of team vision)
     box_of_node: dict[str, str] = field(default_factory=dict)  # gpu-box-0 -> box0
     timings: dict[str, float] = field(default_factory=dict)
+    images: LabImages | None = None  # the registry and test image; None: podman cannot run here
 
     @property
     def laptop(self) -> Host:
@@ -118,6 +121,7 @@ def _setup(lab: Lab, logs: Path, timings: dict[str, float], t0: float) -> Readme
     objstore.spawn([sys.executable, "-m", "moto.server", "-H", "0.0.0.0", "-p", str(S3_PORT)], name="s3")
     wait_until("the object store answers", lambda: _answers(f"http://{objstore.ip}:{S3_PORT}/"), 20)
     httpx.put(f"http://{objstore.ip}:{S3_PORT}/{BUCKET}", timeout=10).raise_for_status()
+    images = lab_containers.start(objstore)  # a registry beside it, and the test image (issue 26)
 
     # the laptop: `pip install onepool` (the thin client only), while the server starts
     def laptop_install() -> ThinVenv:
@@ -150,7 +154,8 @@ def _setup(lab: Lab, logs: Path, timings: dict[str, float], t0: float) -> Readme
         out = laptop.sh(adm[2].replace("gpu-box-0", node), env=admin_env).stdout
         join = re.findall(r"opj_\S+", out)[-1]
         box = lab.host(name)
-        box.env.update({**pipx_style(box, "/home/ops"), **_aws(objstore)})
+        box.env.update({**pipx_style(box, "/home/ops"), **_aws(objstore),
+                        **(images.settings(box) if images is not None else {})})
         box.cwd = "/home/ops"
         box.write("/srv/code/train.py", TRAIN.read_bytes())
         line = agent_line.replace("opj_...", join).replace("[", "").replace("]", "")
@@ -170,4 +175,4 @@ def _setup(lab: Lab, logs: Path, timings: dict[str, float], t0: float) -> Readme
     timings["setup_s"] = time.monotonic() - t0
     (logs / "timings.json").write_text(json.dumps(timings, indent=2))
     print(f"lab timings: {timings}")  # shown with -s; also in the lab's log folder
-    return ReadmeLab(lab, parts, venv, admin_env, researcher_env, box_of_node, timings)
+    return ReadmeLab(lab, parts, venv, admin_env, researcher_env, box_of_node, timings, images)

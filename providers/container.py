@@ -1,0 +1,244 @@
+"""A rank in an OCI container (issue 26): the `podman run` / `docker run` that a job with an
+`image:` runs in place of its bare command, under the same supervisor (providers.local_runner).
+
+Who sets what:
+- the broker, per attempt (broker.control.engine): ONEPOOL_IMAGE (the job's image) and, when
+  its pool names one, ONEPOOL_CONTAINER_RUNTIME (podman | docker);
+- the node's operator (the server's or the agent's environment, never the job's):
+  ONEPOOL_CONTAINER_CLI (the executable; default: the named runtime, else podman, else docker,
+  found on PATH), ONEPOOL_CONTAINER_GPUS (cdi | gpus | none; default cdi for podman, gpus for
+  docker) and ONEPOOL_CONTAINER_ARGS (more `run` arguments, shell-split: `--shm-size=16g`, or a
+  test machine's quirks).
+
+What the container gets (build_run): the job's command, its environment (its own variables,
+the broker's ONEPOOL_* contract, HOME and TMPDIR in its job folder; PATH stays the image's),
+its working directory and job folder mounted read-write at the same paths, a file:// checkpoint
+store mounted likewise, this node's `broker` package read-only at /opt/onepool/lib (on
+PYTHONPATH, so `broker.runtime` inside matches the node's version: the image needs Python 3.11+
+with numpy and fsspec), its GPUs (CDI `--device nvidia.com/gpu=N`, or docker's `--gpus`,
+renumbered from 0 inside as CUDA does), the host's network (NCCL between nodes), `--init` (an
+init as PID 1 that passes SIGTERM and SIGUSR1 on to the job: the runtime's signal proxy delivers
+the ones sent to the supervisor's process group), and the rank's user when isolation drops
+privileges. Nothing of the node's credentials: no host variable the isolation does not pass,
+no host folder but these. The container is named after the rank, removed when it exits
+(`--rm`), and by name once more by whoever sees the rank end (a dead supervisor cannot).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import pwd
+import shlex
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from providers.image_pull import pull_image, record
+
+IMAGE_ENV = "ONEPOOL_IMAGE"
+RUNTIME_ENV = "ONEPOOL_CONTAINER_RUNTIME"
+CLI_ENV = "ONEPOOL_CONTAINER_CLI"
+GPUS_ENV = "ONEPOOL_CONTAINER_GPUS"
+ARGS_ENV = "ONEPOOL_CONTAINER_ARGS"
+HOST_SETTINGS = (CLI_ENV, GPUS_ENV, ARGS_ENV)
+KINDS = ("podman", "docker")
+GPU_MODES = ("cdi", "gpus", "none")
+LIB_DIR = "/opt/onepool/lib"  # where the node's `broker` package is mounted (read-only)
+BROKER_PACKAGE = Path(__file__).resolve().parent.parent / "broker"
+# Variables the runtime's own process needs from the host (rootless podman, a remote docker):
+# never passed into the container.
+CLI_HOST_VARS = ("HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "DOCKER_HOST", "DOCKER_CONFIG",
+                 "CONTAINERS_CONF", "CONTAINERS_REGISTRIES_CONF", "CONTAINERS_STORAGE_CONF",
+                 "REGISTRY_AUTH_FILE", "TMPDIR")
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_NOT_INTO_CONTAINER = ("PATH",)  # the image's own PATH finds its interpreter
+
+
+class ContainerSetupError(ValueError):
+    """This node cannot run containers as asked (no runtime, a bad host setting): `kind` is the
+    start-failure kind (providers.start_errors); another node may succeed."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def container_env(image: str | None, runtime: str | None) -> dict[str, str]:
+    """The broker's variables for an attempt of a job with this image on a pool with this
+    runtime (nothing for a job without an image)."""
+    if not image:
+        return {}
+    return {IMAGE_ENV: image, **({RUNTIME_ENV: str(runtime)} if runtime else {})}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The container CLI of this node: its dialect (podman | docker), its executable, how it
+    hands over GPUs, and the operator's extra `run` arguments."""
+
+    kind: str
+    cli: str
+    gpus: str
+    extra: tuple[str, ...] = ()
+
+    @classmethod
+    def resolve(cls, named: str | None, host: Mapping[str, str] | None = None) -> Runtime:
+        """The runtime for a rank: `named` (the pool's choice) or whichever the node has, the
+        executable from ONEPOOL_CONTAINER_CLI or PATH. Raises ContainerSetupError."""
+        h = os.environ if host is None else host
+        if named is not None and named not in KINDS:
+            raise ContainerSetupError("no_container_runtime", f"container_runtime: must be one of "
+                                      f"{', '.join(KINDS)} on this node (got {named!r})")
+        cli = h.get(CLI_ENV) or ""
+        kind = named
+        if cli:
+            kind = kind or ("docker" if "docker" in Path(cli).name else "podman")
+            if shutil.which(cli) is None:
+                raise ContainerSetupError("no_container_runtime", f"{CLI_ENV}: {cli!r} is not an "
+                                          "executable on this node")
+        else:
+            for k in ([kind] if kind else list(KINDS)):
+                found = shutil.which(k, path=h.get("PATH") or None)
+                if found:
+                    kind, cli = k, found
+                    break
+            else:
+                raise ContainerSetupError("no_container_runtime", "this node has no container "
+                                          f"runtime ({named or 'podman or docker'}) on its PATH")
+        assert kind is not None
+        gpus = h.get(GPUS_ENV) or ("cdi" if kind == "podman" else "gpus")
+        if gpus not in GPU_MODES:
+            raise ContainerSetupError("no_container_runtime", f"{GPUS_ENV}: must be one of "
+                                      f"{', '.join(GPU_MODES)} (got {gpus!r})")
+        try:
+            extra = tuple(shlex.split(h.get(ARGS_ENV, "")))
+        except ValueError as e:
+            raise ContainerSetupError("no_container_runtime", f"{ARGS_ENV}: {e}") from None
+        return cls(kind, cli, gpus, extra)
+
+    def cli_env(self, host: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment of the CLI's own process: a system PATH and the host variables it
+        needs (rootless podman's runtime folder, a remote docker), nothing of the job's."""
+        h = os.environ if host is None else host
+        home = h.get("HOME") or pwd.getpwuid(os.geteuid()).pw_dir
+        return {"PATH": SYSTEM_PATH, "LANG": "C.UTF-8", "HOME": home,
+                **{k: h[k] for k in CLI_HOST_VARS if k in h}}
+
+
+def container_name(run_dir: Path) -> str:
+    """A name unique to the rank's run folder (across attempts and broker homes)."""
+    return "onepool-" + hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:24]
+
+
+def gpu_args(rt: Runtime, visible: str) -> tuple[list[str], str | None]:
+    """The flags that hand the rank's GPU slots (CUDA_VISIBLE_DEVICES on the node) to the
+    container, and CUDA_VISIBLE_DEVICES inside it (renumbered from 0; None: unchanged)."""
+    slots = [s for s in visible.split(",") if s.strip()]
+    if rt.gpus == "none" or not slots:
+        return [], None
+    inside = ",".join(str(i) for i in range(len(slots)))
+    if rt.gpus == "cdi":
+        return [a for s in slots for a in ("--device", f"nvidia.com/gpu={s}")], inside
+    return ["--gpus", f'"device={",".join(slots)}"'], inside
+
+
+def store_path(uri: str | None) -> str | None:
+    """The folder of a file:// (or plain path) checkpoint prefix, to mount; None for a bucket."""
+    if not uri:
+        return None
+    u = urlparse(uri)
+    if u.scheme not in ("", "file"):
+        return None
+    return u.path if u.scheme else uri
+
+
+def env_file(env: Mapping[str, str]) -> str:
+    """The container's environment as an env file (`--env-file`: one NAME=VALUE a line, read
+    by the runtime, never on a command line other users can read, never in the environment of
+    the runtime's own process, which a job's LD_PRELOAD or CONTAINERS_CONF would take over).
+    Raises ContainerSetupError (kind invalid_command) for a value with a line break, which
+    that format cannot carry."""
+    bad = sorted(k for k, v in env.items() if "\n" in v or "\r" in v)
+    if bad:
+        raise ContainerSetupError("invalid_command", f"environment variable {bad[0]!r} holds a line "
+                                  "break, which a container's environment cannot carry")
+    return "".join(f"{k}={v}\n" for k, v in sorted(env.items()))
+
+
+def build_run(rt: Runtime, image: str, argv: list[str], env: Mapping[str, str], *, cwd: str,
+              job_dir: Path, run_dir: Path, user: tuple[int, int] | None, rootless: bool,
+              env_path: Path) -> tuple[list[str], str]:
+    """The `run` command line of a rank and the text of its env file (to be written at
+    `env_path`, private to the broker). `env` is the rank's whole environment
+    (providers.isolation); `user` (uid, gid) the rank's user when isolation drops privileges."""
+    inner = {k: v for k, v in env.items() if k not in _NOT_INTO_CONTAINER}
+    gflags, visible = gpu_args(rt, env.get("CUDA_VISIBLE_DEVICES", ""))
+    if visible is not None:
+        inner["CUDA_VISIBLE_DEVICES"] = visible
+    inner["PYTHONPATH"] = ":".join(p for p in (env.get("PYTHONPATH"), LIB_DIR) if p)
+    cmd = [rt.cli, "run", "--rm", "--name", container_name(run_dir), "--init", "--sig-proxy=true",
+           "--pull=never", "--network=host", "--label", f"onepool.rank={run_dir.resolve()}",
+           "--workdir", cwd, "--env-file", str(env_path)]
+    if user is not None:
+        cmd += ["--user", f"{user[0]}:{user[1]}"]
+    elif rootless and rt.kind == "podman":
+        cmd += ["--userns=keep-id"]  # the job's files in the mounted folders stay this user's
+    mounts = dict.fromkeys([str(job_dir), cwd, store_path(env.get("ONEPOOL_CHECKPOINT_URI"))])
+    for m in mounts:
+        if m:
+            cmd += ["--volume", f"{m}:{m}:rw"]
+    cmd += ["--volume", f"{BROKER_PACKAGE}:{LIB_DIR}/broker:ro"]
+    return [*cmd, *gflags, *rt.extra, image, *argv], env_file(inner)
+
+
+CONTAINER_FILE = "container.json"  # the rank's container (cli, kind, name): removed by whoever sees it end
+ENV_FILE = "container.env"  # the container's environment, private to the broker, gone at the end
+
+
+def prepare(run_dir: Path, plan: Mapping[str, Any], say: Callable[[str], None]) -> list[str]:
+    """In the supervisor, before the container starts: pull its image (timed, recorded in the
+    rank's folder, see providers.image_pull) and write its env file (0600). Returns the `run`
+    command line. Raises PullFailed."""
+    pulled = pull_image(plan["cli"], plan["kind"], plan["image"], plan["cli_env"])
+    record(run_dir, pulled)
+    say(f"onepool: image {pulled.image} {'found on this node' if pulled.cached else 'pulled'} "
+        f"in {pulled.seconds:.2f}s\n")
+    path = run_dir / ENV_FILE
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(plan["env_file"])
+    return list(plan["run"])
+
+
+def remove(run_dir: Path, timeout_s: float = 30.0) -> None:
+    """Remove the rank's container if it is still there (its supervisor died before `--rm`
+    did), and its env file. Quietly nothing when there is none. A container whose monitor
+    (conmon) was killed with the rank may need a second `rm -f` (the first marks it stopped).
+    A runtime that still fails or hangs is left to the operator (`podman ps -a --filter
+    label=onepool.rank`), never raised."""
+    with contextlib.suppress(FileNotFoundError):
+        (run_dir / ENV_FILE).unlink()
+    try:
+        c = json.loads((run_dir / CONTAINER_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    # (no stop grace: its job has ended, or is being killed with the rank)
+    argv = [c["cli"], "rm", "-f", *(["--ignore", "--time", "0"] if c["kind"] == "podman" else []),
+            c["name"]]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        for _ in range(3):  # a container whose monitor was killed is marked stopped by a first try
+            done = subprocess.run(argv, env=c.get("cli_env"), stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout_s)
+            if done.returncode == 0:
+                break
+    with contextlib.suppress(FileNotFoundError):
+        (run_dir / CONTAINER_FILE).unlink()
