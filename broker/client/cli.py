@@ -176,9 +176,9 @@ def submit(
         "--gpu-type", metavar="TYPE", help="an acceptable GPU type (repeat for more; default any)")] = None,
     spot: Annotated[str | None, typer.Option(metavar="POLICY",
                                              help="never|allowed|only (default allowed)")] = None,
-    checkpoint_interval_s: Annotated[float | None, typer.Option(
-        "--checkpoint-interval-s", metavar="S", help="how often the job checkpoints (a hint; default 1800)")]
-    = None,
+    checkpoint_interval_s: Annotated[str | None, typer.Option(
+        "--checkpoint-interval-s", metavar="S|auto",
+        help="how often the job checkpoints (a hint; default 1800; auto: advised by the broker)")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", metavar="KEY=VALUE",
                                                   help="an environment variable (repeat for more)")] = None,
     array: Annotated[str | None, typer.Option(
@@ -336,6 +336,10 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
             out.print("checkpoints lived in: " + ", ".join(info.checkpoint_stores), markup=False)
         if info.caused_lost_gpu_s:
             out.print(f"its preemptions cost other jobs {info.caused_lost_gpu_s:.1f} GPU-s")
+        from broker.client.cli_intervals import interval_lines  # issue 31: the advised interval
+
+        for line in interval_lines(info):
+            out.print(line, markup=False)
         live = info.attempt_list[-1] if info.attempt_list and info.attempt_list[-1].ended_at is None else None
         if live is not None and live.gpu_util_pct is not None:
             idle = (f"; HELD BUT IDLE: below 5% since {_ts(live.gpu_idle_since)}" if live.held_idle

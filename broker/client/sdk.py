@@ -193,7 +193,7 @@ class Client(AdminMixin, EstimateMixin):
                     env=env, workdir=workdir,
                     gpus_per_node=js.gpus_per_node, nodes=js.nodes, gpu_types=js.gpu_types,
                     priority=js.priority.value, budget_usd=js.budget_usd, spot=js.spot.value,
-                    checkpoint_interval_s=js.checkpoint_interval_s,
+                    checkpoint_interval_s=js.interval_hint_s, checkpoint_auto=js.checkpoint_auto,
                     expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now,
                     submitted_by=p.actor, array_index=None if index < 0 else index,
                     array_limit=js.array_limit, retries=js.retries, retry_backoff_s=js.retry_backoff_s,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from sqlmodel import Session, col, select
@@ -28,7 +28,7 @@ from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.resume import RestorePoint, fetch_restore_point
 from broker.checkpoint.telemetry import cause_of
 from broker.clock import Clock
-from broker.control import agents, budgets, holds, retries
+from broker.control import agents, budgets, holds, intervals, retries
 from broker.control.capacity_manager import CapacityManager
 from broker.control.config_apply import applied_config
 from broker.control.duties import Duties
@@ -75,6 +75,8 @@ class Engine(AttemptGuards, Duties):
     NotLeader if another broker holds it), and every session it opens is fenced
     (broker.control.lease): once another broker takes the lease, its writes raise LeaseLost.
     """
+
+    pool_rates: Mapping[str, float] = {}  # reclaims per hour per pool, as the last snapshot saw them
 
     def __init__(self, store: Store, clock: Clock, executor: Executor | None = None,
                  policy: PolicyConfig | None = None, lease: Lease | None = None) -> None:
@@ -168,6 +170,7 @@ class Engine(AttemptGuards, Duties):
         self.rebalancer.advance(now, rep)  # [issue 12 hook] in-flight moves: checkpoint, stop, place
         with self.store.session() as s:
             snap = self.snapshot(s, now)
+            self.pool_rates = {v.name: v.interruption_rate_per_h for v in snap.pools}  # [issue 31]
             with PLAN_SECONDS.time():
                 p = plan(snap)
             rep.plan = p
@@ -447,6 +450,7 @@ class Engine(AttemptGuards, Duties):
             job.state, job.attempts = JobState.RUNNING, job.attempts + 1
             job.wait_s += max(0.0, now - job.queued_at)
             job.waiting_reason, job.checkpoint_uri = None, target
+            intervals.at_start(s, self.config, job, self.pool_rates, now)  # [issue 31 hook] auto intervals
             s.add(a)
             s.add(job)
             s.flush()

@@ -31,6 +31,7 @@ rate_per_h x tau / 2 seconds are lost.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 MIN_INTERVAL_S = 60.0
@@ -90,6 +91,22 @@ class Advice:
     def mtbi_s(self) -> float:
         """Mean time between interruptions (inf when none are expected)."""
         return math.inf if self.rate_per_h <= 0 else 3600.0 / self.rate_per_h
+
+    def to_record(self, now: float) -> dict[str, float | str]:
+        """The advice as a job row keeps it (Job.checkpoint_advice), stamped `at` now."""
+        return {"interval_s": self.interval_s, "save_s": self.save_s, "rate_per_h": self.rate_per_h,
+                "basis": self.basis, "at": now}
+
+    @classmethod
+    def from_record(cls, d: Mapping[str, object] | None) -> Advice | None:
+        """The advice a job row keeps (None: none yet, or a record this version cannot read)."""
+        if not d:
+            return None
+        try:
+            return cls(interval_s=float(d["interval_s"]), save_s=float(d["save_s"]),  # type: ignore[arg-type]
+                       rate_per_h=float(d["rate_per_h"]), basis=str(d["basis"]))  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError):
+            return None
 
     def cost(self, interval_s: float) -> Cost:
         """The expected cost of checkpointing every `interval_s` seconds."""

@@ -1,0 +1,35 @@
+"""checkpoint intervals from measured costs (issue 31): each checkpoint's measured save time,
+whether a job's interval is advised by the broker (`checkpoint_interval_s: auto`), and the
+advice at its last start
+
+Revision ID: 0027
+Revises: 0019
+Create Date: 2026-12-04
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = '0027'
+down_revision = '0019'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table('checkpoint', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('save_s', sa.Float(), nullable=True))
+    with op.batch_alter_table('job', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('checkpoint_auto', sa.Boolean(), nullable=False,
+                                      server_default='0'))
+        batch_op.add_column(sa.Column('checkpoint_advice', sa.JSON(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('job', schema=None) as batch_op:
+        batch_op.drop_column('checkpoint_advice')
+        batch_op.drop_column('checkpoint_auto')
+    with op.batch_alter_table('checkpoint', schema=None) as batch_op:
+        batch_op.drop_column('save_s')
