@@ -103,6 +103,9 @@ class Scenario(PolicySettings):
     budget_usd: dict[Priority, float] = Field(default_factory=dict)
     runtime_estimates: Literal["learned", "exact", "none"] = "learned"
     checkpoint_interval_s: float = Field(default=1800.0, gt=0)
+    # fixed: every attempt saves every checkpoint_interval_s; advised: each gets the live
+    # broker's advice at its start (broker.sim.intervals, `checkpoint_interval_s: auto` in a job)
+    checkpoint_intervals: Literal["fixed", "advised"] = "fixed"
     checkpoint_save_s: float = Field(default=30.0, ge=0)
     interruption_notice_s: float = Field(default=120.0, ge=0)
     cycle_s: float = Field(default=30.0, gt=0)
