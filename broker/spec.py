@@ -53,6 +53,7 @@ from broker.spec_types import (
     _Strict,
     check_argv,
     check_env,
+    parse_deadline,
 )
 from broker.spec_workflow import Workflow
 
@@ -372,6 +373,9 @@ class JobSpec(Workflow):
     # (broker.policy.intervals) and hands it to each attempt at its start
     checkpoint_interval_s: float | Literal["auto"] = DEFAULT_CHECKPOINT_INTERVAL_S
     expected_duration_s: float | None = Field(default=None, gt=0.0)
+    # finish by then (broker.policy.deadlines): an ISO time with its zone, or a duration from
+    # the submission (broker.spec_types.DEADLINE_HELP)
+    deadline: str | None = Field(default=None, max_length=100)
     # Its own webhook (issue 30, broker.control.notify): hears of this job's end, failure,
     # preemption and interruption, besides its team's. Secrets: never shown or logged.
     webhook_url: str | None = Field(default=None, max_length=2000)
@@ -391,6 +395,23 @@ class JobSpec(Workflow):
     @classmethod
     def _interval(cls, v: Any) -> Any:
         return checkpoint_interval(v)
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                parse_deadline(v)
+            except ValueError as e:
+                raise ValueError(str(e).removeprefix("deadline: ")) from None
+        return v
+
+    def deadline_at(self, submitted: float) -> float | None:
+        """The deadline in epoch seconds for a job submitted at `submitted` (None: none)."""
+        if self.deadline is None:
+            return None
+        kind, v = parse_deadline(self.deadline)
+        return submitted + v if kind == "in" else v
 
     @property
     def checkpoint_auto(self) -> bool:

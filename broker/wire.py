@@ -171,6 +171,9 @@ class JobInfo(BaseModel):
     checkpoint_interval_s: float = 1800.0
     checkpoint_auto: bool = False
     checkpoint_advice: CheckpointAdvice | None = None
+    # Its deadline (epoch s) and where the deadline rule last said it may run (cheap | safe | late).
+    deadline: float | None = None
+    deadline_where: str | None = None
 
     @classmethod
     def of(cls, j: Job, attempts: list[Attempt], now: float, *, stores: list[str] | None = None,
@@ -202,7 +205,8 @@ class JobInfo(BaseModel):
                    array_id=j.array_id, array_index=j.array_index, retries=j.retries,
                    retried=j.retried, after=list(j.after or []),
                    checkpoint_interval_s=j.checkpoint_interval_s, checkpoint_auto=bool(j.checkpoint_auto),
-                   checkpoint_advice=CheckpointAdvice.of(j.checkpoint_advice, j.checkpoint_interval_s))
+                   checkpoint_advice=CheckpointAdvice.of(j.checkpoint_advice, j.checkpoint_interval_s),
+                   deadline=j.deadline, deadline_where=j.deadline_where)
 
 
 class EventInfo(BaseModel):

@@ -179,6 +179,8 @@ def submit(
     checkpoint_interval_s: Annotated[str | None, typer.Option(
         "--checkpoint-interval-s", metavar="S|auto",
         help="how often the job checkpoints (a hint; default 1800; auto: advised by the broker)")] = None,
+    deadline: Annotated[str | None, typer.Option(metavar="WHEN", help="finish by then: 2026-12-06T18:00Z "
+                                                 "or 36h from now (cheap capacity while on pace)")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", metavar="KEY=VALUE",
                                                   help="an environment variable (repeat for more)")] = None,
     array: Annotated[str | None, typer.Option(
@@ -208,7 +210,7 @@ def submit(
         data.update(loaded)
     flags = {"name": name, "team": team, "experiment": experiment, "priority": priority,
              "budget_usd": budget_usd, "gpus_per_node": gpus, "nodes": nodes, "gpu_types": gpu_type,
-             "spot": spot, "checkpoint_interval_s": checkpoint_interval_s,
+             "spot": spot, "checkpoint_interval_s": checkpoint_interval_s, "deadline": deadline,
              "command": command or None, "array": array, "after": after}
     data.update({k: v for k, v in flags.items() if v is not None})
     if env:
@@ -336,9 +338,9 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
             out.print("checkpoints lived in: " + ", ".join(info.checkpoint_stores), markup=False)
         if info.caused_lost_gpu_s:
             out.print(f"its preemptions cost other jobs {info.caused_lost_gpu_s:.1f} GPU-s")
-        from broker.client.cli_intervals import interval_lines  # issue 31: the advised interval
+        from broker.client.cli_intervals import calibration_lines  # issue 31: interval, deadline
 
-        for line in interval_lines(info):
+        for line in calibration_lines(info):
             out.print(line, markup=False)
         live = info.attempt_list[-1] if info.attempt_list and info.attempt_list[-1].ended_at is None else None
         if live is not None and live.gpu_util_pct is not None:

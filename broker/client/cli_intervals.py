@@ -1,10 +1,31 @@
-"""`onepool status JOB`'s checkpoint interval lines (issue 31): the interval in force, the one the
-broker advised at the job's last start (broker.policy.intervals), and the expected work spent
-saving and lost to stops at each, per hour of running."""
+"""`onepool status JOB`'s calibration lines (issue 31): the checkpoint interval in force, the one
+the broker advised at the job's last start (broker.policy.intervals) and the expected work spent
+saving and lost to stops at each, per hour of running; and its deadline, with where the
+deadline rule (broker.policy.deadlines) last said it may run."""
 
 from __future__ import annotations
 
+import time
+
 from broker.wire import JobInfo
+
+WHERE = {"cheap": "on the cheapest capacity (it keeps pace)",
+         "safe": "on capacity that will not be taken (on-prem or on demand)",
+         "late": "on capacity that will not be taken, but it cannot finish in time"}
+
+
+def calibration_lines(info: JobInfo) -> list[str]:
+    """Every line status prints for issue 31."""
+    return deadline_lines(info) + interval_lines(info)
+
+
+def deadline_lines(info: JobInfo) -> list[str]:
+    """Its deadline and where it runs for it (none without a deadline)."""
+    if info.deadline is None:
+        return []
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(info.deadline))
+    where = WHERE.get(info.deadline_where or "", "not decided yet")
+    return [f"deadline: {when}; runs {where}"]
 
 
 def interval_lines(info: JobInfo) -> list[str]:

@@ -28,7 +28,7 @@ from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.resume import RestorePoint, fetch_restore_point
 from broker.checkpoint.telemetry import cause_of
 from broker.clock import Clock
-from broker.control import agents, budgets, holds, intervals, retries
+from broker.control import agents, budgets, deadlines, holds, intervals, retries
 from broker.control.capacity_manager import CapacityManager
 from broker.control.config_apply import applied_config
 from broker.control.duties import Duties
@@ -168,6 +168,7 @@ class Engine(AttemptGuards, Duties):
             self.decay_fair_share(now)
         self.capacity.sync(now)  # [issue 4 hook] launches finished, notices acted on, idleness
         self.rebalancer.advance(now, rep)  # [issue 12 hook] in-flight moves: checkpoint, stop, place
+        deadlines.cycle(self, now)  # [issue 31 hook] where jobs with deadlines may run; off spot
         with self.store.session() as s:
             snap = self.snapshot(s, now)
             self.pool_rates = {v.name: v.interruption_rate_per_h for v in snap.pools}  # [issue 31]

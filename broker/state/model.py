@@ -86,6 +86,10 @@ class Job(SQLModel, table=True):
     # the advice at its last start (broker.policy.intervals.Advice.to_record; None: not started yet)
     checkpoint_advice: dict | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     expected_duration_s: float | None = None
+    # Issue 31 (broker.policy.deadlines): finish by then (epoch s), and where the rule last
+    # said it may run: cheap | safe | late (None: not decided yet, or no deadline).
+    deadline: float | None = None
+    deadline_where: str | None = Field(default=None, max_length=8)
     state: str = Field(default=JobState.PENDING, max_length=16)
     submit_time: float
     queued_at: float  # when it last became PENDING (wait accounting)

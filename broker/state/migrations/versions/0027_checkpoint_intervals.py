@@ -1,6 +1,6 @@
 """checkpoint intervals from measured costs (issue 31): each checkpoint's measured save time,
 whether a job's interval is advised by the broker (`checkpoint_interval_s: auto`), and the
-advice at its last start
+advice at its last start; a job's deadline and where the deadline rule last said it may run
 
 Revision ID: 0027
 Revises: 0019
@@ -25,10 +25,14 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column('checkpoint_auto', sa.Boolean(), nullable=False,
                                       server_default='0'))
         batch_op.add_column(sa.Column('checkpoint_advice', sa.JSON(), nullable=True))
+        batch_op.add_column(sa.Column('deadline', sa.Float(), nullable=True))
+        batch_op.add_column(sa.Column('deadline_where', sa.String(length=8), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table('job', schema=None) as batch_op:
+        batch_op.drop_column('deadline_where')
+        batch_op.drop_column('deadline')
         batch_op.drop_column('checkpoint_advice')
         batch_op.drop_column('checkpoint_auto')
     with op.batch_alter_table('checkpoint', schema=None) as batch_op:
