@@ -84,10 +84,11 @@ def test_facts(name: str, jobkw: dict, atts: list, now: float, expect: dict) -> 
 
 
 @pytest.mark.parametrize(("where", "own", "seen"), [
-    (None, "only", SpotPolicy.ONLY), ("cheap", "allowed", SpotPolicy.ALLOWED),
-    ("safe", "only", SpotPolicy.NEVER), ("late", "allowed", SpotPolicy.NEVER)])
-def test_the_plan_sees_no_spot_for_a_job_that_must_run_safe(where: str | None, own: str,
-                                                              seen: SpotPolicy) -> None:
+    (None, "allowed", SpotPolicy.ALLOWED), ("cheap", "allowed", SpotPolicy.ONLY),
+    ("cheap", "never", SpotPolicy.NEVER), ("safe", "only", SpotPolicy.NEVER),
+    ("late", "allowed", SpotPolicy.NEVER)])
+def test_the_plan_sees_spot_only_on_pace_and_no_spot_when_it_must_run_safe(
+        where: str | None, own: str, seen: SpotPolicy) -> None:
     j = Job(id=1, name="j", team="t", command=["x"], submit_time=0.0, queued_at=0.0, spot=own,
             deadline=10.0, deadline_where=where)
     assert pending_view(j).spot is seen
@@ -112,5 +113,22 @@ def test_cheap_while_on_pace_then_moved_off_spot_in_time(make_cluster, clock, mo
     assert info.attempt_list[0].end_reason == "REBALANCED" and info.attempt_list[1].restored_step is not None
     ev = [(e.kind, e.data.get("where")) for e in c.events(j) if e.kind.startswith("deadline")]
     assert ev == [("deadline", "cheap"), ("deadline", "safe"), ("deadline_move", None)]
+    c.cancel(j)
+    drive(eng, lambda: c.get(j).status == "CANCELLED")
+
+
+def test_safe_until_its_progress_is_measured_then_back_to_spot(make_cluster, clock, monkeypatch) -> None:
+    monkeypatch.setenv("ONEPOOL_PROGRESS_EVERY_S", "0.1")
+    c, eng = make_cluster(pools=POOLS)
+    # no estimate: nothing shows it keeps pace, so it starts on demand; once it reports progress
+    # (far ahead: 1,500 steps of 20 ms for an hour) it moves to spot at its checkpoint on SIGTERM
+    j = c.submit(name="due", team="research", command=train(1500, step_s=0.02, ckpt_every=100),
+                 gpus_per_node=2, deadline="1h").id
+    drive(eng, lambda: len(c.get(j).attempt_list) == 2 and c.get(j).status == "RUNNING", timeout=60)
+    info = c.get(j)
+    assert [a.pool for a in info.attempt_list] == ["od", "spot"] and info.deadline_where == "cheap"
+    assert info.attempt_list[0].end_reason == "REBALANCED"
+    ev = [(e.kind, e.data.get("where") or e.data.get("to")) for e in c.events(j) if e.kind.startswith("deadline")]
+    assert ev == [("deadline", "safe"), ("deadline", "cheap"), ("deadline_move", "cheap")]
     c.cancel(j)
     drive(eng, lambda: c.get(j).status == "CANCELLED")

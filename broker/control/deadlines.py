@@ -3,11 +3,13 @@
 Every cycle, before the snapshot, `cycle()` decides for each pending or running job with a
 deadline where it may run (cheap | safe | late) from what the broker measured, keeps it on the
 job (`deadline_where`, shown by `onepool status`) and records a `deadline` event when it
-changes. The snapshot then gives a job that must run safe the spot policy `never`
-(broker.control.snapshots.pending_view): it goes to on-prem or on-demand capacity, whatever
-its own spot policy said. A running attempt of such a job on a spot pool is moved: it is
+changes. The snapshot then gives a job that must run safe the spot policy `never`, and one that
+keeps pace `only` (unless its own is `never`): broker.control.snapshots.pending_view. A
+running attempt on the wrong side is moved: one on a spot pool that must run safe, and one on
+an on-demand pool that is ahead of its pace again (by a restart: the rule's hysteresis) is
 asked to stop (SIGTERM: it checkpoints and exits, stop reason "rebalanced", the job requeues)
-and the plan places it on safe capacity.
+and the plan places it again. (A job that does not checkpoint on SIGTERM loses its work since
+its last checkpoint in a move: the margin of the rule counts it.)
 
 What the rule is given (broker.policy.deadlines.DeadlineFacts):
 - start: its submission; deadline: the job's;
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING
 from sqlmodel import Session, col, select
 
 from broker.policy.deadlines import DeadlineFacts, Decision, Where, decide
-from broker.spec import Market
+from broker.spec import Market, SpotPolicy
 from broker.state.events import record
 from broker.state.model import Attempt, AttemptState, Job, JobState
 
@@ -91,17 +93,21 @@ def decide_all(s: Session, now: float) -> list[tuple[Job, Decision]]:
 
 
 def cycle(engine: Engine, now: float) -> None:
-    """Decide (decide_all), then move running attempts of jobs that must run safe off spot pools."""
+    """Decide (decide_all), then move running attempts: off spot pools for jobs that must run
+    safe, off on-demand pools for jobs ahead of their pace again whose spot policy allows spot."""
     with engine.store.session() as s:
         decided = decide_all(s, now)
         s.commit()
-        spot_pools = {p.name for p in engine.config.pools if p.market is Market.SPOT}
+        market = {p.name: p.market for p in engine.config.pools}
         for j, d in decided:
-            if d.where is Where.CHEAP or j.state != JobState.RUNNING or not spot_pools:
+            if j.state != JobState.RUNNING:
                 continue
+            leave = Market.ON_DEMAND if d.where is Where.CHEAP and j.spot != SpotPolicy.NEVER else (
+                Market.SPOT if d.where is not Where.CHEAP else None)
             for a in s.exec(select(Attempt).where(Attempt.job_id == j.id,
                                                   Attempt.state == AttemptState.RUNNING)).all():
-                if a.pool in spot_pools:
-                    record(s, now, "deadline_move", f"attempt {a.number} leaves spot pool {a.pool} for "
-                           f"capacity that will not be taken: {d.reason}", job_id=j.id, attempt_id=a.id)
+                if leave is not None and market.get(a.pool) is leave:
+                    to = "spot" if leave is Market.ON_DEMAND else "capacity that will not be taken"
+                    record(s, now, "deadline_move", f"attempt {a.number} leaves {leave.value} pool {a.pool} "
+                           f"for {to}: {d.reason}", job_id=j.id, attempt_id=a.id, to=d.where.value)
                     engine._request_stop(s, a, now, "rebalanced")

@@ -52,6 +52,7 @@ from broker.policy.free_index import FreeIndex
 from broker.policy.pools import capped, closed_until, could_ever_run
 from broker.policy.rebalance import RebalanceConfig
 from broker.policy.reclaim_index import ReclaimIndex
+from broker.sim.deadlines import SimDeadlines
 from broker.sim.intervals import IntervalMeter
 from broker.sim.metrics import Recorder
 from broker.sim.policies import SimPolicy
@@ -139,6 +140,7 @@ class Simulator:
         end = trace[-1].submit_s if trace else 0.0
         self.rec = Recorder(sc, pol.name, window=(trace[0].submit_s if trace else 0.0, end))
         self.horizon = end + sc.drain_limit_s
+        self.deadlines = SimDeadlines(self) if sc.deadlines != "none" else None  # [issue 31]
 
     # -- the event loop ----------------------------------------------------------------------
     def push(self, t: float, kind: int, data: Any) -> None:
@@ -174,6 +176,8 @@ class Simulator:
             self.progress(1.0)
         out = self.rec.result(self.jobs, self.pending, self.running, self.detail)
         out["checkpoints"] = self.intervals.summary()
+        if self.deadlines is not None:
+            out["deadlines"] = self.deadlines.summary()
         if self.rebalancer is not None:  # [issue 12 hook]
             rb = self.rebalancer
             out["rebalance"] = {"moves": rb.moves, "defrag_moves": rb.defrag_moves,
@@ -247,12 +251,15 @@ class Simulator:
     def _pending_view(self, j: SimJob) -> PendingView:
         g = j.trace.gpus
         gpn = g if g <= 8 else 8
-        return PendingView(j.jid, j.team, j.cls, gpn, j.trace.submit_s, g // gpn, j.types, j.spot,
+        spot = j.spot if self.deadlines is None else self.deadlines.spot_of(j)  # [issue 31]
+        return PendingView(j.jid, j.team, j.cls, gpn, j.trace.submit_s, g // gpn, j.types, spot,
                            j.budget, self._estimate(j), self.sc.checkpoint_interval_s)
 
     # -- a scheduling cycle --------------------------------------------------------------------
     def _cycle(self) -> None:
         self.last_cycle = self.now
+        if self.deadlines is not None:  # [issue 31] jobs with deadlines that must run safe
+            self.deadlines.advance()
         self._decay_usage()
         self._team_views = None  # usage moved on: built again on first need in this cycle
         due = {s for s, t in self.wakes.items() if t <= self.now}
@@ -459,6 +466,8 @@ class Simulator:
         gpu_s = (self.now - a.view.started_at) * gpus
         if pool.rented:
             self.spend[j.team] += gpu_s / 3600.0 * pool.price_per_node_hour / pool.gpus_per_node
+        if self.deadlines is not None:
+            self.deadlines.ended(j, pool, gpu_s)
         self.intervals.ended(j, self.now - a.view.started_at, min(j.remaining, self.now - a.progress_start),
                              a.interval_s, gpus, not completed and a.cause in ("preemption", "interruption"))
         if completed:
