@@ -128,7 +128,8 @@ def test_safe_until_its_progress_is_measured_then_back_to_spot(make_cluster, clo
     info = c.get(j)
     assert [a.pool for a in info.attempt_list] == ["od", "spot"] and info.deadline_where == "cheap"
     assert info.attempt_list[0].end_reason == "REBALANCED"
-    ev = [(e.kind, e.data.get("where") or e.data.get("to")) for e in c.events(j) if e.kind.startswith("deadline")]
+    ev = [(e.kind, e.data.get("where") or e.data.get("to")) for e in c.events(j)
+          if e.kind.startswith("deadline")]
     assert ev == [("deadline", "safe"), ("deadline", "cheap"), ("deadline_move", "cheap")]
     c.cancel(j)
     drive(eng, lambda: c.get(j).status == "CANCELLED")
