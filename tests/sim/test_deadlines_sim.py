@@ -56,3 +56,23 @@ def test_the_rule_costs_less_than_on_demand_and_misses_less_than_spot(tmp_path: 
     assert aware["moved_back_to_spot"] > 0
     if rate:
         assert spot["missed"] > aware["missed"] or spot["missed"] == 0
+
+
+@pytest.mark.parametrize(("over", "field", "mentions"), [
+    ({"deadlines": "sometimes"}, "deadlines", "'none', 'on_demand', 'spot' or 'aware'"),
+    ({"deadline_fraction": 1.5}, "deadline_fraction", "less than or equal to 1"),
+    ({"deadline_fraction": -0.1}, "deadline_fraction", "greater than or equal to 0"),
+    ({"deadline_slack": 1.0}, "deadline_slack", "greater than 1"),
+    ({"checkpoint_intervals": "auto"}, "checkpoint_intervals", "'fixed' or 'advised'"),
+])
+def test_bad_scenario_keys_name_the_field_and_the_allowed_values(over: dict, field: str,
+                                                                 mentions: str) -> None:
+    from broker.errors import SpecError
+    from broker.sim.scenario import Scenario
+    from broker.spec import validate
+
+    base = scenario().model_dump(mode="json")
+    with pytest.raises(SpecError) as e:
+        validate(Scenario, {**base, **over}, "s.yaml")
+    (line,) = [p for p in e.value.problems if p.startswith(f"{field}:")]
+    assert mentions in line
