@@ -133,3 +133,37 @@ def test_safe_until_its_progress_is_measured_then_back_to_spot(make_cluster, clo
     assert ev == [("deadline", "safe"), ("deadline", "cheap"), ("deadline_move", "cheap")]
     c.cancel(j)
     drive(eng, lambda: c.get(j).status == "CANCELLED")
+
+
+def test_the_cli_submits_auto_and_a_deadline_and_status_shows_both(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    from broker.client.sdk import Client
+    from broker.policy.intervals import Advice
+    from tests.test_cli import CONFIG, cli, cli_json, flat, stored_job
+
+    (tmp_path / "onepool.yaml").write_text(yaml.safe_dump(CONFIG))
+    home = tmp_path / "home"
+    cli(home, "apply", "-c", str(tmp_path / "onepool.yaml"))
+
+    info = cli_json(home, "submit", "--name", "due", "--team", "research", "--checkpoint-interval-s",
+                    "auto", "--deadline", "2026-12-06T18:00:00Z", "--", "python", "train.py")
+    job = stored_job(home, info["id"])
+    assert (job.checkpoint_auto, job.checkpoint_interval_s, job.deadline) == (True, 1800.0, 1796580000.0)
+    shown = flat(cli(home, "status", str(info["id"])).stdout)
+    assert "deadline: 2026-12-06 18:00:00 UTC; runs not decided yet" in shown
+    assert "checkpoint interval" not in shown  # nothing advised before its first start
+    c = Client(home)
+    try:
+        with c.store.session() as s:
+            j = s.get(Job, info["id"])
+            assert j is not None
+            j.checkpoint_advice = Advice(600.0, 10.0, 0.5, "measured").to_record(0.0)
+            j.checkpoint_interval_s = 600.0
+            s.add(j)
+            s.commit()
+    finally:
+        c.store.dispose()
+    out = flat(cli(home, "status", str(info["id"])).stdout)
+    assert "checkpoint interval: 600 s (auto: the advised one); advised 600 s" in out
+    assert "at 600 s, 60 s saving + 150 s lost" in out
