@@ -87,7 +87,7 @@ def test_facts_from_rows(home: Client, name: str, jobkw: dict, atts: list, ckpts
         asked = job(**jobkw) if jobkw else measured
         s.add(asked)
         s.commit()
-        got = intervals.facts(s, home.config(), asked, {"a100": 0.1, "t4": 0.5}, NOW)
+        got = intervals.facts(s, home.config(), asked, intervals.CycleInputs({"a100": 0.1, "t4": 0.5}), NOW)
     want = {"save_s": None, "run_s": 0.0, "stops": 0,
             "prior_rate_per_h": 0.5 if jobkw.get("gpu_types") == ["T4"] else 0.3, **expect}
     assert {k: getattr(got, k) for k in want} == pytest.approx(want), name
@@ -101,8 +101,10 @@ def test_at_start_records_the_advice_and_auto_takes_it(home: Client) -> None:
         s.add(attempt(fixed.id or 0, "a100", NOW - 3600 * PRIOR_HOURS, NOW, "PREEMPTED"))
         s.add(ckpt(fixed.id or 0, 1, 20.0))
         s.commit()
-        a = intervals.at_start(s, home.config(), fixed, {}, NOW)
-        b = intervals.at_start(s, home.config(), auto, {}, NOW)
+        inputs = intervals.CycleInputs()
+        a = intervals.at_start(s, home.config(), fixed, inputs, NOW)
+        b = intervals.at_start(s, home.config(), auto, inputs, NOW)
+        assert list(inputs.stops) == [("low", ("a100", "t4"))]  # read once in the cycle
         assert a == b and a.basis == "measured" and a.rate_per_h == pytest.approx(1 / (2 * PRIOR_HOURS))
         assert fixed.checkpoint_interval_s == 900.0 and auto.checkpoint_interval_s == a.interval_s
         assert Advice.from_record(fixed.checkpoint_advice) == a and fixed.checkpoint_advice["at"] == NOW

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlmodel import Session, col, select
@@ -76,7 +76,6 @@ class Engine(AttemptGuards, Duties):
     (broker.control.lease): once another broker takes the lease, its writes raise LeaseLost.
     """
 
-    pool_rates: Mapping[str, float] = {}  # reclaims per hour per pool, as the last snapshot saw them
 
     def __init__(self, store: Store, clock: Clock, executor: Executor | None = None,
                  policy: PolicyConfig | None = None, lease: Lease | None = None) -> None:
@@ -102,6 +101,7 @@ class Engine(AttemptGuards, Duties):
         # Slurm pools (issue 14): their nodes are read from Slurm each cycle; the executor runs them
         self.slurm = self.executor.slurm if isinstance(self.executor, Executors) else None
         self.rebalancer = Rebalancer(self)  # moves to cheaper capacity (issue 12)
+        self.interval_inputs = intervals.CycleInputs()  # issue 31: made afresh at each snapshot
         self.team_budgets: list[budgets.TeamBudget] = []  # as of the last cycle
         self._team_budget_state: dict[str, str] = {}  # money (issue 6): last team budget states
         self.held: dict[int, str] = {}  # jobs held out of the last snapshot, and why (issue 29)
@@ -171,7 +171,8 @@ class Engine(AttemptGuards, Duties):
         deadlines.cycle(self, now)  # [issue 31 hook] where jobs with deadlines may run; off spot
         with self.store.session() as s:
             snap = self.snapshot(s, now)
-            self.pool_rates = {v.name: v.interruption_rate_per_h for v in snap.pools}  # [issue 31]
+            self.interval_inputs = intervals.CycleInputs({v.name: v.interruption_rate_per_h
+                                                          for v in snap.pools})  # [issue 31]
             with PLAN_SECONDS.time():
                 p = plan(snap)
             rep.plan = p
@@ -451,7 +452,7 @@ class Engine(AttemptGuards, Duties):
             job.state, job.attempts = JobState.RUNNING, job.attempts + 1
             job.wait_s += max(0.0, now - job.queued_at)
             job.waiting_reason, job.checkpoint_uri = None, target
-            intervals.at_start(s, self.config, job, self.pool_rates, now)  # [issue 31 hook] auto intervals
+            intervals.at_start(s, self.config, job, self.interval_inputs, now)  # [issue 31 hook]
             s.add(a)
             s.add(job)
             s.flush()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from sqlalchemy import case, func
 from sqlmodel import Session, col, select
@@ -57,30 +58,47 @@ def measured_save_s(s: Session, team: str, experiment: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def facts(s: Session, cfg: ClusterConfig, job: Job, pool_rates: Mapping[str, float],
-          now: float) -> IntervalFacts:
+@dataclass
+class CycleInputs:
+    """What one engine cycle hands every start: the pools' reclaim rates (the snapshot's) and
+    the stop counts already read this cycle, per (class, pools): a cycle that starts many
+    jobs scans the attempts once per class and pool set. Made afresh at every snapshot (a move
+    the rebalancer places before it uses the previous cycle's)."""
+
+    pool_rates: Mapping[str, float] = field(default_factory=dict)
+    stops: dict[tuple[str, tuple[str, ...]], tuple[float, int]] = field(default_factory=dict)
+
+
+def stop_rate(s: Session, cls: str, pools: tuple[str, ...], now: float) -> tuple[float, int]:
+    """(running seconds, stops) of attempts of class `cls` in `pools` that started within
+    RATE_WINDOW_S of `now` (running ones up to now)."""
+    row = s.exec(select(
+        func.coalesce(func.sum(func.coalesce(Attempt.ended_at, now) - Attempt.started_at), 0.0),
+        func.coalesce(func.sum(case((col(Attempt.end_reason).in_([r.value for r in STOPS]), 1),
+                                    else_=0)), 0))
+        .where(Attempt.priority == cls, col(Attempt.pool).in_(pools),
+               Attempt.started_at >= now - RATE_WINDOW_S)).one()
+    return max(0.0, float(row[0])), int(row[1])
+
+
+def facts(s: Session, cfg: ClusterConfig, job: Job, inputs: CycleInputs, now: float) -> IntervalFacts:
     """What was measured for `job` (module docstring)."""
-    pools = eligible_pools(cfg, job)
-    cls = Priority(job.priority).value
+    pools = tuple(eligible_pools(cfg, job))
     run_s, stops = 0.0, 0
     if pools:
-        row = s.exec(select(
-            func.coalesce(func.sum(func.coalesce(Attempt.ended_at, now) - Attempt.started_at), 0.0),
-            func.coalesce(func.sum(case((col(Attempt.end_reason).in_([r.value for r in STOPS]), 1),
-                                        else_=0)), 0))
-            .where(Attempt.priority == cls, col(Attempt.pool).in_(pools),
-                   Attempt.started_at >= now - RATE_WINDOW_S)).one()
-        run_s, stops = max(0.0, float(row[0])), int(row[1])
-    prior = sum(pool_rates.get(p, 0.0) for p in pools) / len(pools) if pools else 0.0
+        key = (Priority(job.priority).value, pools)
+        if key not in inputs.stops:
+            inputs.stops[key] = stop_rate(s, key[0], pools, now)
+        run_s, stops = inputs.stops[key]
+    prior = sum(inputs.pool_rates.get(p, 0.0) for p in pools) / len(pools) if pools else 0.0
     return IntervalFacts(save_s=measured_save_s(s, job.team, job.experiment), run_s=run_s, stops=stops,
                          prior_rate_per_h=prior)
 
 
-def at_start(s: Session, cfg: ClusterConfig, job: Job, pool_rates: Mapping[str, float],
-             now: float) -> Advice:
+def at_start(s: Session, cfg: ClusterConfig, job: Job, inputs: CycleInputs, now: float) -> Advice:
     """Advise the job's interval as it starts an attempt: record it on the job, and make it the
     interval in force when the job asked for `auto` (the caller adds the row to the session)."""
-    a = advise(facts(s, cfg, job, pool_rates, now))
+    a = advise(facts(s, cfg, job, inputs, now))
     job.checkpoint_advice = a.to_record(now)
     if job.checkpoint_auto:
         job.checkpoint_interval_s = a.interval_s
