@@ -232,7 +232,8 @@ def save(step: int, arrays: Mapping[str, np.ndarray] | None = None,
     payload = _payload(arrays, files)
     if not payload:
         raise CheckpointError("save() needs arrays or files to write")
-    pending = _worker().submit(step, partial(_upload, ctx, ctx.store(), step, payload))
+    started = SystemClock().now()  # the save's cost, from here to its commit: see broker.policy.intervals
+    pending = _worker().submit(step, partial(_upload, ctx, ctx.store(), step, payload, started))
     _last_save[0] = time.monotonic()
     _requested.clear()
     if block:
@@ -327,8 +328,9 @@ def _payload(arrays: Mapping[str, np.ndarray] | None,
 
 
 def _upload(ctx: Context, store: CheckpointStore, step: int,
-            payload: dict[str, Source]) -> Manifest | None:
-    meta = {"job_id": ctx.job_id, "attempt": ctx.attempt, "written_by": ctx.written_by}
+            payload: dict[str, Source], started: float | None = None) -> Manifest | None:
+    meta = {"job_id": ctx.job_id, "attempt": ctx.attempt, "written_by": ctx.written_by,
+            "started": started}
     if ctx.world_size <= 1:
         return store.write(step, payload, now=SystemClock().now(), **meta)  # type: ignore[arg-type]
     store.write_shard(step, ctx.rank, payload)

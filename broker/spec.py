@@ -10,6 +10,7 @@ re-exported here, and the rest of the code imports them from broker.spec.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from pathlib import Path
@@ -56,6 +57,7 @@ from broker.spec_types import (
     check_argv,
     check_env,
     image_ref,
+    parse_deadline,
 )
 from broker.spec_workflow import Workflow
 
@@ -345,6 +347,24 @@ class ClusterConfig(_Strict):
         return next(p for p in self.pools if p.name == name)
 
 
+DEFAULT_CHECKPOINT_INTERVAL_S = 1800.0
+
+
+def checkpoint_interval(v: Any) -> float | str:
+    """A job's checkpoint_interval_s: "auto", or seconds (a number > 0; a numeric string is
+    read as one). Raises ValueError naming the allowed values."""
+    if isinstance(v, str):
+        if v.strip().lower() == "auto":
+            return "auto"
+        try:
+            v = float(v)
+        except ValueError:
+            raise ValueError(f"must be a number of seconds > 0 or 'auto' (got {_short(v)})") from None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"must be a number of seconds > 0 or 'auto' (got {_short(v)})")
+    return float(v)
+
+
 class JobSpec(Workflow):
     """What a user submits. `command` is an argv list (a string is split with shlex). Arrays,
     sweeps, dependencies and retries: see broker.spec_workflow.Workflow (issue 29).
@@ -369,8 +389,13 @@ class JobSpec(Workflow):
     priority: Priority = Priority.NORMAL
     budget_usd: float | None = Field(default=None, ge=0.0)
     spot: SpotPolicy = SpotPolicy.ALLOWED
-    checkpoint_interval_s: float = Field(default=1800.0, gt=0.0)
+    # seconds, or "auto": the broker advises it from measured save times and stop rates
+    # (broker.policy.intervals) and hands it to each attempt at its start
+    checkpoint_interval_s: float | Literal["auto"] = DEFAULT_CHECKPOINT_INTERVAL_S
     expected_duration_s: float | None = Field(default=None, gt=0.0)
+    # finish by then (broker.policy.deadlines): an ISO time with its zone, or a duration from
+    # the submission (broker.spec_types.DEADLINE_HELP)
+    deadline: str | None = Field(default=None, max_length=100)
     # Its own webhook (issue 30, broker.control.notify): hears of this job's end, failure,
     # preemption and interruption, besides its team's. Secrets: never shown or logged.
     webhook_url: str | None = Field(default=None, max_length=2000)
@@ -390,6 +415,38 @@ class JobSpec(Workflow):
     def _webhook_signed(self) -> JobSpec:
         webhook_signed(self.webhook_url, self.webhook_secret)
         return self
+
+    @field_validator("checkpoint_interval_s", mode="before")
+    @classmethod
+    def _interval(cls, v: Any) -> Any:
+        return checkpoint_interval(v)
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                parse_deadline(v)
+            except ValueError as e:
+                raise ValueError(str(e).removeprefix("deadline: ")) from None
+        return v
+
+    def deadline_at(self, submitted: float) -> float | None:
+        """The deadline in epoch seconds for a job submitted at `submitted` (None: none)."""
+        if self.deadline is None:
+            return None
+        kind, v = parse_deadline(self.deadline)
+        return submitted + v if kind == "in" else v
+
+    @property
+    def checkpoint_auto(self) -> bool:
+        return self.checkpoint_interval_s == "auto"
+
+    @property
+    def interval_hint_s(self) -> float:
+        """The interval in seconds; for "auto", the default until the broker advises one."""
+        v = self.checkpoint_interval_s
+        return DEFAULT_CHECKPOINT_INTERVAL_S if v == "auto" else v
 
     @field_validator("command", mode="before")
     @classmethod

@@ -93,6 +93,37 @@ class AttemptInfo(BaseModel):
                    gpu_idle_since=a.gpu_idle_since, held_idle=held_idle(a, now))
 
 
+class CheckpointAdvice(BaseModel):
+    """The checkpoint interval the broker advised at the job's last start (issue 31,
+    broker.policy.intervals) and, per hour of running, the expected seconds spent saving and
+    lost to stops at the interval in force and at the advised one."""
+
+    model_config = ConfigDict(defer_build=True)
+    interval_s: float
+    save_s: float
+    rate_per_h: float
+    basis: str
+    at: float | None = None
+    current_saving_s_per_h: float
+    current_lost_s_per_h: float
+    advised_saving_s_per_h: float
+    advised_lost_s_per_h: float
+
+    @classmethod
+    def of(cls, record: dict | None, current_interval_s: float) -> CheckpointAdvice | None:
+        from broker.policy.intervals import Advice
+
+        a = Advice.from_record(record)
+        if a is None or not current_interval_s > 0:
+            return None
+        now, adv = a.cost(current_interval_s), a.cost(a.interval_s)
+        at = (record or {}).get("at")
+        return cls(interval_s=a.interval_s, save_s=a.save_s, rate_per_h=a.rate_per_h, basis=a.basis,
+                   at=float(at) if isinstance(at, int | float) else None,
+                   current_saving_s_per_h=now.saving_s_per_h, current_lost_s_per_h=now.lost_s_per_h,
+                   advised_saving_s_per_h=adv.saving_s_per_h, advised_lost_s_per_h=adv.lost_s_per_h)
+
+
 class JobInfo(BaseModel):
     model_config = ConfigDict(defer_build=True)  # built on first use: a CLI run builds only what it prints
     id: int
@@ -138,6 +169,14 @@ class JobInfo(BaseModel):
     user: str | None = None  # who submitted it (issue 28; None: a token of the whole team)
     held_by: str | None = None  # on hold (`onepool hold`) by this actor; None: not held
     image: str | None = None  # the OCI image its ranks run in (issue 26); None: on the node
+    # Issue 31: the interval in force (auto: the advice at its last start), whether it is
+    # advised, and the advice with its expected costs (None: it has not started yet).
+    checkpoint_interval_s: float = 1800.0
+    checkpoint_auto: bool = False
+    checkpoint_advice: CheckpointAdvice | None = None
+    # Its deadline (epoch s) and where the deadline rule last said it may run (cheap | safe | late).
+    deadline: float | None = None
+    deadline_where: str | None = None
 
     @classmethod
     def of(cls, j: Job, attempts: list[Attempt], now: float, *, stores: list[str] | None = None,
@@ -167,7 +206,10 @@ class JobInfo(BaseModel):
                    gpu_util_pct=last.gpu_util_pct if last is not None and running else None,
                    held_idle=last is not None and running and last.held_idle,
                    array_id=j.array_id, array_index=j.array_index, retries=j.retries,
-                   retried=j.retried, after=list(j.after or []), user=j.user, held_by=j.held_by)
+                   retried=j.retried, after=list(j.after or []), user=j.user, held_by=j.held_by,
+                   checkpoint_interval_s=j.checkpoint_interval_s, checkpoint_auto=bool(j.checkpoint_auto),
+                   checkpoint_advice=CheckpointAdvice.of(j.checkpoint_advice, j.checkpoint_interval_s),
+                   deadline=j.deadline, deadline_where=j.deadline_where)
 
 
 class EventInfo(BaseModel):

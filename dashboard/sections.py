@@ -218,6 +218,10 @@ def job_page(jobs: list[Any], get: Callable[[int], Any], detail_of: Callable[[in
                + (f"; GPU utilization {j.gpu_util_pct:.0f}%" if j.gpu_util_pct is not None else ""))
     if j.held_idle:
         st.warning("held but idle: its GPUs have been below 5% utilization for 10 minutes or more")
+    from broker.client.cli_intervals import calibration_lines  # issue 31: deadline, checkpoint interval
+
+    for line in calibration_lines(j):
+        st.caption(line)
     est = estimate_of(jid) if estimate_of is not None and j.status == "PENDING" else None
     if est is not None:
         from broker.client.cli_estimate import summary

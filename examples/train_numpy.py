@@ -3,7 +3,8 @@
 Linear regression by mini-batch SGD on a fixed synthetic problem. Each step does a little
 real numpy work, then waits `--step-s` to stand in for a GPU step. It resumes from the
 broker's checkpoint (continuing its step counter), saves every `--ckpt-every` steps (in the
-background), saves at once when the broker asks for a checkpoint (SIGUSR1), and on SIGTERM
+background; 0: whenever `runtime.due()` says the broker's interval passed), saves at once
+when the broker asks for a checkpoint (SIGUSR1), and on SIGTERM
 saves and exits for requeue. `--state-kb` adds an optimizer-state file of that size to each
 checkpoint (for realistic copy and egress numbers). On success it appends one line to
 `--done-file` (if given), so tests can count completions.
@@ -44,6 +45,7 @@ def main() -> int:
     else:
         w, step = np.zeros(args.dim), 0
         print("fresh start", flush=True)
+    print(f"checkpoint interval {runtime.context().checkpoint_interval_s:g} s", flush=True)
 
     state = np.random.default_rng(1).bytes(args.state_kb * 1024)
     while step < args.steps:
@@ -53,7 +55,8 @@ def main() -> int:
         time.sleep(args.step_s)
         runtime.progress(step, args.steps)
         stop = runtime.preempted()  # read once: a SIGTERM right after still gets its save
-        if stop or runtime.checkpoint_requested() or (step + 1) % args.ckpt_every == 0:
+        periodic = runtime.due() if args.ckpt_every <= 0 else (step + 1) % args.ckpt_every == 0
+        if stop or runtime.checkpoint_requested() or periodic:
             runtime.save(step, arrays={"w": w}, files={"optimizer.bin": state} if state else None)
         if stop:
             print(f"preempted: saved step {step}, exiting for requeue", flush=True)

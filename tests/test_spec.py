@@ -219,8 +219,16 @@ BAD_JOBS = [
     pytest.param(jobd(nodes=2000), "nodes", ["less than or equal to 1024"], id="nodes-too-many"),
     pytest.param(jobd(budget_usd=-1), "budget_usd", ["greater than or equal to 0"],
                  id="budget-negative"),
-    pytest.param(jobd(checkpoint_interval_s=0), "checkpoint_interval_s", ["greater than 0"],
+    pytest.param(jobd(checkpoint_interval_s=0), "checkpoint_interval_s", ["> 0 or 'auto'", "got 0"],
                  id="checkpoint-interval-zero"),
+    pytest.param(jobd(checkpoint_interval_s="often"), "checkpoint_interval_s",
+                 ["> 0 or 'auto'", "got 'often'"], id="checkpoint-interval-word"),
+    pytest.param(jobd(checkpoint_interval_s=True), "checkpoint_interval_s", ["> 0 or 'auto'"],
+                 id="checkpoint-interval-bool"),
+    pytest.param(jobd(checkpoint_interval_s="-60"), "checkpoint_interval_s", ["> 0 or 'auto'"],
+                 id="checkpoint-interval-negative-string"),
+    pytest.param(jobd(checkpoint_interval_s=float("inf")), "checkpoint_interval_s", ["> 0 or 'auto'"],
+                 id="checkpoint-interval-inf"),
     pytest.param(jobd(name="My Job"), "name", [NAME_RULE, "'My Job'"], id="name-space-upper"),
     pytest.param(jobd(team="NLP"), "team", [NAME_RULE], id="team-uppercase"),
     pytest.param(jobd(experiment="exp 1"), "experiment", [NAME_RULE], id="experiment-space"),
@@ -235,7 +243,7 @@ BAD_JOBS = [
                  id="budget-inf"),
     pytest.param(jobd(budget_usd=1e400), "budget_usd", ["finite number"], id="budget-1e400"),
     pytest.param(jobd(checkpoint_interval_s=float("nan")), "checkpoint_interval_s",
-                 ["finite number", "nan"], id="checkpoint-interval-nan"),
+                 ["> 0 or 'auto'", "nan"], id="checkpoint-interval-nan"),
     pytest.param(jobd(expected_duration_s=float("inf")), "expected_duration_s", ["finite number"],
                  id="duration-inf"),
     pytest.param(jobd(command=["python", "tr\x00ain.py"]), "command", ["NUL byte", "item 1"],
@@ -281,6 +289,15 @@ def test_bad_job_field_names_field_and_allowed(data: dict[str, Any], field: str,
     assert line is not None, f"no problem names {field!r}: {exc.value.problems}"
     for m in mentions:
         assert m in line, f"{m!r} missing from {line!r}"
+
+
+@pytest.mark.parametrize(("given", "value", "auto", "hint"), [
+    ("auto", "auto", True, 1800.0), (" AUTO ", "auto", True, 1800.0), ("600", 600.0, False, 600.0),
+    (90, 90.0, False, 90.0), (None, 1800.0, False, 1800.0),
+])
+def test_checkpoint_interval_values(given: Any, value: Any, auto: bool, hint: float) -> None:
+    js = parse_job(jobd() if given is None else jobd(checkpoint_interval_s=given))
+    assert (js.checkpoint_interval_s, js.checkpoint_auto, js.interval_hint_s) == (value, auto, hint)
 
 
 @pytest.mark.parametrize("data", [None, ["python"], "python train.py"],

@@ -285,19 +285,20 @@ class CheckpointStore:
     # -- writing ----------------------------------------------------------------------------
     def write(self, step: int, files: Mapping[str, Source], *, job_id: int | None = None,
               attempt: int | None = None, written_by: Mapping[str, str] | None = None,
-              now: float) -> Manifest:
+              now: float, started: float | None = None) -> Manifest:
         """Write the files (bytes, or a local path to copy), then commit the manifest last.
 
         A crash before the commit leaves an uncommitted folder that readers ignore.
         Raises CheckpointError if the step is already committed (steps are immutable) or
-        another writer committed it first.
+        another writer committed it first. `started` (the writer's clock when its save began)
+        records the save's duration in the manifest (`save_s`).
         """
         if not files:
             raise CheckpointError("a checkpoint needs at least one file")
         self._refuse_committed(step)
         entries = self.put_files(step, files)
         return self.commit(step, entries, job_id=job_id, attempt=attempt,
-                           written_by=written_by, now=now)
+                           written_by=written_by, now=now, started=started)
 
     def put_files(self, step: int, files: Mapping[str, Source], under: str = "") -> dict[str, FileEntry]:
         """Upload files into the step folder (optionally under a sub-folder); their entries."""
@@ -353,7 +354,7 @@ class CheckpointStore:
     def commit(self, step: int, entries: Mapping[str, FileEntry], *, now: float,
                job_id: int | None = None, attempt: int | None = None,
                written_by: Mapping[str, str] | None = None, world_size: int = 1,
-               copied_from: str | None = None) -> Manifest:
+               copied_from: str | None = None, started: float | None = None) -> Manifest:
         """Commit already-uploaded files as step `step` (see the module docstring, steps 3-6).
 
         Raises CheckpointError if the step is committed already or another writer won.
@@ -364,7 +365,8 @@ class CheckpointStore:
         m = Manifest(step=step, time=now, job_id=job_id, attempt=attempt,
                      written_by=dict(written_by or {}), files=dict(entries),
                      world_size=world_size, writer=new_writer_token(job_id, attempt),
-                     copied_from=copied_from, uri=self.step_uri(step))
+                     copied_from=copied_from, uri=self.step_uri(step),
+                     save_s=None if started is None else max(0.0, now - started))
         body = m.to_json().encode()
         final = self.step_path(step, MANIFEST)
         pending = self.step_path(step, f"{PENDING_PREFIX}{m.writer}.json")

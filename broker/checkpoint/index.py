@@ -95,7 +95,7 @@ def refresh_attempt(s: Session, job: Job, a: Attempt, now: float) -> list[Manife
         mine = m.attempt in (None, a.number)
         row.state, row.observed_at, row.written_at, row.bytes = (
             CheckpointState.COMMITTED, now, m.time, m.bytes)
-        row.attempt_id, row.copied_from = (a.id if mine else None), m.copied_from
+        row.attempt_id, row.copied_from, row.save_s = (a.id if mine else None), m.copied_from, m.save_s
         s.add(row)
         new.append(m)
     mine_steps = [m.step for m in new if m.attempt in (None, a.number) and m.copied_from is None]

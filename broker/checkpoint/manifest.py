@@ -38,6 +38,7 @@ class Manifest:
     world_size: int = 1
     writer: str = ""
     copied_from: str | None = None
+    save_s: float | None = None  # seconds from the writer's save() to its commit (None: unknown)
     uri: str = field(default="", compare=False)  # the step folder (not stored)
     problems: tuple[str, ...] = field(default=(), compare=False)  # why it is damaged (not stored)
 
@@ -71,12 +72,20 @@ class Manifest:
         return cls(step=int(d["step"]), time=float(d["time"]), job_id=d.get("job_id"),
                    attempt=d.get("attempt"), written_by=dict(d.get("written_by", {})),
                    files=files, world_size=int(d.get("world_size", 1)),
-                   writer=str(d.get("writer", "")), copied_from=d.get("copied_from"), uri=uri,
-                   problems=problems)
+                   writer=str(d.get("writer", "")), copied_from=d.get("copied_from"),
+                   save_s=_duration(d.get("save_s")), uri=uri, problems=problems)
 
 
 MAX_META_CHARS = 1024
 """The longest string a manifest's other fields (writer, copied_from, written_by) may hold."""
+
+
+def _duration(v: Any) -> float | None:
+    """A manifest's save_s as the job wrote it: a finite number >= 0, else unknown (None): a
+    measurement, not part of the checkpoint, so garbage there damages nothing."""
+    if type(v) in (int, float) and math.isfinite(v) and v >= 0:
+        return float(v)
+    return None
 
 
 def _check_meta(d: dict[str, Any]) -> None:

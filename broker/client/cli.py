@@ -176,9 +176,11 @@ def submit(
         "--gpu-type", metavar="TYPE", help="an acceptable GPU type (repeat for more; default any)")] = None,
     spot: Annotated[str | None, typer.Option(metavar="POLICY",
                                              help="never|allowed|only (default allowed)")] = None,
-    checkpoint_interval_s: Annotated[float | None, typer.Option(
-        "--checkpoint-interval-s", metavar="S", help="how often the job checkpoints (a hint; default 1800)")]
-    = None,
+    checkpoint_interval_s: Annotated[str | None, typer.Option(
+        "--checkpoint-interval-s", metavar="S|auto",
+        help="how often the job checkpoints (a hint; default 1800; auto: advised by the broker)")] = None,
+    deadline: Annotated[str | None, typer.Option(metavar="WHEN", help="finish by then: 2026-12-06T18:00Z "
+                                                 "or 36h from now (cheap capacity while on pace)")] = None,
     image: Annotated[str | None, typer.Option(
         "--image", metavar="REF", help="an OCI image each rank runs in, e.g. ghcr.io/lab/train:3")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", metavar="KEY=VALUE",
@@ -210,7 +212,7 @@ def submit(
         data.update(loaded)
     flags = {"name": name, "team": team, "experiment": experiment, "priority": priority,
              "budget_usd": budget_usd, "gpus_per_node": gpus, "nodes": nodes, "gpu_types": gpu_type,
-             "spot": spot, "checkpoint_interval_s": checkpoint_interval_s,
+             "spot": spot, "checkpoint_interval_s": checkpoint_interval_s, "deadline": deadline,
              "command": command or None, "array": array, "after": after, "image": image}
     data.update({k: v for k, v in flags.items() if v is not None})
     if env:
@@ -340,6 +342,10 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
             out.print("checkpoints lived in: " + ", ".join(info.checkpoint_stores), markup=False)
         if info.caused_lost_gpu_s:
             out.print(f"its preemptions cost other jobs {info.caused_lost_gpu_s:.1f} GPU-s")
+        from broker.client.cli_intervals import calibration_lines  # issue 31: interval, deadline
+
+        for line in calibration_lines(info):
+            out.print(line, markup=False)
         live = info.attempt_list[-1] if info.attempt_list and info.attempt_list[-1].ended_at is None else None
         if live is not None and live.gpu_util_pct is not None:
             idle = (f"; HELD BUT IDLE: below 5% since {_ts(live.gpu_idle_since)}" if live.held_idle

@@ -192,13 +192,17 @@ class Client(AdminMixin, EstimateMixin, ChangesMixin):
         workdir = existing_workdir(js.workdir) if p.kind == "local" else remote_workdir(js.workdir)
         elements = js.elements()  # arrays, sweeps and dependencies (issue 29)
         after = resolve_after(s, self, js, [i for i, _, _ in elements])
+        deadline = js.deadline_at(now)  # issue 31: broker.policy.deadlines
+        if deadline is not None and deadline <= now:
+            raise SpecError("job spec", [f"deadline: {js.deadline!r} is already past; give a later time"])
         jobs = [Job(name=js.name, experiment=js.experiment, team=js.team, command=command,
                     env=env, workdir=workdir, image=js.image,
                     gpus_per_node=js.gpus_per_node, nodes=js.nodes, gpu_types=js.gpu_types,
                     priority=js.priority.value, budget_usd=js.budget_usd, spot=js.spot.value,
-                    checkpoint_interval_s=js.checkpoint_interval_s,
+                    checkpoint_interval_s=js.interval_hint_s, checkpoint_auto=js.checkpoint_auto,
                     expected_duration_s=js.expected_duration_s, submit_time=now, queued_at=now,
-                    submitted_by=p.actor, user=p.person, array_index=None if index < 0 else index,
+                    deadline=deadline, submitted_by=p.actor, user=p.person,
+                    array_index=None if index < 0 else index,
                     array_limit=js.array_limit, retries=js.retries, retry_backoff_s=js.retry_backoff_s,
                     no_retry_exit_codes=js.no_retry_exit_codes, after=deps,
                      webhook_url=js.webhook_url, webhook_secret=js.webhook_secret)

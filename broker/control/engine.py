@@ -28,7 +28,7 @@ from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.resume import RestorePoint, fetch_restore_point
 from broker.checkpoint.telemetry import cause_of
 from broker.clock import Clock
-from broker.control import agents, budgets, holds, retries
+from broker.control import agents, budgets, deadlines, holds, intervals, retries
 from broker.control.capacity_manager import CapacityManager
 from broker.control.config_apply import applied_config
 from broker.control.duties import Duties
@@ -77,6 +77,7 @@ class Engine(AttemptGuards, Duties):
     (broker.control.lease): once another broker takes the lease, its writes raise LeaseLost.
     """
 
+
     def __init__(self, store: Store, clock: Clock, executor: Executor | None = None,
                  policy: PolicyConfig | None = None, lease: Lease | None = None) -> None:
         self.clock = clock
@@ -101,6 +102,7 @@ class Engine(AttemptGuards, Duties):
         # Slurm pools (issue 14): their nodes are read from Slurm each cycle; the executor runs them
         self.slurm = self.executor.slurm if isinstance(self.executor, Executors) else None
         self.rebalancer = Rebalancer(self)  # moves to cheaper capacity (issue 12)
+        self.interval_inputs = intervals.CycleInputs()  # issue 31: made afresh at each snapshot
         self.team_budgets: list[budgets.TeamBudget] = []  # as of the last cycle
         self._team_budget_state: dict[str, str] = {}  # money (issue 6): last team budget states
         self.held: dict[int, str] = {}  # jobs held out of the last snapshot, and why (issue 29)
@@ -167,8 +169,11 @@ class Engine(AttemptGuards, Duties):
             self.decay_fair_share(now)
         self.capacity.sync(now)  # [issue 4 hook] launches finished, notices acted on, idleness
         self.rebalancer.advance(now, rep)  # [issue 12 hook] in-flight moves: checkpoint, stop, place
+        deadlines.cycle(self, now)  # [issue 31 hook] where jobs with deadlines may run; off spot
         with self.store.session() as s:
             snap = self.snapshot(s, now)
+            self.interval_inputs = intervals.CycleInputs({v.name: v.interruption_rate_per_h
+                                                          for v in snap.pools})  # [issue 31]
             with PLAN_SECONDS.time():
                 p = plan(snap)
             rep.plan = p
@@ -448,6 +453,7 @@ class Engine(AttemptGuards, Duties):
             job.state, job.attempts = JobState.RUNNING, job.attempts + 1
             job.wait_s += max(0.0, now - job.queued_at)
             job.waiting_reason, job.checkpoint_uri = None, target
+            intervals.at_start(s, self.config, job, self.interval_inputs, now)  # [issue 31 hook]
             s.add(a)
             s.add(job)
             s.flush()

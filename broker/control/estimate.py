@@ -48,7 +48,7 @@ def estimate_new(s: Session, cfg: ClusterConfig, js: JobSpec, now: float) -> For
     job = PendingView(NEW_JOB, js.team, js.priority, js.gpus_per_node, now, js.nodes,
                       tuple(js.gpu_types), js.spot, budget_usd=js.budget_usd,
                       expected_duration_s=js.expected_duration_s or learned,
-                      checkpoint_interval_s=js.checkpoint_interval_s)
+                      checkpoint_interval_s=js.interval_hint_s)
     return forecast(replace(snap, pending=(*snap.pending, job)), NEW_JOB)
 
 

@@ -108,9 +108,16 @@ def pool_views(s: Session, ours: dict[str, int]) -> tuple[PoolView, ...]:
 
 def pending_view(j: Job, estimate: float | None = None,
                  failed_on: frozenset[str] = frozenset()) -> PendingView:
-    """The policy's view of a pending job."""
+    """The policy's view of a pending job. One with a deadline (broker.control.deadlines) that
+    must now run safe may not use spot, whatever its own spot policy; one that keeps pace runs
+    on spot or on-prem only (never on demand), unless its own policy is never spot."""
+    spot = SpotPolicy(j.spot)
+    if j.deadline_where in ("safe", "late"):
+        spot = SpotPolicy.NEVER
+    elif j.deadline_where == "cheap" and spot is not SpotPolicy.NEVER:
+        spot = SpotPolicy.ONLY
     return PendingView(j.id or 0, j.team, Priority(j.priority), j.gpus_per_node, j.submit_time,
-                       j.nodes, tuple(j.gpu_types), SpotPolicy(j.spot), expected_duration_s=estimate,
+                       j.nodes, tuple(j.gpu_types), spot, expected_duration_s=estimate,
                        checkpoint_interval_s=j.checkpoint_interval_s, failed_on=failed_on)
 
 

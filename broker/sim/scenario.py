@@ -103,6 +103,15 @@ class Scenario(PolicySettings):
     budget_usd: dict[Priority, float] = Field(default_factory=dict)
     runtime_estimates: Literal["learned", "exact", "none"] = "learned"
     checkpoint_interval_s: float = Field(default=1800.0, gt=0)
+    # fixed: every attempt saves every checkpoint_interval_s; advised: each gets the live
+    # broker's advice at its start (broker.sim.intervals, `checkpoint_interval_s: auto` in a job)
+    checkpoint_intervals: Literal["fixed", "advised"] = "fixed"
+    # Deadlines (broker.sim.deadlines): the share of jobs (by hash) with one, at submission +
+    # deadline_slack x their duration, and how they run: none (no deadlines), on_demand (never
+    # spot), spot (only spot), aware (the live broker's rule, broker.policy.deadlines)
+    deadlines: Literal["none", "on_demand", "spot", "aware"] = "none"
+    deadline_fraction: float = Field(default=0.0, ge=0, le=1)
+    deadline_slack: float = Field(default=2.0, gt=1)
     checkpoint_save_s: float = Field(default=30.0, ge=0)
     interruption_notice_s: float = Field(default=120.0, ge=0)
     cycle_s: float = Field(default=30.0, gt=0)

@@ -52,6 +52,8 @@ from broker.policy.free_index import FreeIndex
 from broker.policy.pools import capped, closed_until, could_ever_run
 from broker.policy.rebalance import RebalanceConfig
 from broker.policy.reclaim_index import ReclaimIndex
+from broker.sim.deadlines import SimDeadlines
+from broker.sim.intervals import IntervalMeter
 from broker.sim.metrics import Recorder
 from broker.sim.policies import SimPolicy
 from broker.sim.rebalance import SimRebalancer
@@ -74,6 +76,7 @@ class Simulator:
         self.sc, self.pol, self.cfg = sc, pol, pol.config
         # [issue 12 hook] the live broker's rebalancing rules, replayed (broker.sim.rebalance)
         self.rebalancer = SimRebalancer(self, rebalance, rebalance_every_s) if rebalance else None
+        self.intervals = IntervalMeter(sc, sc.checkpoint_intervals)  # [issue 31] fixed or advised
         self.detail = detail
         self.progress = progress
         self.rng = random.Random(sc.seed)
@@ -137,6 +140,7 @@ class Simulator:
         end = trace[-1].submit_s if trace else 0.0
         self.rec = Recorder(sc, pol.name, window=(trace[0].submit_s if trace else 0.0, end))
         self.horizon = end + sc.drain_limit_s
+        self.deadlines = SimDeadlines(self) if sc.deadlines != "none" else None  # [issue 31]
 
     # -- the event loop ----------------------------------------------------------------------
     def push(self, t: float, kind: int, data: Any) -> None:
@@ -171,6 +175,9 @@ class Simulator:
         if self.progress:
             self.progress(1.0)
         out = self.rec.result(self.jobs, self.pending, self.running, self.detail)
+        out["checkpoints"] = self.intervals.summary()
+        if self.deadlines is not None:
+            out["deadlines"] = self.deadlines.summary()
         if self.rebalancer is not None:  # [issue 12 hook]
             rb = self.rebalancer
             out["rebalance"] = {"moves": rb.moves, "defrag_moves": rb.defrag_moves,
@@ -244,12 +251,15 @@ class Simulator:
     def _pending_view(self, j: SimJob) -> PendingView:
         g = j.trace.gpus
         gpn = g if g <= 8 else 8
-        return PendingView(j.jid, j.team, j.cls, gpn, j.trace.submit_s, g // gpn, j.types, j.spot,
+        spot = j.spot if self.deadlines is None else self.deadlines.spot_of(j)  # [issue 31]
+        return PendingView(j.jid, j.team, j.cls, gpn, j.trace.submit_s, g // gpn, j.types, spot,
                            j.budget, self._estimate(j), self.sc.checkpoint_interval_s)
 
     # -- a scheduling cycle --------------------------------------------------------------------
     def _cycle(self) -> None:
         self.last_cycle = self.now
+        if self.deadlines is not None:  # [issue 31] jobs with deadlines that must run safe
+            self.deadlines.advance()
         self._decay_usage()
         self._team_views = None  # usage moved on: built again on first need in this cycle
         due = {s for s, t in self.wakes.items() if t <= self.now}
@@ -382,12 +392,12 @@ class Simulator:
         est = view.expected_duration_s
         j.attempts += 1
         aid, self.next_aid = self.next_aid, self.next_aid + 1
-        ps = self.now + overhead
+        ps, iv = self.now + overhead, self.intervals.interval(j)
         rv = RunningView(aid, j.jid, j.team, j.cls, pl.alloc, self.now, view.submit_time,
-                         None, j.preemptions, checkpoint_period_s=self.sc.checkpoint_interval_s,
+                         None, j.preemptions, checkpoint_period_s=iv,
                          checkpoint_origin=ps,
                          expected_end=None if est is None else self.now + est)
-        a = SimAttempt(j, rv, pl.pool, ps, ps + j.remaining)
+        a = SimAttempt(j, rv, pl.pool, ps, ps + j.remaining, interval_s=iv)
         self.running[aid] = a
         self.scope_views[scope][aid] = rv
         self.reclaim[scope].add(rv)
@@ -456,6 +466,10 @@ class Simulator:
         gpu_s = (self.now - a.view.started_at) * gpus
         if pool.rented:
             self.spend[j.team] += gpu_s / 3600.0 * pool.price_per_node_hour / pool.gpus_per_node
+        if self.deadlines is not None:
+            self.deadlines.ended(j, pool, gpu_s)
+        self.intervals.ended(j, self.now - a.view.started_at, min(j.remaining, self.now - a.progress_start),
+                             a.interval_s, gpus, not completed and a.cause in ("preemption", "interruption"))
         if completed:
             j.remaining, j.done_at = 0.0, self.now
             if j.last_cause and a.progress_start > a.view.started_at:
@@ -467,7 +481,7 @@ class Simulator:
             kept = a.saved_at_stop
         else:
             progress = max(0.0, self.now - a.progress_start)
-            c = self.sc.checkpoint_interval_s
+            c = a.interval_s
             kept = (progress // c) * c
         kept = min(kept, j.remaining)
         j.remaining -= kept

@@ -46,6 +46,7 @@ class SimAttempt:
     stop_at: float | None = None  # signal/notice time
     saved_at_stop: float | None = None  # progress kept, when known at the signal
     cause: str | None = None
+    interval_s: float = 1800.0  # its checkpoint interval (broker.sim.intervals)
 
 
 @dataclass

@@ -82,8 +82,15 @@ class Job(SQLModel, table=True):
     priority: str = Field(default="normal", max_length=16)
     budget_usd: float | None = None
     spot: str = Field(default="allowed", max_length=16)
-    checkpoint_interval_s: float = 1800.0
+    checkpoint_interval_s: float = 1800.0  # in force; auto: the advice at its last start
+    checkpoint_auto: bool = False  # `checkpoint_interval_s: auto` (broker.control.intervals)
+    # the advice at its last start (broker.policy.intervals.Advice.to_record; None: not started yet)
+    checkpoint_advice: dict | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     expected_duration_s: float | None = None
+    # Issue 31 (broker.policy.deadlines): finish by then (epoch s), and where the rule last
+    # said it may run: cheap | safe | late (None: not decided yet, or no deadline).
+    deadline: float | None = None
+    deadline_where: str | None = Field(default=None, max_length=8)
     state: str = Field(default=JobState.PENDING, max_length=16)
     submit_time: float
     queued_at: float  # when it last became PENDING (wait accounting)
@@ -185,6 +192,7 @@ class Checkpoint(SQLModel, table=True):
     store: str = ""  # the store root URI
     state: str = Field(default=CheckpointState.COMMITTED, max_length=16, index=True)
     copied_from: str | None = None  # the step folder URI it was copied from
+    save_s: float | None = None  # the save's duration its writer measured (manifest save_s)
     deleted_at: float | None = None
 
 

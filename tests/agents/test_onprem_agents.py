@@ -86,17 +86,27 @@ def test_preemption_reaches_the_rank_on_its_agent_and_it_resumes_from_its_checkp
     with agents_cleanup() as agents:
         join(site, "onprem-0", tmp_path, hosts[0], agents)
         low = c.submit(name="low", team="research", command=train(200, step_s=0.05, ckpt_every=5),
-                       gpus_per_node=2, priority="low").id
+                       gpus_per_node=2, priority="low", checkpoint_interval_s="auto").id
         drive(site.engine, lambda: (c.get(low).last_step or -1) >= 5, timeout=60)
         urgent = c.submit(name="urgent", team="prod", command=train(4), gpus_per_node=2,
                           priority="urgent").id
         drive(site.engine, lambda: c.get(urgent).status == "SUCCEEDED", timeout=60)
         first = c.get(low).attempt_list[0]
         assert first.end_reason == "PREEMPTED" and first.exit_code == 143  # it checkpointed on SIGTERM
+        said = "checkpoint interval {:g} s"
+        drive(site.engine, lambda: c.get(low).attempts == 2 and c.get(low).checkpoint_advice is not None
+              and said.format(c.get(low).checkpoint_interval_s) in c.logs(low, attempt=2).data, timeout=60)
         c.cancel(low)
         drive(site.engine, lambda: c.get(low).status == "CANCELLED", timeout=60)
-        resumed = c.get(low).attempt_list[1]
+        info = c.get(low)
+        resumed = info.attempt_list[1]
         assert resumed.restored_step == first.reached_step
+        # Issue 31: `auto` took the interval advised at the resume from its measured saves and
+        # its class's one preemption, and the rank on the agent got it (its log says so).
+        adv = info.checkpoint_advice
+        assert info.checkpoint_auto and adv is not None and adv.basis == "measured"
+        assert adv.save_s < 5 and adv.rate_per_h > 0 and info.checkpoint_interval_s == adv.interval_s
+        assert said.format(adv.interval_s) in c.logs(low, attempt=2).data
         kinds = [(e.kind, e.actor) for e in c.events(low)]
         assert ("preempting", "broker") in kinds and ("cancel_requested", f"local:{c.principal.id}") in kinds
 

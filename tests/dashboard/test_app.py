@@ -171,12 +171,14 @@ def test_rebalancing_shows_each_move_with_expected_and_realized_saving(app):
 
 
 def test_job_page_shows_gpu_utilization_and_held_but_idle(tmp_path, monkeypatch):
-    """The running job's attempt sampled at 2% for 11 minutes (broker.utilization)."""
+    """The running job's attempt sampled at 2% for 11 minutes (broker.utilization); and (issue
+    31) its deadline and the checkpoint interval advised at its start, as `onepool status`."""
     import time
 
     from sqlmodel import select
 
-    from broker.state.model import Attempt
+    from broker.policy.intervals import Advice
+    from broker.state.model import Attempt, Job
 
     c = seed(tmp_path / "home")
     with c.store.session() as s:
@@ -185,6 +187,11 @@ def test_job_page_shows_gpu_utilization_and_held_but_idle(tmp_path, monkeypatch)
         a.gpu_util_pct, a.gpu_util_mean_pct, a.gpu_util_at = 2.0, 3.0, time.time()
         a.gpu_idle_since = time.time() - 660
         s.add(a)
+        j = s.get(Job, a.job_id)
+        assert j is not None
+        j.checkpoint_advice = Advice(600.0, 10.0, 0.5, "measured").to_record(time.time())
+        j.deadline, j.deadline_where = 1796580000.0, "safe"
+        s.add(j)
         s.commit()
     monkeypatch.setenv("ONEPOOL_HOME", str(c.store.home))
     at = AppTest.from_file(str(APP), default_timeout=60).run()
@@ -192,6 +199,9 @@ def test_job_page_shows_gpu_utilization_and_held_but_idle(tmp_path, monkeypatch)
     job = _tab(at, "Jobs")
     assert any("GPU utilization 2%" in x.value for x in job.caption)
     assert any("held but idle" in w.value for w in job.warning)
+    assert any(x.value.startswith("deadline: 2026-12-06 18:00:00 UTC; runs on capacity that will not be")
+               for x in job.caption)
+    assert any("advised 600 s from a save of 10.0 s" in x.value for x in job.caption)
     att = _frame(at, "Jobs", 1)
     assert list(att["gpu_util_pct"].dropna()) == [2.0]
 
