@@ -243,7 +243,7 @@ class Simulator:
 
     def _pending_view(self, j: SimJob) -> PendingView:
         g = j.trace.gpus
-        gpn = g if g <= 8 else 8
+        gpn = j.trace.gpus_per_node or (g if g <= 8 else 8)
         return PendingView(j.jid, j.team, j.cls, gpn, j.trace.submit_s, g // gpn, j.types, j.spot,
                            j.budget, self._estimate(j), self.sc.checkpoint_interval_s)
 
