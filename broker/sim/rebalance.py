@@ -30,22 +30,48 @@ from typing import TYPE_CHECKING
 from broker.policy import PendingView, Placement, Plan, Snapshot
 from broker.policy.defrag import defrag
 from broker.policy.rebalance import AttemptFacts, Move, RebalanceConfig, rebalance
+from broker.policy.rebalance_realized import PastMove, realization
 
+BREAKDOWN = (
+    "defrag_expected_net_usd",  # defragmenting moves: the gangs' wait value, not money billed
+    "move_expected_net_usd",  # moves to cheaper capacity: saving - cost, as decided
+    "move_cost_usd",
+    "move_expected_hours",  # the remaining run time the decisions assumed (summed)
+    "move_true_hours",  # the moved attempts' true remaining run time (capped the same way)
+    "move_saving_at_true_remaining_usd",  # the per-GPU saving over the true remaining time
+    "move_saving_at_true_remaining_node_emptied_usd",  # ... of moves that empty a rented node
+    "moves_emptying_a_rented_node",
+    "moves_leaving_a_rented_node_busy",  # per-node billing: the bill does not fall at all
+    # finished moves (see SimRebalancer._fold): gross saving expected and realized, by kind
+    "move_expected_finished_usd", "move_realized_usd",
+    "defrag_expected_finished_usd", "defrag_realized_usd",
+)
 HOLD = -1  # GPUs held for a move are "used" by attempt id HOLD - job id (never a real id)
 
 if TYPE_CHECKING:
     from broker.sim.simulator import Simulator
-    from broker.sim.state import SimJob
+    from broker.sim.state import SimAttempt, SimJob
 
 
 class SimRebalancer:
-    def __init__(self, sim: Simulator, rc: RebalanceConfig, interval_s: float = 300.0) -> None:
+    def __init__(self, sim: Simulator, rc: RebalanceConfig, interval_s: float = 300.0,
+                 corrected: bool = False) -> None:
         self.sim, self.rc, self.interval_s = sim, rc, interval_s
+        # corrected: each round's RebalanceConfig carries what past moves realized
+        # (broker.policy.rebalance_realized), as the live broker's does
+        self.corrected = corrected
+        self.past: list[PastMove] = []
+        # moves not yet finished: (when the moved attempt ends, gang job or 0, kind, expected
+        # gross, realized gross if it was not a defragmenting one)
+        self.due: list[tuple[float, int, str, float, float]] = []
         self.last = -interval_s
         self.moving: dict[int, Move] = {}  # job id -> its move, from the signal to the restart
         self.moves = 0
         self.defrag_moves = 0
         self.expected_net_usd = 0.0
+        # where the expected saving comes from (bench/rebalance.py's `expected_breakdown`):
+        # USD summed over the moves started, see breakdown()
+        self.parts: dict[str, float] = {k: 0.0 for k in BREAKDOWN}
 
     def wants_turn(self, pending: Iterable[PendingView]) -> bool:
         """Whether a round is due and a gang waits long enough for defragmentation (the
@@ -68,6 +94,7 @@ class SimRebalancer:
         if sim.now - self.last < self.interval_s:
             return
         self.last = sim.now
+        self._fold()
         busy = frozenset(self.moving)
         rented = {name for name, pool in sim.pools.items() if pool.rented}
         facts = self._facts(lambda a: a.pool in rented)
@@ -104,12 +131,75 @@ class SimRebalancer:
             return
         for nd, g in m.alloc:
             pool.use(pool.nodes[nd], g, sim.now, HOLD - m.job_id)  # held from now on
+        self._account(m, a)
         self.moving[m.job_id] = m
         self.moves += 1
         self.defrag_moves += m.from_pool == m.to_pool
         self.expected_net_usd += m.saving_usd - m.cost_usd
         sim._stop(a, "rebalance", sim.sc.checkpoint_save_s, sim.sc.grace_s)
         sim.set_view(a, replace(a.view, stopping=True))
+
+    def _fold(self) -> None:
+        """Moves whose moved attempt has ended join `past`, with what they realized: a move
+        to other capacity, its per-GPU saving over the attempt's true remaining time when it
+        left an on-prem pool or emptied its rented node(s) (less the node's idle time until
+        it is given back), else 0 (a rented node is billed whole: it kept running for its
+        other jobs); a defragmenting move, its share of the gang's wait value if the gang
+        started before the moved attempt ended, else 0."""
+        now, keep = self.sim.now, []
+        for rec in self.due:
+            end, gang, kind, expected, realized = rec
+            if end > now:
+                keep.append(rec)
+                continue
+            if kind == "defrag":
+                start = self.sim.jobs[gang - 1].first_start
+                realized = expected if start is not None and start <= end else 0.0
+            self.past.append(PastMove(kind, expected, realized))
+            self.parts[f"{kind}_expected_finished_usd"] += expected
+            self.parts[f"{kind}_realized_usd"] += realized
+        self.due = keep
+        if self.corrected and self.past:
+            self.rc = replace(self.rc, realized_move=realization(self.past, "move"),
+                              realized_defrag=realization(self.past, "defrag"))
+
+    def _account(self, m: Move, a: SimAttempt) -> None:
+        """Split the move's expected saving by what it rests on (see BREAKDOWN), and keep it
+        until its moved attempt ends (`_fold`)."""
+        p = self.parts
+        net = m.saving_usd - m.cost_usd
+        end = min(a.finish_at, self.sim.horizon)
+        if m.from_pool == m.to_pool:
+            p["defrag_expected_net_usd"] += net
+            self.due.append((end, int(m.reason.rsplit(" ", 1)[-1]), "defrag", m.saving_usd, 0.0))
+            return
+        p["move_expected_net_usd"] += net
+        p["move_cost_usd"] += m.cost_usd
+        gpus = a.view.gpus
+        per_h = (m.usd_per_gpu_hour_from - m.usd_per_gpu_hour_to) * gpus
+        true_h = min(max(0.0, a.finish_at - self.sim.now), self.rc.max_remaining_s) / 3600.0
+        p["move_expected_hours"] += m.saving_usd / per_h if per_h > 0 else 0.0
+        p["move_true_hours"] += true_h
+        p["move_saving_at_true_remaining_usd"] += per_h * true_h
+        src = self.sim.pools[m.from_pool]
+        realized = per_h * true_h
+        if src.rented:
+            left = sum(src.nodes[nd].used for nd, _ in a.view.alloc if nd in src.nodes) - gpus
+            if left <= 0:  # the move empties its rented node(s): the bill can fall
+                p["move_saving_at_true_remaining_node_emptied_usd"] += per_h * true_h
+                p["moves_emptying_a_rented_node"] += 1
+                idle_h = src.idle_timeout_s / 3600.0 * len(a.view.alloc)
+                realized = max(0.0, realized - idle_h * src.price_per_node_hour)
+            else:
+                p["moves_leaving_a_rented_node_busy"] += 1
+                realized = 0.0
+        self.due.append((end, 0, "move", m.saving_usd, realized))
+
+    def breakdown(self) -> dict[str, float]:
+        out = {k: round(v, 2) for k, v in self.parts.items()}
+        out["realized_move"], out["realized_defrag"] = (round(self.rc.realized_move, 4),
+                                                        round(self.rc.realized_defrag, 4))
+        return out
 
     def resume(self, j: SimJob) -> bool:
         """Start a moving job on its held GPUs (called when its attempt exits)."""

@@ -70,10 +70,12 @@ class Simulator:
 
     def __init__(self, trace: list[TraceJob], sc: Scenario, pol: SimPolicy,
                  progress: Callable[[float], None] | None = None, detail: bool = False,
-                 rebalance: RebalanceConfig | None = None, rebalance_every_s: float = 300.0) -> None:
+                 rebalance: RebalanceConfig | None = None, rebalance_every_s: float = 300.0,
+                 rebalance_corrected: bool = False) -> None:
         self.sc, self.pol, self.cfg = sc, pol, pol.config
         # [issue 12 hook] the live broker's rebalancing rules, replayed (broker.sim.rebalance)
-        self.rebalancer = SimRebalancer(self, rebalance, rebalance_every_s) if rebalance else None
+        self.rebalancer = (SimRebalancer(self, rebalance, rebalance_every_s, rebalance_corrected)
+                           if rebalance else None)
         self.detail = detail
         self.progress = progress
         self.rng = random.Random(sc.seed)
@@ -175,6 +177,7 @@ class Simulator:
             rb = self.rebalancer
             out["rebalance"] = {"moves": rb.moves, "defrag_moves": rb.defrag_moves,
                                 "expected_net_saving_usd": round(rb.expected_net_usd, 2),
+                                "expected_breakdown": rb.breakdown(),
                                 "lost_gpu_hours_rebalance": round(
                                     self.rec.lost_gpu_s.get("rebalance", 0.0) / 3600, 2)}
         return out
