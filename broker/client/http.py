@@ -274,6 +274,10 @@ class HttpClient:
             "sets": list(sets or []), "config": config, "since": since})
         return out
 
+    def rebalance_history(self, limit: int = 200) -> dict[str, Any]:
+        out: dict[str, Any] = self._req("GET", "/v1/rebalance/history", params={"limit": limit})
+        return out
+
     def rebalance_dry_run(self) -> list[MoveInfo]:
         return [MoveInfo.model_validate(m) for m in self._req("GET", "/v1/rebalance/proposals")]
 

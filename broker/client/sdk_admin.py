@@ -137,6 +137,20 @@ class AdminMixin:
             changed = with_sets(base, list(sets or []))
             return replay_history(s, cfg, changed, self.clock.now(), since)
 
+    def rebalance_history(self, limit: int = 200) -> dict[str, Any]:
+        """The newest `limit` finished moves with their expected and realized saving, and per
+        kind the totals and the ratio that corrects the next decisions
+        (broker.control.rebalance_history.history). A member sees its own team's moves."""
+        from broker.control.rebalance_history import history
+
+        if not 1 <= limit <= 10_000:
+            raise SpecError("rebalance", [f"limit: must be 1..10000 (got {limit})"])
+        with self.store.session() as s:
+            jobs = None
+            if not self.principal.is_admin:
+                jobs = set(s.exec(select(Job.id).where(Job.team == self.principal.team)).all())
+            return history(s, limit, {j for j in jobs if j is not None} if jobs is not None else None)
+
     # -- rebalancing (issue 12) ------------------------------------------------------------------
     def rebalance_dry_run(self) -> list[MoveInfo]:
         """The moves the leader's next rebalancing round would start now, computed on a

@@ -21,11 +21,19 @@ them on. Events: rebalance_move (decided: expected saving and cost, reason),
 rebalance_moved (placed in B), rebalance_realized (its attempt in B ended: realized saving),
 rebalance_abandoned.
 
-Realized saving of a move = (A's - B's USD per GPU-hour, interruption risk included, as
-decided) x GPUs x hours it ran in B - (GPUs x A's price x the stop's drain time + GPUs x
-(B's price + gpu_hour_value) x its measured restart overhead + the egress it paid). For a
-defragmenting move the saving is its share of the gang's avoided wait if the gang started
-before the moved attempt ended, else 0, minus the same realized cost.
+Realized saving of a move = its realized gross saving - (GPUs x A's price x the stop's drain
+time + GPUs x (B's price + gpu_hour_value) x its measured restart overhead + the egress it
+paid). The gross saving comes from the ledger (`realized_gross`): A's USD per GPU-hour as
+decided (interruption risk included) x the GPU-hours the ledger charged the attempt in B,
+minus what they cost there, minus, when A rents its nodes, what the ledger charged for
+A's node(s) standing unused (idle, drain) from the move until the attempt in B ended: a
+rented node is billed whole, so GPUs a move frees save nothing until the node is given back.
+Without ledger rows for B (never charged) it is (A's - B's price as decided) x GPUs x hours
+it ran in B. For a defragmenting move the gross saving is its share of the gang's avoided
+wait if the gang started before the moved attempt ended, else 0.
+
+Each round's decisions are corrected by what past moves realized
+(broker.control.rebalance_history.corrected, broker.policy.rebalance_realized).
 """
 
 from __future__ import annotations
@@ -37,12 +45,23 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import Session, col, select
 
 from broker.checkpoint import index as ckpt_index
+from broker.control.rebalance_history import corrected
 from broker.policy import Placement, RunningView, Snapshot, plan
 from broker.policy.defrag import defrag
 from broker.policy.rebalance import AttemptFacts, Move, RebalanceConfig, rebalance
 from broker.spec import Priority, RebalanceSettings, SpotPolicy
 from broker.state.events import record
-from broker.state.model import Attempt, AttemptState, Checkpoint, Job, JobState, Node, NodeState, Setting
+from broker.state.model import (
+    Attempt,
+    AttemptState,
+    Checkpoint,
+    Job,
+    JobState,
+    LedgerEntry,
+    Node,
+    NodeState,
+    Setting,
+)
 from pricing.egress import egress_usd
 
 if TYPE_CHECKING:
@@ -67,6 +86,23 @@ def save(s: Session, moves: list[dict[str, Any]]) -> None:
     row = s.get(Setting, KEY) or Setting(key=KEY, value={})
     row.value = {"moves": moves}
     s.add(row)
+
+
+def realized_gross(s: Session, rec: dict[str, Any], b: Attempt, from_rented: bool) -> float | None:
+    """A finished move's gross saving from the ledger (see the module docstring); None when
+    the ledger charged nothing for its attempt in B."""
+    rows = s.exec(select(LedgerEntry).where(LedgerEntry.attempt_id == b.id, LedgerEntry.kind == "gpu")).all()
+    if not rows:
+        return None
+    gpu_h = sum(r.gpus * (r.end - r.start) for r in rows) / 3600.0
+    gross = rec["usd_per_gpu_hour_from"] * gpu_h - sum(r.usd for r in rows)
+    if from_rented and rec.get("from_nodes"):
+        start, end = rec.get("moved_at", b.started_at), b.ended_at or max(r.end for r in rows)
+        unused = s.exec(select(LedgerEntry).where(col(LedgerEntry.node).in_(rec["from_nodes"]),
+                                                  col(LedgerEntry.kind).in_(("idle", "drain")),
+                                                  LedgerEntry.end > start, LedgerEntry.start < end)).all()
+        gross -= min(sum(r.usd for r in unused), rec["usd_per_gpu_hour_from"] * gpu_h)
+    return gross
 
 
 def attempt_facts(s: Session, snap: Snapshot, engine_config: Any, home: Any) -> dict[int, AttemptFacts]:
@@ -123,7 +159,7 @@ class Rebalancer:
             snap = e.snapshot(s, now)
             p = plan(snap)
             facts = attempt_facts(s, snap, e.config, e.store.home)
-        rc = config_of(self.settings)
+            rc = corrected(s, config_of(self.settings))
         moves = list(rebalance(snap, p, facts, rc, busy))
         held = {nd for m in moves for nd, _ in m.alloc}
         moving = {m.job_id for m in moves}
@@ -223,6 +259,7 @@ class Rebalancer:
                     return self._give_up(s, rec, now, f"the GPUs held in {rec['to_pool']} are gone; "
                                          "the job waits in the queue as usual")
                 rec["drain_s"] = (a.ended_at or now) - (a.stop_requested_at or now)
+                rec["moved_at"], rec["from_nodes"] = a.ended_at or now, [nd for nd, _ in a.alloc]
                 pl = Placement(a.job_id, rec["to_pool"], tuple(alloc), Priority(a.priority))
             elif phase == "placed":
                 return self._placed(s, rec, now)
@@ -279,13 +316,17 @@ class Rebalancer:
                                                    col(Attempt.started_at) <= (b.ended_at or now))).first()
             gross = rec["saving_usd"] if started is not None else 0.0
         else:
-            gross = (rec["usd_per_gpu_hour_from"] - rec["usd_per_gpu_hour_to"]) * gpus * ran_h
+            src = next((p for p in self.engine.config.pools if p.name == rec["from_pool"]), None)
+            from_ledger = realized_gross(s, rec, b, src is not None and src.rented)
+            gross = from_ledger if from_ledger is not None else (
+                (rec["usd_per_gpu_hour_from"] - rec["usd_per_gpu_hour_to"]) * gpus * ran_h)
         realized = gross - cost
         record(s, now, "rebalance_realized", f"the move from {rec['from_pool']} to {rec['to_pool']} "
                f"saved ${realized:.2f} (expected ${rec['saving_usd'] - rec['cost_usd']:.2f} net)",
                job_id=b.job_id, attempt_id=b.id, from_pool=rec["from_pool"], to_pool=rec["to_pool"],
                expected_saving_usd=rec["saving_usd"], expected_cost_usd=rec["cost_usd"],
-               realized_saving_usd=realized, realized_cost_usd=cost, ran_h=ran_h, reason=rec["reason"])
+               realized_saving_usd=realized, realized_cost_usd=cost, realized_gross_usd=gross, ran_h=ran_h,
+               reason=rec["reason"])
         s.commit()
         return False
 
