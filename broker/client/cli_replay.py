@@ -93,31 +93,20 @@ def _fmt(v: Any, unit: str = "") -> str:
         return "-"
     if unit == "s":
         return f"{v / 60:.1f} min" if abs(v) >= 60 else f"{v:.0f} s"
+    if unit == "usd":
+        return f"${v:,.2f}"
     return f"{v:,.2f}" if isinstance(v, float) else str(v)
 
 
 def _show(out: dict[str, Any], console: Console) -> None:
     from rich.table import Table
 
-    a, b, rec = out["current"], out["changed"], out.get("recorded", {})
+    from broker.sim.replay import table
+
     t = Table("", "recorded", "replay: current", "replay: changed", "change",
               title=f"{out['jobs']} jobs replayed")
-
-    def row(name: str, get: Callable[[dict[str, Any]], Any], unit: str = "") -> None:
-        x, y = get(a), get(b)
-        d = y - x if isinstance(x, int | float) and isinstance(y, int | float) else None
-        t.add_row(name, _fmt(get(rec) if rec else None, unit), _fmt(x, unit), _fmt(y, unit),
-                  ("+" if d and d > 0 else "") + _fmt(d, unit) if d is not None else "-")
-
-    for c in ("urgent", "high", "normal", "low", "all"):
-        row(f"mean wait {c}", lambda r, c=c: r.get("wait_s_mean", {}).get(c), "s")
-    for team in sorted(a["wait_s_by_team"]):
-        row(f"mean wait team {team}",
-            lambda r, t=team: r.get("wait_s_by_team", {}).get(t, {}).get("mean"), "s")
-    row("preemptions", lambda r: r.get("preemptions"))
-    row("lost GPU-h (preemption)", lambda r: r.get("lost_gpu_hours_preemption"))
-    row("lost GPU-h (interruption)", lambda r: r.get("lost_gpu_hours_interruption"))
-    row("cloud cost $", lambda r: r.get("cloud_cost_usd"))
-    row("on-prem occupancy", lambda r: r.get("onprem_occupancy"))
-    row("jobs completed", lambda r: r.get("jobs_completed"))
+    for r in table(out):
+        d = r["change"]
+        t.add_row(r["what"], _fmt(r["recorded"], r["unit"]), _fmt(r["current"], r["unit"]),
+                  _fmt(r["changed"], r["unit"]), ("+" if d and d > 0 else "") + _fmt(d, r["unit"]))
     console.print(t)
