@@ -17,11 +17,12 @@ from broker.policy.rebalance import RebalanceConfig
 from broker.policy.rebalance_realized import PRIOR_MOVES
 from broker.spec import parse_config
 from broker.state.events import record
-from broker.state.model import Attempt, LedgerEntry
+from broker.state.model import Attempt, Job, JobState, LedgerEntry
 from tests.conftest import config
 
 H = 3600.0
-MOVE = {"usd_per_gpu_hour_from": 16.0, "moved_at": 1000.0, "from_nodes": ["od-0"]}
+MOVE = {"usd_per_gpu_hour_from": 16.0, "moved_at": 1000.0, "from_nodes": ["od-0"], "from_pool": "od",
+        "to_pool": "a100"}
 
 
 def ledger(kind: str, node: str, start: float, end: float, gpus: int, rate: float,
@@ -33,37 +34,53 @@ def ledger(kind: str, node: str, start: float, end: float, gpus: int, rate: floa
 @pytest.fixture
 def home(tmp_path: Any) -> Client:
     c = Client(tmp_path / "home")
-    c.apply(parse_config(config()))
+    # which pools rent is given to realized_gross: here they are plain rows the attempts name
+    c.apply(parse_config(config(pools=[{"name": n, "gpu_type": "A100", "gpus_per_node": 2, "nodes": 1}
+                                       for n in ("a100", "od", "sp")])))
     return c
 
 
-# (case, ledger rows besides B's, A rents its nodes, gross saving): B ran 2 GPUs for 1 h at
-# $2/GPU-h in place of A's $16/GPU-h
+# (case, ledger rows besides B's, pools that rent, other jobs started (pool, at, GPUs, GPU
+# types), gross saving): B ran 2 GPUs for 1 h at $2/GPU-h in place of A's $16/GPU-h
+RENTED = frozenset({"od", "sp"})
 CASES = [
-    ("A's GPUs stopped costing", [], True, 2 * 16.0 - 2 * 2.0),
+    ("A's GPUs stopped costing", [], RENTED, [], 2 * 16.0 - 2 * 2.0),
     ("A's rented node stood idle 30 min after the move", [("idle", "od-0", 1000, 1000 + H / 2, 2, 16.0)],
-     True, 28.0 - 16.0),
+     RENTED, [], 28.0 - 16.0),
     ("A's rented node kept running its other job: the freed GPUs billed idle all along",
-     [("idle", "od-0", 1000, 1000 + H, 2, 16.0)], True, 28.0 - 32.0),
-    ("idle before the move does not count", [("idle", "od-0", 0, 1000, 2, 16.0)], True, 28.0),
+     [("idle", "od-0", 1000, 1000 + H, 2, 16.0)], RENTED, [], 28.0 - 32.0),
+    ("idle before the move does not count", [("idle", "od-0", 0, 1000, 2, 16.0)], RENTED, [], 28.0),
     ("A does not rent (its nodes cost the same either way): its idle time is not the move's",
-     [("idle", "od-0", 1000, 1000 + H, 2, 16.0)], False, 28.0),
+     [("idle", "od-0", 1000, 1000 + H, 2, 16.0)], frozenset(), [], 28.0),
+    ("30 min after the move a job that could have used B's GPUs rented: the saving stops there",
+     [], RENTED, [("sp", 1000 + H / 2, 2, [])], 14.0),
+    ("a job needing another GPU type does not displace", [], RENTED,
+     [("sp", 1000 + H / 2, 2, ["H100"])], 28.0),
+    ("a bigger job does not displace", [], RENTED, [("sp", 1000 + H / 2, 4, [])], 28.0),
+    ("a job started before the move does not displace", [], RENTED, [("sp", 900, 2, [])], 28.0),
 ]
 
 
-@pytest.mark.parametrize(("case", "rows", "rented", "gross"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("case", "rows", "rented", "others", "gross"), CASES, ids=[c[0] for c in CASES])
 def test_realized_gross_from_the_ledger(home: Client, case: str, rows: list[tuple[Any, ...]],
-                                        rented: bool, gross: float) -> None:
+                                        rented: frozenset[str], others: list[tuple[Any, ...]],
+                                        gross: float) -> None:
     with home.store.session() as s:
-        b = Attempt(id=7, job_id=1, number=2, pool="a100", priority="normal", started_at=1000.0,
+        for i, (pool, at, gpus, types) in enumerate(others):
+            j = Job(name=f"o{i}", team="research", command=["x"], gpu_types=types, submit_time=at,
+                    queued_at=at, state=JobState.RUNNING)
+            s.add(j)
+            s.flush()
+            s.add(Attempt(job_id=j.id or 0, number=1, pool=pool, priority="normal", started_at=at, gpus=gpus))
+        b = Attempt(id=70, job_id=10_000, number=2, pool="a100", priority="normal", started_at=1000.0,
                     ended_at=1000.0 + H, gpus=2)
-        s.add(ledger("gpu", "a100-0", 1000, 1000 + H, 2, 2.0, attempt=7))
+        s.add(ledger("gpu", "a100-0", 1000, 1000 + H, 2, 2.0, attempt=70))
         for r in rows:
             s.add(ledger(*r))
         s.flush()
-        assert realized_gross(s, MOVE, b, rented) == pytest.approx(gross)
-        assert realized_gross(s, MOVE, Attempt(id=8, job_id=1, number=1, pool="a100", priority="normal",
-                                               started_at=0.0, gpus=2), rented) is None
+        assert realized_gross(s, MOVE, b, rented, "A100") == pytest.approx(gross)
+        assert realized_gross(s, MOVE, Attempt(id=80, job_id=1, number=1, pool="a100", priority="normal",
+                                               started_at=0.0, gpus=2), rented, "A100") is None
 
 
 def realized(s: Any, i: int, expected: float, gross: float, to: str = "prem") -> None:

@@ -28,6 +28,9 @@ decided (interruption risk included) x the GPU-hours the ledger charged the atte
 minus what they cost there, minus, when A rents its nodes, what the ledger charged for
 A's node(s) standing unused (idle, drain) from the move until the attempt in B ended: a
 rented node is billed whole, so GPUs a move frees save nothing until the node is given back.
+Onto capacity that does not rent, the saving counts only until another job that could have
+used those GPUs started on rented capacity (`displaced_at`): from then on the move shifted
+rented work from one job to another, and saved nothing more.
 Without ledger rows for B (never charged) it is (A's - B's price as decided) x GPUs x hours
 it ran in B. For a defragmenting move the gross saving is its share of the gang's avoided
 wait if the gang started before the moved attempt ended, else 0.
@@ -88,21 +91,46 @@ def save(s: Session, moves: list[dict[str, Any]]) -> None:
     s.add(row)
 
 
-def realized_gross(s: Session, rec: dict[str, Any], b: Attempt, from_rented: bool) -> float | None:
+def realized_gross(s: Session, rec: dict[str, Any], b: Attempt, rented: frozenset[str],
+                   to_type: str = "") -> float | None:
     """A finished move's gross saving from the ledger (see the module docstring); None when
-    the ledger charged nothing for its attempt in B."""
+    the ledger charged nothing for its attempt in B. `rented`: the pools that rent nodes;
+    `to_type`: B's GPU type."""
     rows = s.exec(select(LedgerEntry).where(LedgerEntry.attempt_id == b.id, LedgerEntry.kind == "gpu")).all()
     if not rows:
         return None
-    gpu_h = sum(r.gpus * (r.end - r.start) for r in rows) / 3600.0
-    gross = rec["usd_per_gpu_hour_from"] * gpu_h - sum(r.usd for r in rows)
-    if from_rented and rec.get("from_nodes"):
-        start, end = rec.get("moved_at", b.started_at), b.ended_at or max(r.end for r in rows)
+    start, end = rec.get("moved_at", b.started_at), b.ended_at or max(r.end for r in rows)
+    if rec["to_pool"] not in rented:  # on capacity that does not rent: until the queue needed it
+        end = min(end, displaced_at(s, b, rented, to_type, start, end))
+    gpu_h = usd = 0.0
+    for r in rows:
+        part = max(0.0, min(r.end, end) - r.start) / (r.end - r.start) if r.end > r.start else 0.0
+        gpu_h += r.gpus * (r.end - r.start) * part / 3600.0
+        usd += r.usd * part
+    gross = rec["usd_per_gpu_hour_from"] * gpu_h - usd
+    if rec["from_pool"] in rented and rec.get("from_nodes"):
         unused = s.exec(select(LedgerEntry).where(col(LedgerEntry.node).in_(rec["from_nodes"]),
                                                   col(LedgerEntry.kind).in_(("idle", "drain")),
                                                   LedgerEntry.end > start, LedgerEntry.start < end)).all()
         gross -= min(sum(r.usd for r in unused), rec["usd_per_gpu_hour_from"] * gpu_h)
     return gross
+
+
+def displaced_at(s: Session, b: Attempt, rented: frozenset[str], to_type: str, start: float,
+                 end: float) -> float:
+    """When, after `start` and before `end`, another job started on rented capacity that could
+    have run on the GPUs the moved attempt `b` held (no more GPUs, B's type acceptable): from
+    then on the move only shifted rented work from one job to another. `end` if none did."""
+    if not rented:
+        return end
+    q = (select(Attempt, Job).join(Job, Job.id == Attempt.job_id)
+         .where(col(Attempt.pool).in_(rented), Attempt.started_at > start, Attempt.started_at < end,
+                Attempt.job_id != b.job_id, Attempt.gpus <= b.gpus)
+         .order_by(col(Attempt.started_at)))
+    for a, j in s.exec(q):
+        if not j.gpu_types or to_type in j.gpu_types:
+            return a.started_at
+    return end
 
 
 def attempt_facts(s: Session, snap: Snapshot, engine_config: Any, home: Any) -> dict[int, AttemptFacts]:
@@ -316,8 +344,9 @@ class Rebalancer:
                                                    col(Attempt.started_at) <= (b.ended_at or now))).first()
             gross = rec["saving_usd"] if started is not None else 0.0
         else:
-            src = next((p for p in self.engine.config.pools if p.name == rec["from_pool"]), None)
-            from_ledger = realized_gross(s, rec, b, src is not None and src.rented)
+            pools = self.engine.config.pools
+            dst = next((p.gpu_type for p in pools if p.name == rec["to_pool"]), "")
+            from_ledger = realized_gross(s, rec, b, frozenset(p.name for p in pools if p.rented), dst)
             gross = from_ledger if from_ledger is not None else (
                 (rec["usd_per_gpu_hour_from"] - rec["usd_per_gpu_hour_to"]) * gpus * ran_h)
         realized = gross - cost
