@@ -11,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from broker.errors import OnepoolError
-from broker.sim.replay import table
+from broker.sim.compare import table
 
 RESULT = "onepool_replay_result"  # session-state key: the last replay's result (or its error)
 

@@ -75,6 +75,8 @@ COMMANDS = [
     ("node-list", ["node", "list", "--json"]),
     ("node-list-pool", ["node", "list", "--pool", "od", "--json"]),
     ("rebalance-dry-run", ["rebalance", "--dry-run", "--json"]),
+    ("rebalance-history", ["rebalance", "--history", "--json"]),
+    ("replay", ["replay", "--set", "broker.grace_s=90", "--set", "teams.prod.weight=3", "--json"]),
     ("cost", ["cost", "--json"]),
     ("cost-by-team", ["cost", "--by", "team", "--json"]),
     ("cost-by-pool", ["cost", "--by", "pool", "--json"]),
@@ -97,6 +99,7 @@ COMMANDS = [
     ("pools-table", ["pools"]),
     ("node-list-table", ["node", "list"]),
     ("rebalance-table", ["rebalance", "--dry-run"]),
+    ("replay-table", ["replay", "--set", "broker.grace_s=90"]),
     ("cost-table", ["cost", "--by", "team"]),
     ("budget-show-table", ["budget", "show"]),
     # refusals: the same error, the same message
@@ -107,11 +110,13 @@ COMMANDS = [
     ("node-list-unknown-pool", ["node", "list", "--pool", "nope", "--json"]),
     ("node-join-token-local", ["node", "join-token", "od-0", "--json"]),
     ("budget-set-negative", ["budget", "set", "--team", "research", "-5", "--json"]),
+    ("replay-unknown-setting", ["replay", "--set", "broker.grace=90", "--json"]),
 ]
 
 
 REFUSED = {"cancel-ended", "status-unknown-job", "logs-unknown-job", "status-unknown-team",
-           "node-list-unknown-pool", "node-join-token-local", "budget-set-negative"}
+           "node-list-unknown-pool", "node-join-token-local", "budget-set-negative",
+           "replay-unknown-setting"}
 WRITES = {"budget-set-team", "budget-set-job", "apply"}  # each records an event
 
 

@@ -101,7 +101,7 @@ def _fmt(v: Any, unit: str = "") -> str:
 def _show(out: dict[str, Any], console: Console) -> None:
     from rich.table import Table
 
-    from broker.sim.replay import table
+    from broker.sim.compare import table
 
     t = Table("", "recorded", "replay: current", "replay: changed", "change",
               title=f"{out['jobs']} jobs replayed")

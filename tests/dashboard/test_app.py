@@ -193,7 +193,7 @@ def test_job_page_shows_the_estimate_of_a_waiting_job(app):
 def test_replay_tab_replays_the_history_under_changed_settings(app):
     """The Replay tab runs `onepool replay` (the SDK's replay) and shows its comparison; a bad
     setting names the field."""
-    from broker.sim.replay import table
+    from broker.sim.compare import table
 
     c, at = app
     tab = _tab(at, "Replay")
