@@ -35,6 +35,9 @@ from broker.policy.rebalance_realized import PastMove, realization
 BREAKDOWN = (
     "defrag_expected_net_usd",  # defragmenting moves: the gangs' wait value, not money billed
     "move_expected_net_usd",  # moves to cheaper capacity: saving - cost, as decided
+    # the same, the saving scaled by the realized ratio in force when decided (= the above
+    # when the run is not corrected)
+    "defrag_expected_net_corrected_usd", "move_expected_net_corrected_usd",
     "move_cost_usd",
     "move_expected_hours",  # the remaining run time the decisions assumed (summed)
     "move_true_hours",  # the moved attempts' true remaining run time (capped the same way)
@@ -209,7 +212,10 @@ class SimRebalancer:
         p = self.parts
         net = m.saving_usd - m.cost_usd
         end = min(a.finish_at, self.sim.horizon)
-        if m.from_pool == m.to_pool:
+        kind = "defrag" if m.from_pool == m.to_pool else "move"
+        ratio = self.rc.realized_defrag if kind == "defrag" else self.rc.realized_move
+        p[f"{kind}_expected_net_corrected_usd"] += m.saving_usd * ratio - m.cost_usd
+        if kind == "defrag":
             p["defrag_expected_net_usd"] += net
             self.due.append(_Due(end, "defrag", m.saving_usd, gang=int(m.reason.rsplit(" ", 1)[-1])))
             return
