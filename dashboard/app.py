@@ -26,7 +26,7 @@ from typing import Any
 import streamlit as st
 
 from broker.errors import NotConfigured, NotFound, OnepoolError, Unauthorized, Unavailable
-from dashboard import sections
+from dashboard import sections, sections_replay
 from dashboard.tabs import JOB_KEY, LOOPBACK, TAB_KEY, TABS, wanted_job
 
 TOKEN = "onepool_token"  # the session-state key of a pasted token (this session's memory only)
@@ -187,6 +187,12 @@ def main() -> None:
             sections.budgets(snap.budgets, snap.burndowns)
         with tabs[6]:
             sections.rebalancing(snap.rebalancing)
+            try:
+                sections_replay.realized(sdk.rebalance_history())
+            except OnepoolError as e:
+                st.caption(f"no history of finished moves: {e}")
+        with tabs[7]:
+            sections_replay.replay(lambda sets: sdk.replay(sets), snap.team is None)
 
     body()
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
-TABS = ["Overview", "Cost per experiment", "Jobs", "Preemptions", "Nodes & pools", "Budgets", "Rebalancing"]
+TABS = ["Overview", "Cost per experiment", "Jobs", "Preemptions", "Nodes & pools", "Budgets", "Rebalancing",
+        "Replay"]
 LOOPBACK = ("127.0.0.1", "localhost", "::1")  # addresses only this machine reaches
 TAB_KEY, JOB_KEY = "tab", "job"  # the query parameters (and Streamlit widget keys) of the tab and job
 

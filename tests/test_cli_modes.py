@@ -75,6 +75,8 @@ COMMANDS = [
     ("node-list", ["node", "list", "--json"]),
     ("node-list-pool", ["node", "list", "--pool", "od", "--json"]),
     ("rebalance-dry-run", ["rebalance", "--dry-run", "--json"]),
+    ("rebalance-history", ["rebalance", "--history", "--json"]),
+    ("replay", ["replay", "--set", "broker.grace_s=90", "--set", "teams.prod.weight=3", "--json"]),
     ("cost", ["cost", "--json"]),
     ("cost-by-team", ["cost", "--by", "team", "--json"]),
     ("cost-by-pool", ["cost", "--by", "pool", "--json"]),
@@ -104,6 +106,7 @@ COMMANDS = [
     ("pools-table", ["pools"]),
     ("node-list-table", ["node", "list"]),
     ("rebalance-table", ["rebalance", "--dry-run"]),
+    ("replay-table", ["replay", "--set", "broker.grace_s=90"]),
     ("cost-table", ["cost", "--by", "team"]),
     ("budget-show-table", ["budget", "show"]),
     # refusals: the same error, the same message
@@ -117,12 +120,13 @@ COMMANDS = [
     ("hold-running", ["hold", "{job}", "--json"]),
     ("hold-ended", ["hold", "{done}", "--json"]),
     ("update-bad-priority", ["update", "{job}", "--priority", "vip", "--json"]),
+    ("replay-unknown-setting", ["replay", "--set", "broker.grace=90", "--json"]),
 ]
 
 
 REFUSED = {"cancel-ended", "status-unknown-job", "logs-unknown-job", "status-unknown-team",
            "node-list-unknown-pool", "node-join-token-local", "budget-set-negative", "hold-running",
-           "hold-ended", "update-bad-priority"}
+           "hold-ended", "update-bad-priority", "replay-unknown-setting"}
 WRITES = {"budget-set-team", "budget-set-job", "apply", "update", "release-not-held"}  # may record events
 
 

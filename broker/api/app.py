@@ -19,6 +19,7 @@ from broker.api import (
     routes_jobs,
     routes_metrics,
     routes_people,
+    routes_replay,
 )
 from broker.api.context import ApiContext
 from broker.api.guard import Guard
@@ -64,7 +65,7 @@ def create_app(store: Store, clock: Clock, *, mailbox: Mailbox | None = None,
     app.state.ctx = context
     errors.install(app)
     for r in (routes_jobs.router, routes_admin.router, routes_agent.router, routes_metrics.router,
-              routes_estimate.router, routes_people.router):
+              routes_estimate.router, routes_people.router, routes_replay.router):
         app.include_router(r)
     app.include_router(dashboard_router)  # what the dashboard reads (dashboard.remote)
     app.add_middleware(routes_metrics.TimedRoutes)

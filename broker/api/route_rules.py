@@ -51,6 +51,8 @@ ROUTE_RULES: dict[tuple[str, str], str] = {
     ("PUT", "/v1/config"): ADMIN,
     ("GET", "/v1/pools"): CLUSTER,
     ("GET", "/v1/rebalance/proposals"): READ,
+    ("GET", "/v1/rebalance/history"): READ,  # a member sees its own team's moves
+    ("POST", "/v1/replay"): ADMIN,  # the whole history under other settings (broker.sim.replay)
     ("GET", "/v1/nodes"): CLUSTER,
     ("POST", "/v1/nodes/{node}/join-token"): ADMIN,
     ("GET", "/v1/teams"): CLUSTER,

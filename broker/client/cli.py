@@ -519,6 +519,10 @@ from broker.client.cli_run import register as _register_run  # noqa: E402  (brok
 
 _register_run(app, _embedded, lambda: _state.get("home"), _out, _err, _print_json)
 
+from broker.client.cli_replay import register as _register_replay  # noqa: E402  (issue 31)
+
+_register_replay(app, _client, _out, _print_json)
+
 
 def main() -> None:
     import logging

@@ -285,6 +285,16 @@ class HttpClient:
         params = {"include_inactive": "true"} if include_inactive else {}
         return [PoolInfo.model_validate(p) for p in self._req("GET", "/v1/pools", params=params)]
 
+    def replay(self, sets: list[str] | None = None, config: dict[str, Any] | None = None,
+               since: float | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = self._req("POST", "/v1/replay", json={
+            "sets": list(sets or []), "config": config, "since": since})
+        return out
+
+    def rebalance_history(self, limit: int = 200) -> dict[str, Any]:
+        out: dict[str, Any] = self._req("GET", "/v1/rebalance/history", params={"limit": limit})
+        return out
+
     def rebalance_dry_run(self) -> list[MoveInfo]:
         return [MoveInfo.model_validate(m) for m in self._req("GET", "/v1/rebalance/proposals")]
 

@@ -5,7 +5,7 @@ Mixed into broker.client.sdk.Client (which provides `store`, `clock`, `principal
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlmodel import Session, col, select
 
@@ -121,6 +121,39 @@ class AdminMixin:
             pools = inventory.pools(s, cfg, self.clock.now())
             return visible_nodes(s, self.principal,
                                  [n for p in pools if pool is None or p.name == pool for n in p.nodes])
+
+    # -- replaying the history (issue 31) --------------------------------------------------------
+    def replay(self, sets: list[str] | None = None, config: dict[str, Any] | None = None,
+               since: float | None = None) -> dict[str, Any]:
+        """Replay this broker's history (jobs submitted since `since`, default all) in the
+        simulator under the applied config and under a changed one: the applied config with
+        `sets` (PATH=VALUE, broker.spec_set) applied, or `config` (a whole onepool.yaml as a
+        mapping) with them. Returns broker.sim.replay.compare's result. Admins only (it reads
+        every team's jobs). Raises SpecError naming a bad key or value, Forbidden."""
+        from broker.spec import parse_config
+        from broker.spec_set import with_sets
+        from broker.state.history import replay_history
+
+        self.principal.require_admin("replaying the broker's history (every team's jobs)")
+        with self.store.session() as s:
+            cfg = applied_config(s)
+            base = parse_config(config, "--config") if config is not None else cfg
+            changed = with_sets(base, list(sets or []))
+            return replay_history(s, cfg, changed, self.clock.now(), since)
+
+    def rebalance_history(self, limit: int = 200) -> dict[str, Any]:
+        """The newest `limit` finished moves with their expected and realized saving, and per
+        kind the totals and the ratio that corrects the next decisions
+        (broker.control.rebalance_history.history). A member sees its own team's moves."""
+        from broker.control.rebalance_history import history
+
+        if not 1 <= limit <= 10_000:
+            raise SpecError("rebalance", [f"limit: must be 1..10000 (got {limit})"])
+        with self.store.session() as s:
+            jobs = None
+            if not self.principal.is_admin:
+                jobs = set(s.exec(select(Job.id).where(Job.team == self.principal.team)).all())
+            return history(s, limit, {j for j in jobs if j is not None} if jobs is not None else None)
 
     # -- rebalancing (issue 12) ------------------------------------------------------------------
     def rebalance_dry_run(self) -> list[MoveInfo]:

@@ -21,11 +21,22 @@ them on. Events: rebalance_move (decided: expected saving and cost, reason),
 rebalance_moved (placed in B), rebalance_realized (its attempt in B ended: realized saving),
 rebalance_abandoned.
 
-Realized saving of a move = (A's - B's USD per GPU-hour, interruption risk included, as
-decided) x GPUs x hours it ran in B - (GPUs x A's price x the stop's drain time + GPUs x
-(B's price + gpu_hour_value) x its measured restart overhead + the egress it paid). For a
-defragmenting move the saving is its share of the gang's avoided wait if the gang started
-before the moved attempt ended, else 0, minus the same realized cost.
+Realized saving of a move = its realized gross saving - (GPUs x A's price x the stop's drain
+time + GPUs x (B's price + gpu_hour_value) x its measured restart overhead + the egress it
+paid). The gross saving comes from the ledger (`realized_gross`): A's USD per GPU-hour as
+decided (interruption risk included) x the GPU-hours the ledger charged the attempt in B,
+minus what they cost there, minus, when A rents its nodes, what the ledger charged for
+A's node(s) standing unused (idle, drain) from the move until the attempt in B ended: a
+rented node is billed whole, so GPUs a move frees save nothing until the node is given back.
+Onto capacity that does not rent, the saving counts only until another job that could have
+used those GPUs started on rented capacity (`displaced_at`): from then on the move shifted
+rented work from one job to another, and saved nothing more.
+Without ledger rows for B (never charged) it is (A's - B's price as decided) x GPUs x hours
+it ran in B. For a defragmenting move the gross saving is its share of the gang's avoided
+wait if the gang started before the moved attempt ended, else 0.
+
+Each round's decisions are corrected by what past moves realized
+(broker.control.rebalance_history.corrected, broker.policy.rebalance_realized).
 """
 
 from __future__ import annotations
@@ -37,12 +48,23 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import Session, col, select
 
 from broker.checkpoint import index as ckpt_index
+from broker.control.rebalance_history import corrected
 from broker.policy import Placement, RunningView, Snapshot, plan
 from broker.policy.defrag import defrag
 from broker.policy.rebalance import AttemptFacts, Move, RebalanceConfig, rebalance
 from broker.spec import Priority, RebalanceSettings, SpotPolicy
 from broker.state.events import record
-from broker.state.model import Attempt, AttemptState, Checkpoint, Job, JobState, Node, NodeState, Setting
+from broker.state.model import (
+    Attempt,
+    AttemptState,
+    Checkpoint,
+    Job,
+    JobState,
+    LedgerEntry,
+    Node,
+    NodeState,
+    Setting,
+)
 from pricing.egress import egress_usd
 
 if TYPE_CHECKING:
@@ -67,6 +89,48 @@ def save(s: Session, moves: list[dict[str, Any]]) -> None:
     row = s.get(Setting, KEY) or Setting(key=KEY, value={})
     row.value = {"moves": moves}
     s.add(row)
+
+
+def realized_gross(s: Session, rec: dict[str, Any], b: Attempt, rented: frozenset[str],
+                   to_type: str = "") -> float | None:
+    """A finished move's gross saving from the ledger (see the module docstring); None when
+    the ledger charged nothing for its attempt in B. `rented`: the pools that rent nodes;
+    `to_type`: B's GPU type."""
+    rows = s.exec(select(LedgerEntry).where(LedgerEntry.attempt_id == b.id, LedgerEntry.kind == "gpu")).all()
+    if not rows:
+        return None
+    start, end = rec.get("moved_at", b.started_at), b.ended_at or max(r.end for r in rows)
+    if rec["to_pool"] not in rented:  # on capacity that does not rent: until the queue needed it
+        end = min(end, displaced_at(s, b, rented, to_type, start, end))
+    gpu_h = usd = 0.0
+    for r in rows:
+        part = max(0.0, min(r.end, end) - r.start) / (r.end - r.start) if r.end > r.start else 0.0
+        gpu_h += r.gpus * (r.end - r.start) * part / 3600.0
+        usd += r.usd * part
+    gross = rec["usd_per_gpu_hour_from"] * gpu_h - usd
+    if rec["from_pool"] in rented and rec.get("from_nodes"):
+        unused = s.exec(select(LedgerEntry).where(col(LedgerEntry.node).in_(rec["from_nodes"]),
+                                                  col(LedgerEntry.kind).in_(("idle", "drain")),
+                                                  LedgerEntry.end > start, LedgerEntry.start < end)).all()
+        gross -= min(sum(r.usd for r in unused), rec["usd_per_gpu_hour_from"] * gpu_h)
+    return gross
+
+
+def displaced_at(s: Session, b: Attempt, rented: frozenset[str], to_type: str, start: float,
+                 end: float) -> float:
+    """When, after `start` and before `end`, another job started on rented capacity that could
+    have run on the GPUs the moved attempt `b` held (no more GPUs, B's type acceptable): from
+    then on the move only shifted rented work from one job to another. `end` if none did."""
+    if not rented:
+        return end
+    q = (select(Attempt, Job).join(Job, Job.id == Attempt.job_id)
+         .where(col(Attempt.pool).in_(rented), Attempt.started_at > start, Attempt.started_at < end,
+                Attempt.job_id != b.job_id, Attempt.gpus <= b.gpus)
+         .order_by(col(Attempt.started_at)))
+    for a, j in s.exec(q):
+        if not j.gpu_types or to_type in j.gpu_types:
+            return a.started_at
+    return end
 
 
 def attempt_facts(s: Session, snap: Snapshot, engine_config: Any, home: Any) -> dict[int, AttemptFacts]:
@@ -123,7 +187,7 @@ class Rebalancer:
             snap = e.snapshot(s, now)
             p = plan(snap)
             facts = attempt_facts(s, snap, e.config, e.store.home)
-        rc = config_of(self.settings)
+            rc = corrected(s, config_of(self.settings))
         moves = list(rebalance(snap, p, facts, rc, busy))
         held = {nd for m in moves for nd, _ in m.alloc}
         moving = {m.job_id for m in moves}
@@ -223,6 +287,7 @@ class Rebalancer:
                     return self._give_up(s, rec, now, f"the GPUs held in {rec['to_pool']} are gone; "
                                          "the job waits in the queue as usual")
                 rec["drain_s"] = (a.ended_at or now) - (a.stop_requested_at or now)
+                rec["moved_at"], rec["from_nodes"] = a.ended_at or now, [nd for nd, _ in a.alloc]
                 pl = Placement(a.job_id, rec["to_pool"], tuple(alloc), Priority(a.priority))
             elif phase == "placed":
                 return self._placed(s, rec, now)
@@ -279,13 +344,18 @@ class Rebalancer:
                                                    col(Attempt.started_at) <= (b.ended_at or now))).first()
             gross = rec["saving_usd"] if started is not None else 0.0
         else:
-            gross = (rec["usd_per_gpu_hour_from"] - rec["usd_per_gpu_hour_to"]) * gpus * ran_h
+            pools = self.engine.config.pools
+            dst = next((p.gpu_type for p in pools if p.name == rec["to_pool"]), "")
+            from_ledger = realized_gross(s, rec, b, frozenset(p.name for p in pools if p.rented), dst)
+            gross = from_ledger if from_ledger is not None else (
+                (rec["usd_per_gpu_hour_from"] - rec["usd_per_gpu_hour_to"]) * gpus * ran_h)
         realized = gross - cost
         record(s, now, "rebalance_realized", f"the move from {rec['from_pool']} to {rec['to_pool']} "
                f"saved ${realized:.2f} (expected ${rec['saving_usd'] - rec['cost_usd']:.2f} net)",
                job_id=b.job_id, attempt_id=b.id, from_pool=rec["from_pool"], to_pool=rec["to_pool"],
                expected_saving_usd=rec["saving_usd"], expected_cost_usd=rec["cost_usd"],
-               realized_saving_usd=realized, realized_cost_usd=cost, ran_h=ran_h, reason=rec["reason"])
+               realized_saving_usd=realized, realized_cost_usd=cost, realized_gross_usd=gross, ran_h=ran_h,
+               reason=rec["reason"])
         s.commit()
         return False
 

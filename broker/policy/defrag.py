@@ -20,7 +20,9 @@ free up. The rule:
        wait_usd = gang GPUs x waited_h x wait_value_usd_per_gpu_hour    (it is expected to
                   wait as long again as it has waited: the longer the wait, the likelier)
        cost_usd = sum of each mover's move cost (restart in place, saving its state)
-   and it moves only if wait_usd > cost_usd.
+   and it moves only if wait_usd x realized_defrag > cost_usd (what past defragmenting
+   moves realized per dollar of avoided wait they were expected to: RebalanceConfig,
+   broker.policy.rebalance_realized).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Mapping
 from itertools import combinations
 
 from broker.policy.rebalance import AttemptFacts, Move, RebalanceConfig, free_after, move_cost
+from broker.policy.rebalance_realized import pays
 from broker.policy.snapshot import PendingView, Plan, PoolView, RunningView, Snapshot
 from broker.spec import market_ok
 
@@ -109,7 +112,7 @@ def _for_pool(snap: Snapshot, p: Plan, pool: PoolView, j: PendingView,
                           pool.price_per_gpu_hour, pool.price_per_gpu_hour))
     cost = sum(m.cost_usd for m in moves)
     wait_usd = j.gpus * (snap.now - j.submit_time) / 3600.0 * snap.config.wait_value_usd_per_gpu_hour
-    if wait_usd <= cost:
+    if not pays(wait_usd, cost, rc.realized_defrag, 0.0):  # corrected by past defrag moves
         return None
     share = wait_usd / len(moves)  # the gang's avoided wait, attributed evenly to its movers
     return cost, tuple(Move(m.attempt_id, m.job_id, m.from_pool, m.to_pool, m.alloc, 0, share,

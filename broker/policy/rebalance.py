@@ -20,7 +20,10 @@ for a replacement node and (without checkpoint-on-signal) half a checkpoint inte
 the pool's price plus the value of the work. A spot pool whose interruption rate spikes
 therefore becomes dearer than on-demand, and its jobs move off it.
 
-It moves when `saving_usd - cost_usd >= min_saving_usd` (and saving > cost). Remaining run
+It moves when `saving_usd x r - cost_usd >= min_saving_usd` (and saving x r > cost), where r
+(RebalanceConfig.realized_move, at most 1) is what past moves realized per dollar they were
+expected to save (broker.policy.rebalance_realized); Move.saving_usd stays the uncorrected
+estimate, so what moves realize can be compared with it. Remaining run
 time: the job's expected duration minus its progress when known; otherwise as long again as
 this attempt has run (a job that just started is never moved on a guess), capped at
 `max_remaining_s`.
@@ -44,6 +47,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from broker.policy.rebalance_realized import pays
 from broker.policy.snapshot import Alloc, Plan, PoolView, RunningView, Snapshot
 from broker.spec import Market, SpotPolicy, market_ok
 
@@ -58,6 +62,10 @@ class RebalanceConfig:
     max_remaining_s: float = 7 * 86400.0
     checkpoint_save_s: float = 60.0
     defrag_after_s: float = 1800.0  # a gang must have waited this long before others move for it
+    # what past moves realized per dollar expected, by kind (broker.policy.rebalance_realized):
+    # a move's expected saving is scaled by it before it is weighed against its cost
+    realized_move: float = 1.0
+    realized_defrag: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,11 +215,11 @@ def rebalance(snap: Snapshot, p: Plan, facts: Mapping[int, AttemptFacts],
                 alloc, launch = (), n
             saving = (here - there) * rem_h
             cost = move_cost(r, a, b, f, launch, snap, rc)
-            if saving <= cost or saving - cost < rc.min_saving_usd:
+            if not pays(saving, cost, rc.realized_move, rc.min_saving_usd):
                 continue
             mv = Move(r.attempt_id, r.job_id, a.name, b.name, alloc, launch, saving, cost,
                       reason_for(a, b), here / r.gpus, there / r.gpus)
-            cands.append((-(saving - cost), r.attempt_id, mv))
+            cands.append((-(saving * rc.realized_move - cost), r.attempt_id, mv))
     cands.sort(key=lambda c: (c[0], c[1], c[2].to_pool))
     out: list[Move] = []
     moved: set[int] = set()

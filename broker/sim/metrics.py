@@ -14,6 +14,7 @@
 - wait_s: time spent queued, summed over a job's attempts (jobs still queued at the end, and
   unplaceable ones, count their wait until the end); jct_s: completion minus submission,
   completed jobs. Per class and `all`; wait_s_multinode: jobs with more than 8 GPUs.
+  wait_s_mean: the mean wait per class and `all`; wait_s_by_team: mean, p50 and p95 per team.
 - wait_s_within_allowance: wait_s of urgent and high jobs that anti-capture never scheduled
   as normal while they waited (their team was within its allowance).
 - lost_gpu_hours_{preemption,interruption}: GPU time of ended attempts not kept as progress
@@ -128,6 +129,7 @@ class Recorder:
         jcts: dict[str, list[float]] = {c: [] for c in CLASSES}
         allowed: dict[str, list[float]] = {c: [] for c in CLASSES[:2]}
         multi: list[float] = []
+        by_team: dict[str, list[float]] = {}
         unplaced = {j.jid for j in self.unplaced}
         for j in jobs:
             if j.jid in pending:
@@ -139,6 +141,7 @@ class Recorder:
             else:
                 w = j.wait
             waits[j.cls.value].append(w)
+            by_team.setdefault(j.team, []).append(w)
             if j.cls.value in allowed and not j.demoted:
                 allowed[j.cls.value].append(w)
             if j.trace.gpus > 8:
@@ -162,6 +165,9 @@ class Recorder:
             if window_h else 0.0,
             "idle_while_waiting_gpu_hours": round(self.idle_fit_gpu_s / 3600.0, 1),
             "wait_s": {c: _pct(v, (50, 95, 99)) for c, v in waits.items()},
+            "wait_s_mean": {c: round(float(np.mean(v)), 1) if v else None for c, v in waits.items()},
+            "wait_s_by_team": {t: {"mean": round(float(np.mean(v)), 1), **_pct(v, (50, 95))}
+                               for t, v in sorted(by_team.items())},
             "wait_s_within_allowance": {c: _pct(v, (50, 95, 99)) for c, v in allowed.items()},
             "jct_s": {c: _pct(v, (50, 95)) for c, v in jcts.items()},
             "wait_s_multinode": _pct(multi, (95, 99)),

@@ -24,28 +24,74 @@ Simplifications (each favours rebalancing, and is reported by bench/rebalance.py
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from broker.policy import PendingView, Placement, Plan, Snapshot
 from broker.policy.defrag import defrag
 from broker.policy.rebalance import AttemptFacts, Move, RebalanceConfig, rebalance
+from broker.policy.rebalance_realized import PastMove, realization
 
+BREAKDOWN = (
+    "defrag_expected_net_usd",  # defragmenting moves: the gangs' wait value, not money billed
+    "move_expected_net_usd",  # moves to cheaper capacity: saving - cost, as decided
+    # the same, the saving scaled by the realized ratio in force when decided (= the above
+    # when the run is not corrected)
+    "defrag_expected_net_corrected_usd", "move_expected_net_corrected_usd",
+    "move_cost_usd",
+    "move_expected_hours",  # the remaining run time the decisions assumed (summed)
+    "move_true_hours",  # the moved attempts' true remaining run time (capped the same way)
+    "move_saving_at_true_remaining_usd",  # the per-GPU saving over the true remaining time
+    "move_saving_at_true_remaining_node_emptied_usd",  # ... of moves that empty a rented node
+    "moves_emptying_a_rented_node",
+    "moves_leaving_a_rented_node_busy",  # per-node billing: the bill does not fall at all
+    # finished moves (see SimRebalancer._fold): gross saving expected and realized, by kind
+    "move_expected_finished_usd", "move_realized_usd", "move_realized_without_displacement_usd",
+    "defrag_expected_finished_usd", "defrag_realized_usd",
+)
 HOLD = -1  # GPUs held for a move are "used" by attempt id HOLD - job id (never a real id)
 
 if TYPE_CHECKING:
     from broker.sim.simulator import Simulator
-    from broker.sim.state import SimJob
+    from broker.sim.state import SimAttempt, SimJob
+
+
+@dataclass
+class _Due:
+    """A move whose moved attempt has not ended yet: when it ends, its kind, the expected
+    gross saving, and what its realized saving is made of (see SimRebalancer._fold)."""
+
+    end: float
+    kind: str
+    expected: float
+    gang: int = 0  # defrag: the gang job
+    per_h: float = 0.0  # move: USD saved per hour (0: its rented node stayed busy)
+    idle_usd: float = 0.0  # move: the emptied rented node's idle time before it is given back
+    start: float = 0.0
+    gpus: int = 0
+    to_onprem: bool = False
+    to_type: str = ""
+    displaced_at: float | None = None
 
 
 class SimRebalancer:
-    def __init__(self, sim: Simulator, rc: RebalanceConfig, interval_s: float = 300.0) -> None:
+    def __init__(self, sim: Simulator, rc: RebalanceConfig, interval_s: float = 300.0,
+                 corrected: bool = False) -> None:
         self.sim, self.rc, self.interval_s = sim, rc, interval_s
+        # corrected: each round's RebalanceConfig carries what past moves realized
+        # (broker.policy.rebalance_realized), as the live broker's does
+        self.corrected = corrected
+        self.past: list[PastMove] = []
+        # moves whose moved attempt has not ended yet (see _Due)
+        self.due: list[_Due] = []
         self.last = -interval_s
         self.moving: dict[int, Move] = {}  # job id -> its move, from the signal to the restart
         self.moves = 0
         self.defrag_moves = 0
         self.expected_net_usd = 0.0
+        # where the expected saving comes from (bench/rebalance.py's `expected_breakdown`):
+        # USD summed over the moves started, see breakdown()
+        self.parts: dict[str, float] = {k: 0.0 for k in BREAKDOWN}
 
     def wants_turn(self, pending: Iterable[PendingView]) -> bool:
         """Whether a round is due and a gang waits long enough for defragmentation (the
@@ -65,9 +111,12 @@ class SimRebalancer:
 
     def after_plan(self, snap: Snapshot, p: Plan) -> None:
         sim = self.sim
+        if self.due and p.placements:
+            self._displaced(p)
         if sim.now - self.last < self.interval_s:
             return
         self.last = sim.now
+        self._fold()
         busy = frozenset(self.moving)
         rented = {name for name, pool in sim.pools.items() if pool.rented}
         facts = self._facts(lambda a: a.pool in rented)
@@ -104,12 +153,102 @@ class SimRebalancer:
             return
         for nd, g in m.alloc:
             pool.use(pool.nodes[nd], g, sim.now, HOLD - m.job_id)  # held from now on
+        self._account(m, a)
         self.moving[m.job_id] = m
         self.moves += 1
         self.defrag_moves += m.from_pool == m.to_pool
         self.expected_net_usd += m.saving_usd - m.cost_usd
         sim._stop(a, "rebalance", sim.sc.checkpoint_save_s, sim.sc.grace_s)
         sim.set_view(a, replace(a.view, stopping=True))
+
+    def _displaced(self, p: Plan) -> None:
+        """A job placed on rented capacity that could have run on the on-prem GPUs a moved
+        job took, while it held them: from then on the move only shifted rented work from
+        one job to another (displacement)."""
+        sim = self.sim
+        for pl in p.placements:
+            if not sim.pools[pl.pool].rented:
+                continue
+            g = sum(n for _, n in pl.alloc)
+            types = sim.jobs[pl.job_id - 1].types
+            for d in self.due:
+                if (d.to_onprem and d.displaced_at is None and d.start < sim.now and g <= d.gpus
+                        and (not types or d.to_type in types)):
+                    d.displaced_at = sim.now
+                    break
+
+    def _fold(self) -> None:
+        """Moves whose moved attempt has ended join `past`, with what they realized: a move
+        to other capacity, its per-GPU saving from the move until the attempt ended or, onto
+        on-prem GPUs, until the queue would have used them (`_displaced`), when it left an
+        on-prem pool or emptied its rented node(s) (less the node's idle time until it is
+        given back), else 0 (a rented node is billed whole: it kept running for its other
+        jobs); a defragmenting move, its share of the gang's wait value if the gang started
+        before the moved attempt ended, else 0."""
+        now, keep = self.sim.now, []
+        for d in self.due:
+            if d.end > now:
+                keep.append(d)
+                continue
+            if d.kind == "defrag":
+                start = self.sim.jobs[d.gang - 1].first_start
+                realized = d.expected if start is not None and start <= d.end else 0.0
+            else:
+                until = d.end if d.displaced_at is None else min(d.end, d.displaced_at)
+                realized = max(0.0, d.per_h * (until - d.start) / 3600.0 - d.idle_usd) if d.per_h else 0.0
+                whole = max(0.0, d.per_h * (d.end - d.start) / 3600.0 - d.idle_usd) if d.per_h else 0.0
+                self.parts["move_realized_without_displacement_usd"] += whole
+            self.past.append(PastMove(d.kind, d.expected, realized))
+            self.parts[f"{d.kind}_expected_finished_usd"] += d.expected
+            self.parts[f"{d.kind}_realized_usd"] += realized
+        self.due = keep
+        if self.corrected and self.past:
+            self.rc = replace(self.rc, realized_move=realization(self.past, "move"),
+                              realized_defrag=realization(self.past, "defrag"))
+
+    def _account(self, m: Move, a: SimAttempt) -> None:
+        """Split the move's expected saving by what it rests on (see BREAKDOWN), and keep it
+        until its moved attempt ends (`_fold`)."""
+        p = self.parts
+        net = m.saving_usd - m.cost_usd
+        end = min(a.finish_at, self.sim.horizon)
+        kind = "defrag" if m.from_pool == m.to_pool else "move"
+        ratio = self.rc.realized_defrag if kind == "defrag" else self.rc.realized_move
+        p[f"{kind}_expected_net_corrected_usd"] += m.saving_usd * ratio - m.cost_usd
+        if kind == "defrag":
+            p["defrag_expected_net_usd"] += net
+            self.due.append(_Due(end, "defrag", m.saving_usd, gang=int(m.reason.rsplit(" ", 1)[-1])))
+            return
+        p["move_expected_net_usd"] += net
+        p["move_cost_usd"] += m.cost_usd
+        gpus = a.view.gpus
+        per_h = (m.usd_per_gpu_hour_from - m.usd_per_gpu_hour_to) * gpus
+        true_h = min(max(0.0, a.finish_at - self.sim.now), self.rc.max_remaining_s) / 3600.0
+        p["move_expected_hours"] += m.saving_usd / per_h if per_h > 0 else 0.0
+        p["move_true_hours"] += true_h
+        p["move_saving_at_true_remaining_usd"] += per_h * true_h
+        src, dst = self.sim.pools[m.from_pool], self.sim.pools[m.to_pool]
+        d = _Due(end, "move", m.saving_usd, per_h=per_h, start=self.sim.now, gpus=gpus,
+                 to_onprem=not dst.rented, to_type=dst.gpu_type)
+        if src.rented:
+            left = sum(src.nodes[nd].used for nd, _ in a.view.alloc if nd in src.nodes) - gpus
+            if left <= 0:  # the move empties its rented node(s): the bill can fall
+                p["move_saving_at_true_remaining_node_emptied_usd"] += per_h * true_h
+                p["moves_emptying_a_rented_node"] += 1
+                d.idle_usd = src.idle_timeout_s / 3600.0 * len(a.view.alloc) * src.price_per_node_hour
+            else:
+                p["moves_leaving_a_rented_node_busy"] += 1
+                d.per_h = 0.0
+        self.due.append(d)
+
+    def breakdown(self) -> dict[str, float]:
+        """BREAKDOWN's sums and the ratios the corrected rule last used (at the end of the
+        run: moves that ended by then are folded in first)."""
+        self._fold()
+        out = {k: round(v, 2) for k, v in self.parts.items()}
+        out["realized_move"], out["realized_defrag"] = (round(self.rc.realized_move, 4),
+                                                        round(self.rc.realized_defrag, 4))
+        return out
 
     def resume(self, j: SimJob) -> bool:
         """Start a moving job on its held GPUs (called when its attempt exits)."""

@@ -75,13 +75,19 @@ def partition(weights: dict[str, float], nodes: int) -> dict[str | None, int]:
 
 
 def sim_job(sc: Scenario, jid: int, t: TraceJob, team_of: Callable[[str], str]) -> SimJob:
-    """The trace job with what the trace lacks assigned by hash of its id."""
-    cls = pick_band(unit_hash(sc.seed, "class", t.job_id),
-                    [(c, sc.classes.get(c, 0.0)) for c in
-                     (Priority.URGENT, Priority.HIGH, Priority.NORMAL, Priority.LOW)])
-    types = pick_band(unit_hash(sc.seed, "types", t.job_id), list(sc.gpu_types.items()))
-    return SimJob(t, jid, team_of(t.queue), cls,
-                  () if types == "any" else tuple(x.strip() for x in types.split(",")),
-                  sc.spot.get(cls, SpotPolicy.ALLOWED), sc.budget_usd.get(cls),
-                  t.duration_s, t.submit_s,
-                  saves_on_signal=unit_hash(sc.seed, "ckpt", t.job_id) < sc.checkpoint_on_signal)
+    """The trace job with what the trace lacks assigned by hash of its id (what a recorded
+    trace knows, its team, class, GPU types, spot policy and signal behaviour, is kept)."""
+    cls = Priority(t.priority) if t.priority else pick_band(
+        unit_hash(sc.seed, "class", t.job_id),
+        [(c, sc.classes.get(c, 0.0)) for c in
+         (Priority.URGENT, Priority.HIGH, Priority.NORMAL, Priority.LOW)])
+    if t.gpu_types is not None:
+        types: tuple[str, ...] = t.gpu_types
+    else:
+        band = pick_band(unit_hash(sc.seed, "types", t.job_id), list(sc.gpu_types.items()))
+        types = () if band == "any" else tuple(x.strip() for x in band.split(","))
+    saves = (t.saves_on_signal if t.saves_on_signal is not None
+             else unit_hash(sc.seed, "ckpt", t.job_id) < sc.checkpoint_on_signal)
+    return SimJob(t, jid, t.team or team_of(t.queue), cls, types,
+                  SpotPolicy(t.spot) if t.spot else sc.spot.get(cls, SpotPolicy.ALLOWED),
+                  sc.budget_usd.get(cls), t.duration_s, t.submit_s, saves_on_signal=saves)

@@ -72,10 +72,12 @@ class Simulator:
 
     def __init__(self, trace: list[TraceJob], sc: Scenario, pol: SimPolicy,
                  progress: Callable[[float], None] | None = None, detail: bool = False,
-                 rebalance: RebalanceConfig | None = None, rebalance_every_s: float = 300.0) -> None:
+                 rebalance: RebalanceConfig | None = None, rebalance_every_s: float = 300.0,
+                 rebalance_corrected: bool = False) -> None:
         self.sc, self.pol, self.cfg = sc, pol, pol.config
         # [issue 12 hook] the live broker's rebalancing rules, replayed (broker.sim.rebalance)
-        self.rebalancer = SimRebalancer(self, rebalance, rebalance_every_s) if rebalance else None
+        self.rebalancer = (SimRebalancer(self, rebalance, rebalance_every_s, rebalance_corrected)
+                           if rebalance else None)
         self.intervals = IntervalMeter(sc, sc.checkpoint_intervals)  # [issue 31] fixed or advised
         self.detail = detail
         self.progress = progress
@@ -182,6 +184,7 @@ class Simulator:
             rb = self.rebalancer
             out["rebalance"] = {"moves": rb.moves, "defrag_moves": rb.defrag_moves,
                                 "expected_net_saving_usd": round(rb.expected_net_usd, 2),
+                                "expected_breakdown": rb.breakdown(),
                                 "lost_gpu_hours_rebalance": round(
                                     self.rec.lost_gpu_s.get("rebalance", 0.0) / 3600, 2)}
         return out
@@ -250,7 +253,7 @@ class Simulator:
 
     def _pending_view(self, j: SimJob) -> PendingView:
         g = j.trace.gpus
-        gpn = g if g <= 8 else 8
+        gpn = j.trace.gpus_per_node or (g if g <= 8 else 8)
         spot = j.spot if self.deadlines is None else self.deadlines.spot_of(j)  # [issue 31]
         return PendingView(j.jid, j.team, j.cls, gpn, j.trace.submit_s, g // gpn, j.types, spot,
                            j.budget, self._estimate(j), self.sc.checkpoint_interval_s)

@@ -82,7 +82,7 @@ def sample(method: str, path: str, job: int) -> tuple[str, Any, dict[str, Any] |
         ("PUT", "/v1/jobs/{job_id}/budget"): {"usd": 5},
         ("PUT", "/v1/budgets/teams/{team}"): {"usd": 1000},
         ("PUT", "/v1/config"): {"pools": [], "teams": []},
-        ("POST", "/v1/tokens"): {"team": "research"},
+        ("POST", "/v1/tokens"): {"team": "research"}, ("POST", "/v1/replay"): {"sets": []},
     }
     params = {("GET", "/v1/estimates"): {"job_id": job},
               ("GET", "/v1/dashboard/jobs/{job_id}/tail"): {"attempt": 1}}

@@ -213,3 +213,26 @@ def test_job_page_shows_the_estimate_of_a_waiting_job(app):
     at.selectbox(key="job").select(waiting.id).run()
     captions = [x.value for x in _tab(at, "Jobs").caption]
     assert any(t.startswith("estimate: pool a100 (A100, onprem); starts in") for t in captions), captions
+
+
+def test_replay_tab_replays_the_history_under_changed_settings(app):
+    """The Replay tab runs `onepool replay` (the SDK's replay) and shows its comparison; a bad
+    setting names the field."""
+    from broker.sim.compare import table
+
+    c, at = app
+    tab = _tab(at, "Replay")
+    tab.text_area(key="replay_sets").input("broker.grace_seconds=5")
+    tab.button(key="replay_go").click()
+    at.run()
+    assert "broker.grace_seconds: unknown field" in _tab(at, "Replay").error[0].value
+    _tab(at, "Replay").text_area(key="replay_sets").input("teams.prod.weight=4")
+    _tab(at, "Replay").button(key="replay_go").click()
+    at.run()
+    assert not at.exception, at.exception
+    shown = _frame(at, "Replay", 0)
+    want = table(c.replay(["teams.prod.weight=4"]))
+    assert list(shown["what"]) == [r["what"] for r in want]
+    # the app's "now" is the system clock, seconds after this one: running jobs have run longer
+    assert list(shown["current"].fillna(-1)) == pytest.approx(
+        [-1 if r["current"] is None else r["current"] for r in want], rel=0.05, abs=10)

@@ -144,3 +144,36 @@ def test_no_defrag(case, kw, gang_kw, fs_all) -> None:  # type: ignore[no-untype
     s = snap([pool("a", nodes=4, gpus=2)], rs, [gang], now=kw.get("now", 2 * HOUR), min_run_s=0)
     fs = {r.attempt_id: facts("a") for r in rs} if fs_all else {}
     assert defrag(s, plan(s), fs) == ()
+
+
+# (case, remaining hours, realized_move, expected moves): 8 GPUs from on-demand at $4/GPU-h to
+# free on-prem save $320 over 10 h ($10.67 over 20 min) for a $1.33 move; min_saving_usd $1
+CORRECTED = [
+    ("no history: the estimate as it is", 10.0, 1.0, 1),
+    ("past moves realized half: 10 h still pays", 10.0, 0.5, 1),
+    ("past moves realized 0.5%: 10 h no longer pays ($1.60 - $1.33 < $1)", 10.0, 0.005, 0),
+    ("past moves realized half: 20 min still pays", 1 / 3, 0.5, 1),
+    ("past moves realized 10%: 20 min no longer pays ($1.07 < $1.33)", 1 / 3, 0.1, 0),
+    ("past moves realized nothing: nothing moves", 10.0, 0.0, 0),
+]
+
+
+@pytest.mark.parametrize(("case", "hours", "ratio", "n"), CORRECTED, ids=[c[0] for c in CORRECTED])
+def test_a_move_pays_only_once_corrected_by_what_past_moves_realized(case, hours, ratio, n) -> None:  # type: ignore[no-untyped-def]
+    r = running(1, 1, alloc={"od-0": 8}, started=0.0)
+    s = snap([rented("od", "on_demand", 4.0, nodes=1), pool("prem", nodes=1)], [r], now=2 * HOUR,
+             min_run_s=300.0)
+    got = rebalance(s, plan(s), {1: facts("od", hours)}, RebalanceConfig(realized_move=ratio))
+    assert len(got) == n
+    if got:  # the move keeps its uncorrected estimate, to be compared with what it realizes
+        plain = rebalance(s, plan(s), {1: facts("od", hours)})
+        assert got[0].saving_usd == pytest.approx(plain[0].saving_usd)
+
+
+@pytest.mark.parametrize(("ratio", "n"), [(1.0, 2), (0.0, 0)])
+def test_defrag_is_corrected_by_what_past_defrag_moves_realized(ratio: float, n: int) -> None:
+    rs = scattered()
+    gang = job(9, gpus=2, nodes=2, submit=0.0)
+    s = snap([pool("a", nodes=4, gpus=2)], rs, [gang], now=2 * HOUR, min_run_s=0)
+    got = defrag(s, plan(s), {r.attempt_id: facts("a") for r in rs}, RebalanceConfig(realized_defrag=ratio))
+    assert len(got) == n

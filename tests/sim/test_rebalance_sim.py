@@ -58,3 +58,29 @@ def test_small_jobs_move_so_a_waiting_gang_gets_whole_nodes(tmp_path):
     # with: it waits defrag_after_s (1800 s) plus at most a rebalance interval and the drain
     assert 1800 <= jobs_on[gang].wait <= 1800 + 300 + 30 + 1
     assert sorted(j.attempts for j in jobs_on.values() if j.trace.job_id in small[1::2]) == [1, 1, 2, 2]
+
+
+@pytest.mark.parametrize(("later", "displaced"), [
+    ([], False),  # nothing else comes: the on-prem GPUs the moved job took would have idled
+    ([(8000, 3000)], True),  # a job comes at 8000 s and rents: the move only shifted rented work
+])
+def test_what_a_move_realized_counts_displacement(tmp_path, later, displaced):  # type: ignore[no-untyped-def]
+    first, second = job_id("low", 0), job_id("low", 1)
+    rows = [(first, 0, 4000, 8), (second, 0, 20_000, 8)]
+    rows += [(job_id("low", 2 + i), t, d, 8) for i, (t, d) in enumerate(later)]
+    on, _ = run(tmp_path, rows, "onepool", True, cloud=[SPOT], cycle_s=1, drain_limit_s=86400)
+    b = on["rebalance"]["expected_breakdown"]
+    assert on["rebalance"]["moves"] == 1
+    assert b["move_expected_finished_usd"] > 0
+    # it saved $1/GPU-h x 8 GPUs from the move (~4300 s) to its end (~20,900 s), less the
+    # spot node's idle timeout; displaced: only until the later job rented (after waiting
+    # cloud_after_wait_s, 600 s, and the launch, 120 s: 8720 s)
+    whole = 8.0 / 8 * 8 * (20_900 - 4300) / 3600 - 600 / 3600 * 8.0
+    assert b["move_realized_without_displacement_usd"] == pytest.approx(whole, rel=0.05)
+    if displaced:
+        def part(until: float) -> float:
+            return 8.0 / 8 * 8 * (until - 4300) / 3600 - 600 / 3600 * 8.0
+
+        assert part(8720 - 300) <= b["move_realized_usd"] <= part(8720 + 600)  # + a cycle or a round
+    else:
+        assert b["move_realized_usd"] == b["move_realized_without_displacement_usd"]
