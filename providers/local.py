@@ -44,10 +44,12 @@ from pathlib import Path
 
 import psutil
 
+from broker.codepack import SHA_ENV, URI_ENV
 from broker.output_log import CAP_ENV
 from providers import start_errors
 from providers.base import Handle, RankState, RankStatus, StartFailed
-from providers.isolation import TEAM_ENV, Isolation
+from providers.code_cache import CodeCache
+from providers.isolation import TEAM_ENV, Isolation, User
 from providers.local_runner import LAUNCH_FILE, set_subreaper
 
 ATTEMPT_ENV = "ONEPOOL_ATTEMPT_ID"
@@ -96,8 +98,10 @@ class LocalProcesses:
 
     def __init__(self, runs_dir: str | os.PathLike[str],
                  on_change: Callable[[], None] | None = None, containment: str = "auto",
-                 isolation: Isolation | None = None) -> None:
+                 isolation: Isolation | None = None, code_cache: CodeCache | None = None) -> None:
         self.runs_dir = Path(runs_dir)
+        # unpacked code snapshots (issue 26), shared by the ranks of this folder's parent
+        self.code = code_cache or CodeCache(self.runs_dir.parent / "code-cache")
         self.iso = isolation if isolation is not None else Isolation.from_env()
         self._rank_uids = self.iso.rank_uids
         if self._rank_uids:  # a dead supervisor's processes come to us (see _end_adopted)
@@ -153,6 +157,8 @@ class LocalProcesses:
             try:
                 user = self.iso.user_for(env.get(TEAM_ENV))
                 job_dir = self.iso.prepare(d, user)
+                if cwd is None and env.get(SHA_ENV):  # its code snapshot, a private copy (issue 26)
+                    cwd = str(self._checkout(env[SHA_ENV], env.get(URI_ENV, ""), job_dir, user))
                 self.iso.prepare_store(env.get("ONEPOOL_CHECKPOINT_URI"), env.get(TEAM_ENV), user)
                 if cg is not None:
                     cg.mkdir(exist_ok=True)
@@ -168,6 +174,10 @@ class LocalProcesses:
                         [sys.executable, *SUPERVISOR, str(d), "--", *argv],
                         env=sup_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                         start_new_session=True, cwd=d)
+            except StartFailed:
+                if cg is not None:
+                    _rmdir(cg)
+                raise
             except (OSError, ValueError, subprocess.SubprocessError) as e:
                 if cg is not None:
                     _rmdir(cg)
@@ -180,6 +190,17 @@ class LocalProcesses:
             _write_json(d / "spawned.json", handle)  # found by a restarted broker, like handle.json
         threading.Thread(target=self._reap, args=(p, d), daemon=True).start()
         return handle
+
+    def _checkout(self, digest: str, uri: str, job_dir: Path, user: User | None) -> Path:
+        """The rank's private writable copy of its code snapshot, `job_dir/code`, owned by the
+        rank's user. Raises StartFailed (providers.code_cache)."""
+        dest = self.code.checkout(digest, uri, job_dir / "code")
+        if user is not None:
+            for root, dirs, files in os.walk(dest):
+                for n in [*dirs, *files]:
+                    os.lchown(os.path.join(root, n), user.uid, user.gid)
+            os.lchown(dest, user.uid, user.gid)
+        return dest
 
     def _reap(self, p: subprocess.Popen[bytes], d: Path) -> None:
         """Wait for a supervisor. One that exited by itself (not by a signal) without recording

@@ -33,6 +33,12 @@ KINDS: dict[str, tuple[str, bool]] = {
                   "(E2BIG: one argument above 128 KiB, or all of them above the system limit)", False),
     "invalid_command": ("its command or environment holds a NUL byte", False),
     "supervisor_failed": ("its supervisor could not start on this node", True),
+    # code snapshots (issue 26: providers.code_cache)
+    "code_unavailable": ("its code snapshot could not be fetched from the object store", True),
+    "code_unverified": ("its code snapshot did not match its sha256 twice (a damaged stored copy: "
+                        "submit again to upload it anew)", True),
+    "code_bad_archive": ("its code archive does not unpack safely (a path outside its folder, a "
+                         "device, a link escaping, or not a tar)", False),
 }
 
 
