@@ -34,6 +34,7 @@ from broker.spec_broker import (
     TaskIntervals,
     store_uri,
 )
+from broker.spec_code import NONE, check_code
 from broker.spec_types import (
     MAX_GPU_TYPES,
     MAX_ID,
@@ -342,6 +343,8 @@ class JobSpec(Workflow):
     env: dict[str, str] = Field(default_factory=dict)
     # where the command runs; default: where it was submitted from
     workdir: str | None = Field(default=None, max_length=MAX_PATH)
+    # what code its ranks run in (issue 26): broker.spec_code (none, a folder, sha256:..., a URI)
+    code: str | None = Field(default=None, max_length=MAX_PATH)
     gpus_per_node: int = Field(default=1, ge=1, le=64)
     nodes: int = Field(default=1, ge=1, le=1024)
     gpu_types: list[Annotated[str, Field(max_length=40)]] = Field(
@@ -360,6 +363,18 @@ class JobSpec(Workflow):
     @classmethod
     def _webhook(cls, v: str | None) -> str | None:
         return webhook_url(v)
+
+    @field_validator("code")
+    @classmethod
+    def _code(cls, v: str | None) -> str | None:
+        return check_code(v)
+
+    @model_validator(mode="after")
+    def _code_or_workdir(self) -> JobSpec:
+        if self.code not in (None, NONE) and self.workdir is not None:
+            raise ValueError("code and workdir: give one (code ships the job's files to any node; "
+                             "workdir names a folder every node already shares)")
+        return self
 
     @model_validator(mode="after")
     def _webhook_signed(self) -> JobSpec:

@@ -11,7 +11,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from broker import __version__
-from broker.api import errors, routes_admin, routes_agent, routes_estimate, routes_jobs, routes_metrics
+from broker.api import (
+    errors,
+    routes_admin,
+    routes_agent,
+    routes_code,
+    routes_estimate,
+    routes_jobs,
+    routes_metrics,
+)
 from broker.api.context import ApiContext
 from broker.api.guard import Guard
 from broker.api.mailbox import Mailbox
@@ -56,7 +64,7 @@ def create_app(store: Store, clock: Clock, *, mailbox: Mailbox | None = None,
     app.state.ctx = context
     errors.install(app)
     for r in (routes_jobs.router, routes_admin.router, routes_agent.router, routes_metrics.router,
-              routes_estimate.router):
+              routes_estimate.router, routes_code.router):
         app.include_router(r)
     app.include_router(dashboard_router)  # what the dashboard reads (dashboard.remote)
     app.add_middleware(routes_metrics.TimedRoutes)

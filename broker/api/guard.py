@@ -35,6 +35,7 @@ from broker.errors import OnepoolError, TooLarge, TooManyRequests
 from broker.spec_broker import ApiSettings
 
 LOG_UPLOAD_PATH = "/v1/agent/logs"
+CODE_UPLOAD_PREFIX = "/v1/code/"  # code snapshots (broker.api.routes_code): read by the route, counting
 MAX_SOURCES = 50_000  # addresses remembered (least recently failed forgotten first)
 MAX_GOOD = 10_000  # credentials remembered as good (least recently seen forgotten first)
 AUTH_OK = "onepool.auth_ok"  # set True in a request's scope by whoever verified its credential
@@ -132,6 +133,8 @@ class Guard:
             return
         is_log = scope["path"] == LOG_UPLOAD_PATH
         cap, setting = ((limits.max_log_upload_bytes, "max_log_upload_bytes") if is_log
+                        else (limits.max_code_upload_bytes, "max_code_upload_bytes")
+                        if scope["path"].startswith(CODE_UPLOAD_PREFIX)
                         else (limits.max_body_bytes, "max_body_bytes"))
         if declared is not None and declared > cap:
             await _refuse(send, 413, True, _too_large(scope, cap, setting))

@@ -188,6 +188,8 @@ def submit(
         "--after", metavar="JOB[:ok|:any|:failed]", help="start only after this job succeeded "
         "(:ok, the default), ended (:any) or failed; ARRAY[*]:COND for every element of an array, "
         "ARRAY[i]:COND for the element with the same index (repeat for more)")] = None,
+    code: Annotated[str | None, typer.Option("--code", metavar="FOLDER|none|sha256:HEX|URI#sha256=HEX", help=(
+        "the job's code: `.` packs this folder (git-aware, .onepoolignore) and ships it to any node"))] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="submit nothing: print where the job would run, when it would start, "
                           "what it would cost")] = False,
@@ -209,7 +211,7 @@ def submit(
     flags = {"name": name, "team": team, "experiment": experiment, "priority": priority,
              "budget_usd": budget_usd, "gpus_per_node": gpus, "nodes": nodes, "gpu_types": gpu_type,
              "spot": spot, "checkpoint_interval_s": checkpoint_interval_s,
-             "command": command or None, "array": array, "after": after}
+             "command": command or None, "array": array, "after": after, "code": code}
     data.update({k: v for k, v in flags.items() if v is not None})
     if env:
         bad = [e for e in env if "=" not in e]

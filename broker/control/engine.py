@@ -28,6 +28,7 @@ from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.resume import RestorePoint, fetch_restore_point
 from broker.checkpoint.telemetry import cause_of
 from broker.clock import Clock
+from broker.codepack import SHA_ENV, URI_ENV
 from broker.control import agents, budgets, holds, retries
 from broker.control.capacity_manager import CapacityManager
 from broker.control.config_apply import applied_config
@@ -511,6 +512,8 @@ class Engine(AttemptGuards, Duties):
                    "CUDA_VISIBLE_DEVICES": ",".join(map(str, slots))}
             if job.workdir:
                 env["ONEPOOL_WORKDIR"] = job.workdir
+            elif job.code_sha256 and job.code_uri:  # its code snapshot (issue 26: providers.code_cache)
+                env[SHA_ENV], env[URI_ENV] = job.code_sha256, job.code_uri
             handles.append(self.executor.start(a.id, rank, list(job.command), env, recover=recover,
                                                node=node))
             a.handles = list(handles)  # kept rank by rank: a later rank's failure kills these

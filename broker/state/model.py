@@ -112,6 +112,10 @@ class Job(SQLModel, table=True):
     retry_backoff_s: float = 30.0
     no_retry_exit_codes: list = _json(list)
     not_before: float | None = None
+    # Its code snapshot (issue 26, broker.spec_code): the sha256 its ranks verify and where
+    # nodes fetch it (None: no snapshot; the job runs in `workdir` or its rank folder).
+    code_sha256: str | None = Field(default=None, max_length=64)
+    code_uri: str | None = Field(default=None, max_length=4200)
 
     @property
     def gpus(self) -> int:

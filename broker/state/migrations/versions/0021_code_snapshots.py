@@ -1,0 +1,28 @@
+"""code snapshots (issue 26): a job's code digest and where nodes fetch it
+
+Revision ID: 0021
+Revises: 0019
+Create Date: 2026-12-04
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = '0021'
+down_revision = '0019'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table('job', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('code_sha256', sa.String(length=64), nullable=True))
+        batch_op.add_column(sa.Column('code_uri', sa.String(length=4200), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('job', schema=None) as batch_op:
+        batch_op.drop_column('code_uri')
+        batch_op.drop_column('code_sha256')
