@@ -189,7 +189,7 @@ def submit(
         "(:ok, the default), ended (:any) or failed; ARRAY[*]:COND for every element of an array, "
         "ARRAY[i]:COND for the element with the same index (repeat for more)")] = None,
     code: Annotated[str | None, typer.Option("--code", metavar="FOLDER|none|sha256:HEX|URI#sha256=HEX", help=(
-        "the job's code: `.` packs this folder (git-aware, .onepoolignore) and ships it to any node"))] = None,
+        "the job's code: `.` packs this folder (git-aware, .onepoolignore) for any node"))] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="submit nothing: print where the job would run, when it would start, "
                           "what it would cost")] = False,
