@@ -74,7 +74,8 @@ def test_a_download_that_does_not_verify_is_fetched_once_more(tmp_path: Path, an
 
 def test_least_recently_used_snapshots_leave_past_the_cap(tmp_path: Path) -> None:
     snaps = {n: _snap(tmp_path, n, size=1000) for n in "abc"}
-    cache = CodeCache(tmp_path / "cache", cap_bytes=2500, fetch=Store({n: [s.data] for n, s in snaps.items()}))
+    store = Store({n: [s.data] for n, s in snaps.items()})
+    cache = CodeCache(tmp_path / "cache", cap_bytes=2500, fetch=store)
     cache.get(snaps["a"].sha256, "a")
     cache.get(snaps["b"].sha256, "b")
     os.utime(cache.root / snaps["a"].sha256, (1, 1))
