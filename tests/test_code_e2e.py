@@ -1,0 +1,59 @@
+"""Code snapshots on a local pool (issue 26), real processes: a job submitted with `code` runs
+in a private copy of the packed folder, not in the folder itself; a second job with the same
+code fetches nothing; a stored copy that no longer matches its digest ends the attempt with
+`start_failed:code_unverified` after one more fetch."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from broker.state.model import Job
+from tests.conftest import drive
+
+SCRIPT = """import os, pathlib
+print("cwd", os.getcwd())
+print("reads", pathlib.Path("data.txt").read_text())
+pathlib.Path("data.txt").write_text("changed by the job")
+"""
+
+
+def _project(tmp: Path) -> Path:
+    proj = tmp / "proj"
+    proj.mkdir()
+    (proj / "run.py").write_text(SCRIPT)
+    (proj / "data.txt").write_text("packed")
+    (proj / "secret.key").write_text("k")
+    (proj / ".onepoolignore").write_text("*.key\n")
+    return proj
+
+
+def test_a_job_runs_in_a_private_copy_of_its_snapshot(make_cluster, tmp_path: Path) -> None:
+    c, eng = make_cluster()
+    proj = _project(tmp_path)
+    jobs = [c.submit(name=f"c{i}", team="research", command=[sys.executable, "run.py"], code=str(proj)).id
+            for i in range(2)]
+    drive(eng, lambda: all(c.get(j).status == "SUCCEEDED" for j in jobs))
+    for j in jobs:
+        out = c.logs(j).data
+        assert "reads packed" in out, out
+        cwd = out.split("cwd ", 1)[1].split("\n", 1)[0]
+        assert Path(cwd).name == "code" and Path(cwd) != proj
+    assert (proj / "data.txt").read_text() == "packed"  # the submit folder is not the job's
+    cache = eng.executor.code  # type: ignore[attr-defined]
+    assert cache.stats["fetches"] == 1 and cache.stats["hits"] == 1
+    [digest] = cache.holds()
+    assert not (cache.root / digest / "secret.key").exists()
+    assert (cache.root / digest / "data.txt").read_text() == "packed"
+
+
+def test_a_damaged_stored_snapshot_fails_the_attempt_with_its_cause(make_cluster, tmp_path: Path) -> None:
+    c, eng = make_cluster(max_start_failures=1)
+    j = c.submit(name="d", team="research", command=[sys.executable, "run.py"], code=str(_project(tmp_path))).id
+    with c.store.session() as s:
+        row = s.get(Job, j)
+        assert row is not None and row.code_uri is not None
+        Path(row.code_uri.removeprefix("file://")).write_bytes(b"not what was uploaded")
+    drive(eng, lambda: c.get(j).status == "FAILED")
+    assert [a.cause for a in c.get(j).attempt_list] == ["start_failed:code_unverified"]
+    assert eng.executor.code.stats["fetches"] == 2  # type: ignore[attr-defined]
