@@ -1,11 +1,11 @@
 """/v1/code/{sha256}: code snapshots uploaded by thin clients (issue 26), which hold no store
-credentials. HEAD answers 200 when the token's team (or `?team=`, for an admin) has that
-snapshot in the broker's store, 404 when not; PUT stores the body under that digest after
-checking the token, then the body's size (`broker.api.max_code_upload_bytes`, also enforced by
-the guard before anything is read) and its sha256 (a body that does not hash to the digest is
-refused, 400, and nothing is written). PUT of a digest already stored answers 200 without
-writing; a new one 201. Counted: onepool_code_uploads_total (written) is the log's
-`code upload` line."""
+credentials. GET answers whether the token's team (or `?team=`, for an admin) has that
+snapshot in the broker's store (`{"sha256": ..., "stored": true|false}`). PUT stores the body
+under that digest after checking the token, then the body's size
+(`broker.api.max_code_upload_bytes`, also enforced by the guard before anything is read), then
+its sha256 (a body that does not hash to the digest is refused as a SpecError and nothing is
+written). PUT of a digest already stored answers 200 without writing; a new one 201 (the
+log's `code upload` line says which)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import re
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from broker.api.context import ctx, principal
@@ -41,15 +42,22 @@ def _where(request: Request, p: Principal, team: str | None) -> tuple[str, str]:
     return default_store_root(cfg, c.store.home), team
 
 
-@router.head("/code/{sha256}", tags=["jobs"])
-async def has_code(request: Request, sha256: Sha, team: str | None = None) -> Response:
+class CodeState(BaseModel):
+    sha256: str
+    stored: bool = Field(description="whether the team's snapshot with this digest is in the store")
+
+
+@router.get("/code/{sha256}", response_model=CodeState, tags=["jobs"])
+async def has_code(request: Request, sha256: Sha, team: str | None = None) -> CodeState:
+    """Whether the team has this snapshot stored (a client uploads only when not)."""
     p = await run_in_threadpool(principal, request)
     root, team = await run_in_threadpool(_where, request, p, team)
-    found = await run_in_threadpool(code_store.has, root, team, sha256)
-    return Response(status_code=200 if found else 404)
+    return CodeState(sha256=sha256, stored=await run_in_threadpool(code_store.has, root, team, sha256))
 
 
-@router.put("/code/{sha256}", tags=["jobs"])
+@router.put("/code/{sha256}", response_model=CodeState, tags=["jobs"],
+            openapi_extra={"requestBody": {"required": True, "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
 async def put_code(request: Request, sha256: Sha, team: str | None = None) -> Response:
     """Store a code snapshot (a tar.gz) under its sha256 for the team."""
     p = await run_in_threadpool(principal, request)  # the token first, then the body
@@ -67,4 +75,5 @@ async def put_code(request: Request, sha256: Sha, team: str | None = None) -> Re
         raise SpecError("code", [str(e)]) from e
     log.info("code upload: sha256:%s for team %s (%d bytes, %s)", sha256, team, len(body),
              "stored" if written else "already there")
-    return Response(status_code=201 if written else 200)
+    return Response(CodeState(sha256=sha256, stored=True).model_dump_json(),
+                    status_code=201 if written else 200, media_type="application/json")

@@ -177,7 +177,7 @@ class HttpClient:
     def upload_code(self, code: str, team: str | None = None) -> str:
         """A spec's `code` as the server takes it: a folder (broker.spec_code) is packed
         (broker.codepack) and uploaded unless the server holds that digest for the team
-        already (HEAD first: a sweep from one folder uploads once); any other value is
+        already (asked first: a sweep from one folder uploads once); any other value is
         returned as is. Raises SpecError (a folder over the size limit: its largest files)."""
         from broker.codepack import SnapshotTooLarge, pack
         from broker.spec_code import parse_code
@@ -194,21 +194,10 @@ class HttpClient:
             raise SpecError("job", [str(e)]) from None
         params = {"team": team} if team else {}
         path = f"/v1/code/{snap.sha256}"
-        try:
-            head = self.http.head(path, params=params)
-            if head.status_code == 404:
-                r = self.http.put(path, params=params, content=snap.data,
-                                  headers={"Content-Type": "application/gzip"}, timeout=300.0)
-                _raise_for(r)
-                self.code_uploads += 1
-            elif head.status_code in (401, 403):  # a HEAD answer has no body to say why
-                raise (Unauthorized if head.status_code == 401 else Forbidden)(
-                    f"the server refused to take code for team {team or 'of the token'} "
-                    f"({head.status_code}): check ONEPOOL_TOKEN and the team")
-            else:
-                _raise_for(head)
-        except httpx.TransportError as e:
-            raise Unavailable(f"cannot reach the onepool server at {self.url}: {e}") from None
+        if not self._req("GET", path, params=params)["stored"]:
+            self._req("PUT", path, params=params, content=snap.data,
+                      headers={"Content-Type": "application/octet-stream"}, timeout=300.0)
+            self.code_uploads += 1
         return snap.ref
 
     def estimate(self, spec: JobSpec | dict[str, Any] | None = None, /, **fields: Any) -> EstimateInfo:

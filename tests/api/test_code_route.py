@@ -1,4 +1,4 @@
-"""HEAD/PUT /v1/code/{sha256} (issue 26): a thin client's code snapshots reach the broker's
+"""GET/PUT /v1/code/{sha256} (issue 26): a thin client's code snapshots reach the broker's
 store through the server: team-scoped, digest checked, size bounded; a sweep from one folder
 uploads once; embedded and HTTP submits give the job the same digest and fetch URI."""
 
@@ -29,9 +29,9 @@ SHA = hashlib.sha256(BODY).hexdigest()
     ("research", "PUT", SHA, BODY + b"!", {}, 422),  # does not hash to its name
     ("research", "PUT", "A" * 64, BODY, {}, 422),
     ("admin", "PUT", SHA, BODY, {"team": "Bad Team"}, 422),
-    ("research", "HEAD", SHA, b"", {}, 404),
+    ("research", "GET", SHA, b"", {}, 200),
     ("research", "PUT", SHA, BODY, {}, 201),
-], ids=["no token", "other team", "digest mismatch", "not a digest", "bad team", "absent", "stored"])
+], ids=["no token", "other team", "digest mismatch", "not a digest", "bad team", "asked", "stored"])
 def test_upload_rules(api: Api, who: str | None, method: str, sha: str, body: bytes,
                       params: dict[str, str], status: int) -> None:
     token = {"research": api.research, "admin": api.admin, None: None}[who]
@@ -40,17 +40,17 @@ def test_upload_rules(api: Api, who: str | None, method: str, sha: str, body: by
     assert r.status_code == status, r.text
     if status == 422 and body != BODY:
         assert "send it again" in r.text
-    stored = api.http.head(f"/v1/code/{SHA}", headers=api.as_(api.research)).status_code
-    assert stored == (200 if status == 201 else 404)
+    stored = api.http.get(f"/v1/code/{SHA}", headers=api.as_(api.research)).json()
+    assert stored == {"sha256": SHA, "stored": status == 201}
 
 
 def test_a_snapshot_is_stored_once_and_is_the_teams_own(api: Api) -> None:
     put = [api.http.put(f"/v1/code/{SHA}", content=BODY, headers=api.as_(api.research)).status_code
            for _ in range(2)]
     assert put == [201, 200]
-    assert api.http.head(f"/v1/code/{SHA}", headers=api.as_(api.prod)).status_code == 404
-    assert api.http.head(f"/v1/code/{SHA}", params={"team": "research"},
-                         headers=api.as_(api.admin)).status_code == 200
+    assert not api.http.get(f"/v1/code/{SHA}", headers=api.as_(api.prod)).json()["stored"]
+    assert api.http.get(f"/v1/code/{SHA}", params={"team": "research"},
+                        headers=api.as_(api.admin)).json()["stored"]
 
 
 def test_the_upload_limit_is_its_own_setting(api: Api) -> None:
