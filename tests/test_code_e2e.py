@@ -57,3 +57,19 @@ def test_a_damaged_stored_snapshot_fails_the_attempt_with_its_cause(make_cluster
     drive(eng, lambda: c.get(j).status == "FAILED")
     assert [a.cause for a in c.get(j).attempt_list] == ["start_failed:code_unverified"]
     assert eng.executor.code.stats["fetches"] == 2  # type: ignore[attr-defined]
+
+
+def test_the_snapshot_follows_the_job_to_its_pools_store(make_cluster, tmp_path: Path) -> None:
+    """Uploaded to the broker's store, fetched by the pool's nodes from the pool's own store."""
+    store = tmp_path / "pool-store"
+    c, eng = make_cluster(pools=[{"name": "a100", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 1,
+                                  "store": f"file://{store}"}])
+    j = c.submit(name="f", team="research", command=[sys.executable, "run.py"], code=str(_project(tmp_path))).id
+    drive(eng, lambda: c.get(j).status == "SUCCEEDED")
+    [copy] = list(store.glob("code/research/*.tar.gz"))
+    with c.store.session() as s:
+        row = s.get(Job, j)
+        assert row is not None and row.code_sha256 and copy.name == f"{row.code_sha256}.tar.gz"
+        assert row.code_uri and Path(row.code_uri.removeprefix("file://")).exists()  # the original stays
+    [start] = [e for e in c.events(j) if e.kind == "started"]
+    assert "reads packed" in c.logs(j).data and start

@@ -28,9 +28,9 @@ from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.resume import RestorePoint, fetch_restore_point
 from broker.checkpoint.telemetry import cause_of
 from broker.clock import Clock
-from broker.codepack import SHA_ENV, URI_ENV
 from broker.control import agents, budgets, holds, retries
 from broker.control.capacity_manager import CapacityManager
+from broker.control.code_follow import code_env
 from broker.control.config_apply import applied_config
 from broker.control.duties import Duties
 from broker.control.executors import Executors
@@ -496,6 +496,7 @@ class Engine(AttemptGuards, Duties):
     def _start_ranks(self, a: Attempt, job: Job, *, recover: bool) -> None:
         pool = self.config.pool(a.pool)
         handles = list(a.handles)
+        code = code_env(job, ckpt_index.attempt_prefix(job, a))
         for rank, (node, slots) in enumerate(a.alloc):
             if rank < len(handles):
                 continue
@@ -510,10 +511,9 @@ class Engine(AttemptGuards, Duties):
                    "ONEPOOL_REGION": pool.region, "ONEPOOL_GPU_TYPE": pool.gpu_type,
                    CAP_ENV: str(per_rank_cap(self.settings.output_cap_bytes, len(a.alloc))),
                    "CUDA_VISIBLE_DEVICES": ",".join(map(str, slots))}
+            env.update(code)  # its code snapshot (issue 26), in the attempt's store
             if job.workdir:
                 env["ONEPOOL_WORKDIR"] = job.workdir
-            elif job.code_sha256 and job.code_uri:  # its code snapshot (issue 26: providers.code_cache)
-                env[SHA_ENV], env[URI_ENV] = job.code_sha256, job.code_uri
             handles.append(self.executor.start(a.id, rank, list(job.command), env, recover=recover,
                                                node=node))
             a.handles = list(handles)  # kept rank by rank: a later rank's failure kills these
