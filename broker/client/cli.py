@@ -237,6 +237,8 @@ def submit(
             _out().print(summary(est, _ts), markup=False)
         return
     info = c.submit(data)
+    if getattr(c, "code_note", None):  # what the HTTP client did with the folder (issue 26)
+        _err().print(c.code_note, highlight=False, markup=False, soft_wrap=True)
     _warn_if_down(c, f"job {info.id} waits in the queue until one runs (`onepool broker`)")
     if as_json:
         _print_json(info.model_dump())

@@ -103,6 +103,7 @@ class HttpClient:
                  transport: httpx.BaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
         self.code_uploads = 0  # code snapshots this client uploaded (upload_code)
+        self.code_note: str | None = None  # what upload_code did last (the CLI shows it)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:  # several URLs (comma-separated): the one that answers (broker.failover)
             # a plain-HTTP server needs no TLS, so its client skips loading the CA bundle
@@ -194,10 +195,13 @@ class HttpClient:
             raise SpecError("job", [str(e)]) from None
         params = {"team": team} if team else {}
         path = f"/v1/code/{snap.sha256}"
-        if not self._req("GET", path, params=params)["stored"]:
+        uploaded = not self._req("GET", path, params=params)["stored"]
+        if uploaded:
             self._req("PUT", path, params=params, content=snap.data,
                       headers={"Content-Type": "application/octet-stream"}, timeout=300.0)
             self.code_uploads += 1
+        self.code_note = (f"code: {snap.files} files, {len(snap.data)} bytes packed as {snap.ref}: "
+                          + ("uploaded" if uploaded else "stored already, not uploaded"))
         return snap.ref
 
     def estimate(self, spec: JobSpec | dict[str, Any] | None = None, /, **fields: Any) -> EstimateInfo:
