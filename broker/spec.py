@@ -34,7 +34,7 @@ from broker.spec_broker import (
     TaskIntervals,
     store_uri,
 )
-from broker.spec_code import NONE, check_code
+from broker.spec_code import NONE, check_code, check_setup
 from broker.spec_types import (
     MAX_GPU_TYPES,
     MAX_ID,
@@ -345,6 +345,7 @@ class JobSpec(Workflow):
     workdir: str | None = Field(default=None, max_length=MAX_PATH)
     # what code its ranks run in (issue 26): broker.spec_code (none, a folder, sha256:..., a URI)
     code: str | None = Field(default=None, max_length=MAX_PATH)
+    setup: list[str] = Field(default_factory=list)  # once per node per (code, setup): spec_code
     gpus_per_node: int = Field(default=1, ge=1, le=64)
     nodes: int = Field(default=1, ge=1, le=1024)
     gpu_types: list[Annotated[str, Field(max_length=40)]] = Field(
@@ -368,6 +369,11 @@ class JobSpec(Workflow):
     @classmethod
     def _code(cls, v: str | None) -> str | None:
         return check_code(v)
+
+    @field_validator("setup", mode="before")
+    @classmethod
+    def _setup(cls, v: Any) -> Any:
+        return check_setup([v] if isinstance(v, str) else v) if isinstance(v, str | list) else v
 
     @model_validator(mode="after")
     def _code_or_workdir(self) -> JobSpec:

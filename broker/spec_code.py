@@ -12,6 +12,10 @@ Not given (the default): as `none`, today's behaviour (a job over HTTP without `
 runs in its rank folder; an embedded one in the submit folder). A folder is only packed when
 asked (`--code .`): packing by default would ship whatever the current folder happens to hold.
 `code` and `workdir` exclude each other.
+
+`setup` (a command, or a list of them, each run with `bash -c`) runs on a node before the job's
+command, once per node per (image, code, setup) digest (providers.setup_runner): at most
+MAX_SETUP commands of at most MAX_SETUP_BYTES in all.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ HELP = ("none, a folder to pack (e.g. `.`), sha256:<64 hex digits> (a snapshot u
 _SHA = re.compile(r"^sha256:([0-9a-f]{64})$")
 _URI = re.compile(r"^([a-z][a-z0-9+.-]*)://(.+)#sha256=([0-9a-f]{64})$")
 URI_SCHEMES = ("file", "s3", "gs", "gcs", "az", "abfs", "http", "https")
+
+
+MAX_SETUP = 32
+MAX_SETUP_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -64,4 +72,19 @@ def check_code(v: str | None) -> str | None:
     """The JobSpec validator: `v` unchanged, or ValueError."""
     if v is not None:
         parse_code(v)
+    return v
+
+
+def check_setup(v: list[str]) -> list[str]:
+    """The JobSpec validator of `setup` (a string was made a one-item list before). Raises
+    ValueError naming the limit."""
+    if len(v) > MAX_SETUP:
+        raise ValueError(f"at most {MAX_SETUP} commands (got {len(v)}): join them with && or put them "
+                         "in a script of the code")
+    total = sum(len(c.encode()) for c in v)
+    if total > MAX_SETUP_BYTES:
+        raise ValueError(f"at most {MAX_SETUP_BYTES} bytes of commands in all (got {total})")
+    bad = [c for c in v if not c.strip() or "\x00" in c]
+    if bad:
+        raise ValueError(f"each command must be non-empty text without NUL bytes (got {bad[0]!r})")
     return v

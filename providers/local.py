@@ -44,12 +44,11 @@ from pathlib import Path
 
 import psutil
 
-from broker.codepack import SHA_ENV, URI_ENV
 from broker.output_log import CAP_ENV
-from providers import start_errors
+from providers import rank_prep, start_errors
 from providers.base import Handle, RankState, RankStatus, StartFailed
 from providers.code_cache import CodeCache
-from providers.isolation import TEAM_ENV, Isolation, User
+from providers.isolation import TEAM_ENV, Isolation
 from providers.local_runner import LAUNCH_FILE, set_subreaper
 
 ATTEMPT_ENV = "ONEPOOL_ATTEMPT_ID"
@@ -157,8 +156,9 @@ class LocalProcesses:
             try:
                 user = self.iso.user_for(env.get(TEAM_ENV))
                 job_dir = self.iso.prepare(d, user)
-                if cwd is None and env.get(SHA_ENV):  # its code snapshot, a private copy (issue 26)
-                    cwd = str(self._checkout(env[SHA_ENV], env.get(URI_ENV, ""), job_dir, user))
+                if cwd is None and (copy := rank_prep.checkout(self.code, env, job_dir, user)) is not None:
+                    cwd = str(copy)  # its code snapshot, a private copy (issue 26)
+                argv = rank_prep.with_setup(argv, env, self.runs_dir.parent / "setup-cache", user)
                 self.iso.prepare_store(env.get("ONEPOOL_CHECKPOINT_URI"), env.get(TEAM_ENV), user)
                 if cg is not None:
                     cg.mkdir(exist_ok=True)
@@ -190,17 +190,6 @@ class LocalProcesses:
             _write_json(d / "spawned.json", handle)  # found by a restarted broker, like handle.json
         threading.Thread(target=self._reap, args=(p, d), daemon=True).start()
         return handle
-
-    def _checkout(self, digest: str, uri: str, job_dir: Path, user: User | None) -> Path:
-        """The rank's private writable copy of its code snapshot, `job_dir/code`, owned by the
-        rank's user. Raises StartFailed (providers.code_cache)."""
-        dest = self.code.checkout(digest, uri, job_dir / "code")
-        if user is not None:
-            for root, dirs, files in os.walk(dest):
-                for n in [*dirs, *files]:
-                    os.lchown(os.path.join(root, n), user.uid, user.gid)
-            os.lchown(dest, user.uid, user.gid)
-        return dest
 
     def _reap(self, p: subprocess.Popen[bytes], d: Path) -> None:
         """Wait for a supervisor. One that exited by itself (not by a signal) without recording

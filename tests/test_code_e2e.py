@@ -73,3 +73,33 @@ def test_the_snapshot_follows_the_job_to_its_pools_store(make_cluster, tmp_path:
         assert row.code_uri and Path(row.code_uri.removeprefix("file://")).exists()  # the original stays
     [start] = [e for e in c.events(j) if e.kind == "started"]
     assert "reads packed" in c.logs(j).data and start
+
+
+def test_setup_runs_once_per_node_per_digest_with_its_output_in_the_log(make_cluster, tmp_path: Path) -> None:
+    """Two jobs with the same code and setup: the first runs it (its output in the job's log,
+    its time printed), the second finds it cached; another setup runs again; a failing setup
+    fails its job with the command's status and leaves no marker."""
+    c, eng = make_cluster()
+    proj = _project(tmp_path)
+    count = tmp_path / "ran"
+    setup = [f"echo setting up; echo x >> {count}"]
+
+    def submit(name: str, steps: list[str]) -> int:
+        return c.submit(name=name, team="research", command=[sys.executable, "run.py"], code=str(proj),
+                        setup=steps).id
+
+    first = submit("s1", setup)
+    drive(eng, lambda: c.get(first).status == "SUCCEEDED")
+    second, other = submit("s2", setup), submit("s3", [*setup, "true"])
+    failing = submit("s4", "exit 7")
+    drive(eng, lambda: all(c.get(j).status in ("SUCCEEDED", "FAILED") for j in (second, other, failing)))
+    assert [c.get(j).status for j in (second, other, failing)] == ["SUCCEEDED", "SUCCEEDED", "FAILED"]
+    assert count.read_text() == "x\nx\n"  # s1 and s3: s2 was cached
+    log1, log2 = c.logs(first).data, c.logs(second).data
+    assert "onepool setup: $ echo setting up" in log1 and "setting up\n" in log1 and "done in" in log1
+    assert "onepool setup: cached on this node" in log2 and "setting up\n" not in log2
+    assert "reads packed" in log1 and "reads packed" in log2  # then the job ran, in its code
+    assert c.get(failing).attempt_list[0].exit_code == 7
+    assert "failed (exit 7): exit 7" in c.logs(failing).data
+    markers = list((eng.executor.runs_dir.parent / "setup-cache").rglob("*.done"))  # type: ignore[attr-defined]
+    assert len(markers) == 2

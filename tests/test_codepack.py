@@ -172,3 +172,20 @@ def test_code_and_workdir_exclude_each_other() -> None:
 def test_good_code_values(code: str, kind: str, sha: str | None, uri: str | None) -> None:
     ref = parse_code(code)
     assert (ref.kind, ref.sha256, ref.uri) == (kind, sha, uri)
+
+
+@pytest.mark.parametrize("setup, error", [
+    (["true"] * 33, "at most 32 commands"),
+    (["x" * 70_000], "at most 65536 bytes"),
+    ([""], "non-empty text"),
+    (5, "valid list"),
+])
+def test_bad_setup_values_name_the_field_and_the_limit(setup: object, error: str) -> None:
+    with pytest.raises(SpecError) as e:
+        parse_job({"name": "j", "team": "t", "command": ["x"], "setup": setup})
+    assert "setup" in str(e.value) and error in str(e.value)
+
+
+def test_a_setup_string_is_one_command() -> None:
+    assert parse_job({"name": "j", "team": "t", "command": ["x"], "setup": "pip install -e ."}).setup == [
+        "pip install -e ."]

@@ -12,6 +12,7 @@ what happened on the job's attempt instead of the broker's log only.
 
 from __future__ import annotations
 
+import json
 import logging
 
 from broker.checkpoint import code_store
@@ -19,15 +20,18 @@ from broker.checkpoint.checkpoints import store_root_of
 from broker.codepack import SHA_ENV, URI_ENV
 from broker.state.model import Job
 from providers.code_cache import fsspec_fetch
+from providers.setup_runner import SETUP_ENV
 
 log = logging.getLogger("onepool.code")
 
 
 def code_env(job: Job, attempt_prefix: str) -> dict[str, str]:
-    """The ranks' environment naming the job's snapshot ({} without one, or with `workdir`),
-    copied into the store holding `attempt_prefix` first when it is elsewhere."""
+    """The ranks' environment naming the job's snapshot (none without one, or with `workdir`),
+    copied into the store holding `attempt_prefix` first when it is elsewhere, and its setup
+    commands (providers.setup_runner)."""
+    setup = {SETUP_ENV: json.dumps(list(job.setup))} if job.setup else {}
     if job.workdir or not job.code_sha256 or not job.code_uri:
-        return {}
+        return setup
     sha, uri = job.code_sha256, job.code_uri
     root = store_root_of(attempt_prefix)
     want = code_store.code_uri(root, job.team, sha)
@@ -40,4 +44,4 @@ def code_env(job: Job, attempt_prefix: str) -> dict[str, str]:
         except (OSError, ValueError) as e:
             log.warning("code: sha256:%s of job %s could not be copied from %s to %s (%s); its "
                         "nodes fetch it from where it is", sha, job.id, uri, want, e)
-    return {SHA_ENV: sha, URI_ENV: uri}
+    return {**setup, SHA_ENV: sha, URI_ENV: uri}

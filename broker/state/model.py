@@ -116,6 +116,7 @@ class Job(SQLModel, table=True):
     # nodes fetch it (None: no snapshot; the job runs in `workdir` or its rank folder).
     code_sha256: str | None = Field(default=None, max_length=64)
     code_uri: str | None = Field(default=None, max_length=4200)
+    setup: list = _json(list)  # its setup commands (providers.setup_runner)
 
     @property
     def gpus(self) -> int:
