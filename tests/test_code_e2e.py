@@ -49,7 +49,8 @@ def test_a_job_runs_in_a_private_copy_of_its_snapshot(make_cluster, tmp_path: Pa
 
 def test_a_damaged_stored_snapshot_fails_the_attempt_with_its_cause(make_cluster, tmp_path: Path) -> None:
     c, eng = make_cluster(max_start_failures=1)
-    j = c.submit(name="d", team="research", command=[sys.executable, "run.py"], code=str(_project(tmp_path))).id
+    j = c.submit(name="d", team="research", command=[sys.executable, "run.py"],
+                 code=str(_project(tmp_path))).id
     with c.store.session() as s:
         row = s.get(Job, j)
         assert row is not None and row.code_uri is not None
@@ -64,7 +65,8 @@ def test_the_snapshot_follows_the_job_to_its_pools_store(make_cluster, tmp_path:
     store = tmp_path / "pool-store"
     c, eng = make_cluster(pools=[{"name": "a100", "gpu_type": "A100", "gpus_per_node": 2, "nodes": 1,
                                   "store": f"file://{store}"}])
-    j = c.submit(name="f", team="research", command=[sys.executable, "run.py"], code=str(_project(tmp_path))).id
+    j = c.submit(name="f", team="research", command=[sys.executable, "run.py"],
+                 code=str(_project(tmp_path))).id
     drive(eng, lambda: c.get(j).status == "SUCCEEDED")
     [copy] = list(store.glob("code/research/*.tar.gz"))
     with c.store.session() as s:
