@@ -34,7 +34,7 @@ from broker.spec_broker import (
     TaskIntervals,
     store_uri,
 )
-from broker.spec_code import NONE, check_code, check_setup
+from broker.spec_code import Shipping
 from broker.spec_types import (
     MAX_GPU_TYPES,
     MAX_ID,
@@ -328,9 +328,10 @@ class ClusterConfig(_Strict):
         return next(p for p in self.pools if p.name == name)
 
 
-class JobSpec(Workflow):
+class JobSpec(Workflow, Shipping):
     """What a user submits. `command` is an argv list (a string is split with shlex). Arrays,
-    sweeps, dependencies and retries: see broker.spec_workflow.Workflow (issue 29).
+    sweeps, dependencies and retries: see broker.spec_workflow.Workflow (issue 29); its code,
+    setup and data: broker.spec_code.Shipping (issue 26).
 
     Sizes are bounded (broker.spec_types: MAX_ARG_BYTES, MAX_ARGV_BYTES, MAX_ENV_*, MAX_PATH,
     MAX_GPU_TYPES), below what Linux can start, so a spec the broker stores can be run; a spec
@@ -343,9 +344,6 @@ class JobSpec(Workflow):
     env: dict[str, str] = Field(default_factory=dict)
     # where the command runs; default: where it was submitted from
     workdir: str | None = Field(default=None, max_length=MAX_PATH)
-    # what code its ranks run in (issue 26): broker.spec_code (none, a folder, sha256:..., a URI)
-    code: str | None = Field(default=None, max_length=MAX_PATH)
-    setup: list[str] = Field(default_factory=list)  # once per node per (code, setup): spec_code
     gpus_per_node: int = Field(default=1, ge=1, le=64)
     nodes: int = Field(default=1, ge=1, le=1024)
     gpu_types: list[Annotated[str, Field(max_length=40)]] = Field(
@@ -364,23 +362,6 @@ class JobSpec(Workflow):
     @classmethod
     def _webhook(cls, v: str | None) -> str | None:
         return webhook_url(v)
-
-    @field_validator("code")
-    @classmethod
-    def _code(cls, v: str | None) -> str | None:
-        return check_code(v)
-
-    @field_validator("setup", mode="before")
-    @classmethod
-    def _setup(cls, v: Any) -> Any:
-        return check_setup([v] if isinstance(v, str) else v) if isinstance(v, str | list) else v
-
-    @model_validator(mode="after")
-    def _code_or_workdir(self) -> JobSpec:
-        if self.code not in (None, NONE) and self.workdir is not None:
-            raise ValueError("code and workdir: give one (code ships the job's files to any node; "
-                             "workdir names a folder every node already shares)")
-        return self
 
     @model_validator(mode="after")
     def _webhook_signed(self) -> JobSpec:

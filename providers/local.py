@@ -48,6 +48,7 @@ from broker.output_log import CAP_ENV
 from providers import rank_prep, start_errors
 from providers.base import Handle, RankState, RankStatus, StartFailed
 from providers.code_cache import CodeCache
+from providers.data_cache import DataCache
 from providers.isolation import TEAM_ENV, Isolation
 from providers.local_runner import LAUNCH_FILE, set_subreaper
 
@@ -101,6 +102,7 @@ class LocalProcesses:
         self.runs_dir = Path(runs_dir)
         # unpacked code snapshots (issue 26), shared by the ranks of this folder's parent
         self.code = code_cache or CodeCache(self.runs_dir.parent / "code-cache")
+        self.data = DataCache(self.runs_dir.parent / "data-cache")
         self.iso = isolation if isolation is not None else Isolation.from_env()
         self._rank_uids = self.iso.rank_uids
         if self._rank_uids:  # a dead supervisor's processes come to us (see _end_adopted)
@@ -158,6 +160,7 @@ class LocalProcesses:
                 job_dir = self.iso.prepare(d, user)
                 if cwd is None and (copy := rank_prep.checkout(self.code, env, job_dir, user)) is not None:
                     cwd = str(copy)  # its code snapshot, a private copy (issue 26)
+                rank_prep.link_data(self.data, env, Path(cwd or job_dir), user)
                 argv = rank_prep.with_setup(argv, env, self.runs_dir.parent / "setup-cache", user)
                 self.iso.prepare_store(env.get("ONEPOOL_CHECKPOINT_URI"), env.get(TEAM_ENV), user)
                 if cg is not None:

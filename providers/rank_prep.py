@@ -13,6 +13,7 @@ from pathlib import Path
 
 from broker.codepack import SHA_ENV, URI_ENV
 from providers.code_cache import CodeCache
+from providers.data_cache import DATA_ENV, DataCache
 from providers.isolation import User, owned_dirs
 from providers.setup_runner import SETUP_ENV
 
@@ -33,6 +34,18 @@ def checkout(cache: CodeCache, env: Mapping[str, str], job_dir: Path, user: User
                 os.lchown(os.path.join(root, n), user.uid, user.gid)
         os.lchown(dest, user.uid, user.gid)
     return dest
+
+
+def link_data(cache: DataCache, env: Mapping[str, str], cwd: Path, user: User | None) -> None:
+    """Link the rank's `data` (JSON in $ONEPOOL_DATA) into its working folder. Raises StartFailed."""
+    raw = env.get(DATA_ENV)
+    if not raw:
+        return
+    mapping = json.loads(raw)
+    cache.link(mapping, cwd)
+    if user is not None:
+        for rel in mapping:
+            os.lchown(cwd / rel, user.uid, user.gid)
 
 
 def setup_digest(env: Mapping[str, str]) -> str:

@@ -105,3 +105,37 @@ def test_setup_runs_once_per_node_per_digest_with_its_output_in_the_log(make_clu
     assert "failed (exit 7): exit 7" in c.logs(failing).data
     markers = list((eng.executor.runs_dir.parent / "setup-cache").rglob("*.done"))  # type: ignore[attr-defined]
     assert len(markers) == 2
+
+
+READER = """import os, pathlib
+print("file", pathlib.Path("inputs/train.csv").read_text())
+print("dir", sorted(os.listdir("ds")))
+print("modes", oct(os.stat("inputs/train.csv").st_mode & 0o777), oct(os.stat("ds").st_mode & 0o777))
+"""
+
+
+def test_data_is_fetched_once_per_version_and_linked_read_only(make_cluster, tmp_path: Path) -> None:
+    c, eng = make_cluster()
+    src = tmp_path / "bucket"
+    (src / "ds").mkdir(parents=True)
+    (src / "train.csv").write_text("v1")
+    (src / "ds" / "a.bin").write_text("a")
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "read.py").write_text(READER)
+    data = {"inputs/train.csv": f"file://{src}/train.csv", "ds": f"file://{src}/ds"}
+
+    def run(name: str) -> str:
+        j = c.submit(name=name, team="research", command=[sys.executable, "read.py"],
+                     code=str(tmp_path / "proj"), data=data).id
+        drive(eng, lambda: c.get(j).status in ("SUCCEEDED", "FAILED"))
+        assert c.get(j).status == "SUCCEEDED", c.logs(j).data
+        return c.logs(j).data
+
+    first = run("d1")
+    assert "file v1" in first and "dir ['a.bin']" in first and "modes 0o444 0o555" in first
+    cache = eng.executor.data  # type: ignore[attr-defined]
+    assert cache.stats == {"fetches": 2, "hits": 0}
+    assert "file v1" in run("d2") and cache.stats == {"fetches": 2, "hits": 2}
+    (src / "train.csv").write_text("v2, a new version")
+    assert "file v2, a new version" in run("d3") and cache.stats == {"fetches": 3, "hits": 3}
+    assert (src / "train.csv").read_text() == "v2, a new version"  # the source was never written

@@ -189,3 +189,19 @@ def test_bad_setup_values_name_the_field_and_the_limit(setup: object, error: str
 def test_a_setup_string_is_one_command() -> None:
     assert parse_job({"name": "j", "team": "t", "command": ["x"], "setup": "pip install -e ."}).setup == [
         "pip install -e ."]
+
+
+@pytest.mark.parametrize("data, error", [
+    ({"/abs/x": "s3://b/x"}, "must be relative"),
+    ({"a/../../x": "s3://b/x"}, "must be relative"),
+    ({"a//x": "s3://b/x"}, "must be relative"),
+    ({"x": "/local/path"}, "must start with one of"),
+    ({"x": "ftp://h/x"}, "must start with one of"),
+    ({f"d{i}": "s3://b/x" for i in range(65)}, "at most 64 entries"),
+])
+def test_bad_data_values_name_the_entry_and_the_rule(data: dict[str, str], error: str) -> None:
+    with pytest.raises(SpecError) as e:
+        parse_job({"name": "j", "team": "t", "command": ["x"], "data": data})
+    assert "data" in str(e.value) and error in str(e.value)
+    with pytest.raises(SpecError, match="data and workdir: give one"):
+        parse_job({"name": "j", "team": "t", "command": ["x"], "data": {"x": "s3://b/x"}, "workdir": "/w"})

@@ -203,7 +203,8 @@ class Client(AdminMixin, EstimateMixin):
                     array_limit=js.array_limit, retries=js.retries, retry_backoff_s=js.retry_backoff_s,
                     no_retry_exit_codes=js.no_retry_exit_codes, after=deps,
                      webhook_url=js.webhook_url, webhook_secret=js.webhook_secret,
-                     code_sha256=code.sha256, code_uri=code.uri, setup=js.setup)
+                     code_sha256=code.sha256, code_uri=code.uri, setup=js.setup,
+                     data=js.data)
                 for (index, command, env), deps in zip(elements, after, strict=True)]
         staged = StagedSubmit(self, digest, js=js, job=jobs[0], more=jobs[1:], key=idempotency_key,
                               budget_note=budget_note, store_root=default_store_root(cfg, self.store.home))

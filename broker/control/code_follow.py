@@ -20,6 +20,7 @@ from broker.checkpoint.checkpoints import store_root_of
 from broker.codepack import SHA_ENV, URI_ENV
 from broker.state.model import Job
 from providers.code_cache import fsspec_fetch
+from providers.data_cache import DATA_ENV
 from providers.setup_runner import SETUP_ENV
 
 log = logging.getLogger("onepool.code")
@@ -27,9 +28,11 @@ log = logging.getLogger("onepool.code")
 
 def code_env(job: Job, attempt_prefix: str) -> dict[str, str]:
     """The ranks' environment naming the job's snapshot (none without one, or with `workdir`),
-    copied into the store holding `attempt_prefix` first when it is elsewhere, and its setup
-    commands (providers.setup_runner)."""
+    copied into the store holding `attempt_prefix` first when it is elsewhere, its setup
+    commands (providers.setup_runner) and its data (providers.data_cache)."""
     setup = {SETUP_ENV: json.dumps(list(job.setup))} if job.setup else {}
+    if job.data:
+        setup[DATA_ENV] = json.dumps(dict(job.data))
     if job.workdir or not job.code_sha256 or not job.code_uri:
         return setup
     sha, uri = job.code_sha256, job.code_uri

@@ -117,6 +117,7 @@ class Job(SQLModel, table=True):
     code_sha256: str | None = Field(default=None, max_length=64)
     code_uri: str | None = Field(default=None, max_length=4200)
     setup: list = _json(list)  # its setup commands (providers.setup_runner)
+    data: dict = _json(dict)  # path -> URI, linked read-only (providers.data_cache)
 
     @property
     def gpus(self) -> int:

@@ -1,4 +1,4 @@
-"""code snapshots (issue 26): a job's code digest, where nodes fetch it, its setup commands
+"""code snapshots (issue 26): a job's code digest, where nodes fetch it, its setup commands and data
 
 Revision ID: 0021
 Revises: 0019
@@ -21,10 +21,12 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column('code_sha256', sa.String(length=64), nullable=True))
         batch_op.add_column(sa.Column('code_uri', sa.String(length=4200), nullable=True))
         batch_op.add_column(sa.Column('setup', sa.JSON(), nullable=False, server_default='[]'))
+        batch_op.add_column(sa.Column('data', sa.JSON(), nullable=False, server_default='{}'))
 
 
 def downgrade() -> None:
     with op.batch_alter_table('job', schema=None) as batch_op:
+        batch_op.drop_column('data')
         batch_op.drop_column('setup')
         batch_op.drop_column('code_uri')
         batch_op.drop_column('code_sha256')
