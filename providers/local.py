@@ -158,10 +158,11 @@ class LocalProcesses:
             try:
                 user = self.iso.user_for(env.get(TEAM_ENV))
                 job_dir = self.iso.prepare(d, user)
-                if cwd is None and (copy := rank_prep.checkout(self.code, env, job_dir, user)) is not None:
-                    cwd = str(copy)  # its code snapshot, a private copy (issue 26)
-                rank_prep.link_data(self.data, env, Path(cwd or job_dir), user)
-                argv = rank_prep.with_setup(argv, env, self.runs_dir.parent / "setup-cache", user)
+                # its code (a private copy), data and setup (issue 26), each phase timed
+                prep = rank_prep.prepare(self.code, self.data, env, job_dir, user, workdir=cwd,
+                                         markers=self.runs_dir.parent / "setup-cache")
+                cwd, argv = prep.cwd, [*prep.argv_prefix, *argv]
+                _write_json(d / rank_prep.PHASES_FILE, prep.phases)
                 self.iso.prepare_store(env.get("ONEPOOL_CHECKPOINT_URI"), env.get(TEAM_ENV), user)
                 if cg is not None:
                     cg.mkdir(exist_ok=True)
@@ -244,6 +245,10 @@ class LocalProcesses:
                 return {**base, "pid": leader.pid, "create_time": leader.create_time(),
                         "pgid": leader.pid}
         return None
+
+    def phases(self, handle: Handle) -> dict[str, float | bool] | None:
+        """The rank's restart phases so far (broker.phases; None: none recorded)."""
+        return rank_prep.read_phases(Path(handle["run_dir"]), self.iso.job_dir(Path(handle["run_dir"])))
 
     def status(self, handle: Handle) -> RankStatus:
         """RUNNING while its supervisor lives; ORPHANED when the supervisor is gone but a

@@ -33,6 +33,7 @@ _state: dict[str, Any] = {}
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", envvar="ONEPOOL_HOME", metavar="DIR",
                                               help="broker home (default ./.onepool)")]
+from broker.client.cli_code import print_code_note, print_phases  # noqa: E402  (issue 26)
 from broker.client.cli_run import JsonOpt  # noqa: E402  (one --json option for every command)
 
 STATUS_LIMIT = 20  # `status` shows the running jobs, then the newest, this many (--limit, --all)
@@ -237,8 +238,7 @@ def submit(
             _out().print(summary(est, _ts), markup=False)
         return
     info = c.submit(data)
-    if getattr(c, "code_note", None):  # what the HTTP client did with the folder (issue 26)
-        _err().print(c.code_note, highlight=False, markup=False, soft_wrap=True)
+    print_code_note(c, _err())  # what the HTTP client did with the code folder (issue 26)
     _warn_if_down(c, f"job {info.id} waits in the queue until one runs (`onepool broker`)")
     if as_json:
         _print_json(info.model_dump())
@@ -336,6 +336,7 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
                       else f"{a.restart_overhead_s:.1f}", str(a.restore_bytes),
                       str(a.egress_bytes), f"{a.egress_usd:.6f}")
         out.print(t)
+        print_phases(info, out)  # issue 26: where each resume spent its time
         if info.checkpoint_stores:
             out.print("checkpoints lived in: " + ", ".join(info.checkpoint_stores), markup=False)
         if info.caused_lost_gpu_s:

@@ -28,7 +28,7 @@ from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.resume import RestorePoint, fetch_restore_point
 from broker.checkpoint.telemetry import cause_of
 from broker.clock import Clock
-from broker.control import agents, budgets, holds, retries
+from broker.control import agents, budgets, holds, phases_rec, retries
 from broker.control.capacity_manager import CapacityManager
 from broker.control.code_follow import code_env
 from broker.control.config_apply import applied_config
@@ -225,6 +225,7 @@ class Engine(AttemptGuards, Duties):
             with self._contained("poll", aid), self.store.session() as s:
                 a = s.get(Attempt, aid)
                 if a is not None and a.state in (AttemptState.RUNNING, AttemptState.STOPPING):
+                    phases_rec.poll(s, a, self.executor, now)  # its restart phases (issue 26)
                     self._poll_one(s, a, now, rep)
 
     def _poll_one(self, s: Session, a: Attempt, now: float, rep: CycleReport) -> None:

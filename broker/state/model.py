@@ -152,6 +152,8 @@ class Attempt(SQLModel, table=True):
     egress_bytes: int = Field(default=0, sa_type=BigInteger)  # bytes copied from another store first
     egress_usd: float = 0.0
     first_step_at: float | None = None  # when the broker first saw it make new progress
+    # Restart phases its first rank's node timed (broker.phases; None: not read yet).
+    phases: dict | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     restart_overhead_s: float | None = None  # first_step_at - started_at
     # Progress the job reports (broker.runtime.progress(step, total=...), issue 13): its newest
     # step, the total it announced (None: unknown), when it reported it (the job's clock), its

@@ -1,4 +1,5 @@
-"""code snapshots (issue 26): a job's code digest, where nodes fetch it, its setup commands and data
+"""workloads that travel (issue 26): a job's code digest, where nodes fetch it, its setup
+commands and data; an attempt's restart phases
 
 Revision ID: 0021
 Revises: 0019
@@ -24,7 +25,13 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column('data', sa.JSON(), nullable=False, server_default='{}'))
 
 
+    with op.batch_alter_table('attempt', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('phases', sa.JSON(), nullable=True))
+
+
 def downgrade() -> None:
+    with op.batch_alter_table('attempt', schema=None) as batch_op:
+        batch_op.drop_column('phases')
     with op.batch_alter_table('job', schema=None) as batch_op:
         batch_op.drop_column('data')
         batch_op.drop_column('setup')
