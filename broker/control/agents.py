@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from sqlmodel import Session, col, or_, select
 
 from broker import utilization
+from broker.control import phases_rec
 from broker.errors import InvalidState, NotFound, Unauthorized
 from broker.output_log import DEFAULT_CAP, CappedOutput, per_rank_cap
 from broker.spec import MAX_ID, MAX_PID, DbId, LogOffset
@@ -71,6 +72,8 @@ class RankReport(BaseModel):
     # The mean utilization (percent) of the rank's GPUs since the agent's previous report
     # (broker.utilization); None: not sampled (no NVML on the node).
     gpu_util_pct: float | None = Field(default=None, ge=0.0, le=100.0, allow_inf_nan=False)
+    # Restart phases the node timed for the rank (broker.phases: kept for rank 0, cleaned).
+    phases: dict[str, float | bool] | None = Field(default=None, max_length=16)
 
 
 class SyncRequest(BaseModel):
@@ -299,6 +302,10 @@ def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Tim
         if row.state not in LIVE and rep.state != "running":
             forget.append(row.id or 0)
     _utilization(s, rows, req.ranks, now)
+    for rep in req.ranks:  # restart phases (issue 26), of each attempt's first rank
+        row = rows.get(rep.assignment_id)
+        if rep.phases and row is not None and row.rank == 0 and (a := s.get(Attempt, row.attempt_id)):
+            phases_rec.note(s, a, rep.phases, now)
     for aid, seq in req.acked.items():
         row = rows.get(int(aid))
         if row is not None and seq > row.acked_seq:
