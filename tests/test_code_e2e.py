@@ -105,6 +105,12 @@ def test_setup_runs_once_per_node_per_digest_with_its_output_in_the_log(make_clu
     assert "failed (exit 7): exit 7" in c.logs(failing).data
     markers = list((eng.executor.runs_dir.parent / "setup-cache").rglob("*.done"))  # type: ignore[attr-defined]
     assert len(markers) == 2
+    # restart phases: timed on the node, kept on the attempt, told in an event
+    p1, p2 = (c.get(j).attempt_list[0].phases or {} for j in (first, second))
+    assert {"fetch_code_s", "setup_s"} <= set(p1) and p1["setup_cached"] is False and not p1["pending"]
+    assert p2["setup_cached"] is True
+    [ev] = [e for e in c.events(second) if e.kind == "phases"]
+    assert "fetch code" in ev.message and "(cached)" in ev.message
 
 
 READER = """import os, pathlib
