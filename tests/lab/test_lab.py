@@ -200,5 +200,10 @@ def test_a_laptop_folder_runs_on_a_box_that_never_saw_it(readme_lab: ReadmeLab) 
         [digest] = [d for d in box.ls(CODE_CACHE) if len(d) == 64]
         assert box.ls(f"{CODE_CACHE}/{digest}") == ["data.txt", "hello.py"]  # .onepoolignore held
         assert [k for k in lab.bucket_keys() if "/code/" in k] == [f"checkpoints/code/vision/{digest}.tar.gz"]
+        # restart phases, reported by the box's agent: shown by `onepool status JOB`
+        phases = lambda: lab.job(jobs[1])["attempt_list"][0]["phases"]  # noqa: E731
+        wait_until("the phases are reported", phases, 10, step=0.3)
+        assert "fetch_code_s" in phases()
+        assert "attempt 1: fetch code" in lab.onepool("status", str(jobs[1])).stdout
     finally:
         _ended(lab, filler, *jobs)
