@@ -18,7 +18,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 from sqlmodel import Session, col, or_, select
@@ -83,6 +83,10 @@ class SyncRequest(BaseModel):
     known: list[DbId] = Field(default_factory=list, max_length=4096)  # assignment ids it runs
     wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
     info: dict[str, Any] = Field(default_factory=dict)
+    # the code snapshots its node's cache holds, most recently used first (issue 26; None: not
+    # told): the policy prefers warm nodes among equals (broker.policy.warm)
+    code_held: list[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] | None = Field(default=None,
+                                                                                     max_length=64)
 
 
 class Assignment(BaseModel):
@@ -267,6 +271,8 @@ def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Tim
         agent.seen_at = now
     if req.info:
         agent.info = {**agent.info, **_clean(req.info)}
+    if req.code_held is not None and agent.info.get("code_held") != req.code_held:
+        agent.info = {**agent.info, "code_held": req.code_held}
     if heartbeat and (agent.lost_at is not None or node.state == NodeState.LOST):
         agent.lost_at = None
         if node.state == NodeState.LOST:
