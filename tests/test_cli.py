@@ -377,3 +377,20 @@ def test_health_and_the_warnings_of_submit_and_status(home: Path) -> None:
         assert "broker up" in flat(cli(home, "health").stdout)
     finally:
         lease.release()
+
+
+def test_submit_code_and_setup_flags(home: Path, tmp_path: Path) -> None:
+    """`--code FOLDER` packs it (the job gets its digest, no workdir); `--setup` repeats."""
+    from broker.client.sdk import Client
+    from broker.codepack import pack
+    from broker.state.model import Job
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text("print(1)\n")
+    job = cli_json(home, "submit", "--name", "c", "--team", "research", "--code", str(proj),
+                   "--setup", "echo a", "--setup", "echo b", "--", *NOOP)
+    with Client(home).store.session() as s:
+        row = s.get(Job, job["id"])
+        assert row is not None
+        assert (row.code_sha256, row.workdir, row.setup) == (pack(proj).sha256, None, ["echo a", "echo b"])

@@ -191,6 +191,8 @@ def submit(
         "ARRAY[i]:COND for the element with the same index (repeat for more)")] = None,
     code: Annotated[str | None, typer.Option("--code", metavar="FOLDER|none|sha256:HEX|URI#sha256=HEX", help=(
         "the job's code: `.` packs this folder (git-aware, .onepoolignore) for any node"))] = None,
+    setup: Annotated[list[str] | None, typer.Option("--setup", metavar="CMD", help=(
+        "a command run once per node before the job (per code and setup; repeat for more)"))] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="submit nothing: print where the job would run, when it would start, "
                           "what it would cost")] = False,
@@ -212,7 +214,7 @@ def submit(
     flags = {"name": name, "team": team, "experiment": experiment, "priority": priority,
              "budget_usd": budget_usd, "gpus_per_node": gpus, "nodes": nodes, "gpu_types": gpu_type,
              "spot": spot, "checkpoint_interval_s": checkpoint_interval_s,
-             "command": command or None, "array": array, "after": after, "code": code}
+             "command": command or None, "array": array, "after": after, "code": code, "setup": setup}
     data.update({k: v for k, v in flags.items() if v is not None})
     if env:
         bad = [e for e in env if "=" not in e]
