@@ -37,6 +37,8 @@ KINDS: dict[str, tuple[str, bool]] = {
     "code_unavailable": ("its code snapshot could not be fetched from the object store", True),
     "code_unverified": ("its code snapshot did not match its sha256 twice (a damaged stored copy: "
                         "submit again to upload it anew)", True),
+    "code_unsupported": ("it ships code, setup or data, which a Slurm pool does not unpack yet (give it a "
+                         "`workdir` on the cluster's shared filesystem, or run it on another pool)", True),
     "data_unavailable": ("a URI of its `data` could not be read on this node", True),
     "code_bad_archive": ("its code archive does not unpack safely (a path outside its folder, a "
                          "device, a link escaping, or not a tar)", False),

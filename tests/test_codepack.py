@@ -205,3 +205,14 @@ def test_bad_data_values_name_the_entry_and_the_rule(data: dict[str, str], error
     assert "data" in str(e.value) and error in str(e.value)
     with pytest.raises(SpecError, match="data and workdir: give one"):
         parse_job({"name": "j", "team": "t", "command": ["x"], "data": {"x": "s3://b/x"}, "workdir": "/w"})
+
+
+@pytest.mark.parametrize("env", [{"ONEPOOL_CODE_SHA256": "a" * 64}, {"ONEPOOL_SETUP": '["x"]'},
+                                 {"ONEPOOL_DATA": '{"d": "s3://b/d"}'}])
+def test_a_slurm_pool_refuses_to_start_what_it_cannot_unpack(env: dict[str, str]) -> None:
+    from broker.control.slurm_exec import SlurmExecutor
+    from providers.base import StartFailed
+
+    with pytest.raises(StartFailed) as e:
+        SlurmExecutor(pools=None).start(1, 0, ["true"], env)  # type: ignore[arg-type]
+    assert e.value.cause == "start_failed:code_unsupported" and "workdir" in str(e.value)
