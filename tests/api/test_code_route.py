@@ -66,6 +66,10 @@ def test_the_upload_limit_is_its_own_setting(api: Api) -> None:
                          headers=api.as_(api.research))
         assert r.status_code == status, r.text
     assert "max_code_upload_bytes" in r.text
+    # chunked (no Content-Length): buffered before the token check, so the small body limit
+    chunks = iter([b"x" * MiB, b"x" * MiB])
+    r = api.http.put(f"/v1/code/{'c' * 64}", content=chunks, headers=api.as_(api.research))
+    assert r.status_code == 413 and "max_body_bytes" in r.text
 
 
 @pytest.fixture
