@@ -35,6 +35,7 @@ from broker.spec_broker import (
     TaskIntervals,
     store_uri,
 )
+from broker.spec_code import Shipping
 from broker.spec_types import (
     MAX_GPU_TYPES,
     MAX_ID,
@@ -365,9 +366,10 @@ def checkpoint_interval(v: Any) -> float | str:
     return float(v)
 
 
-class JobSpec(Workflow):
+class JobSpec(Workflow, Shipping):
     """What a user submits. `command` is an argv list (a string is split with shlex). Arrays,
-    sweeps, dependencies and retries: see broker.spec_workflow.Workflow (issue 29).
+    sweeps, dependencies and retries: see broker.spec_workflow.Workflow (issue 29); its code,
+    setup and data: broker.spec_code.Shipping (issue 26).
 
     Sizes are bounded (broker.spec_types: MAX_ARG_BYTES, MAX_ARGV_BYTES, MAX_ENV_*, MAX_PATH,
     MAX_GPU_TYPES), below what Linux can start, so a spec the broker stores can be run; a spec

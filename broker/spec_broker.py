@@ -72,6 +72,8 @@ class ApiSettings(_Strict):
       small; code and data reach nodes through object storage)
     - max_log_upload_bytes: the same for agents' log uploads (a piece is at most 512 KiB of
       output, base64 in JSON: about 700 KB)
+    - max_code_upload_bytes: the same for code snapshots (PUT /v1/code/SHA256, issue 26;
+      default 256 MiB, above the 200 MiB of files a client packs)
     - auth_failure_burst, auth_failures_per_s: each client address may fail authentication
       (answers 401) `auth_failure_burst` times at once, then `auth_failures_per_s` times a
       second; beyond that every request from it is answered 429 with Retry-After, before its
@@ -84,6 +86,7 @@ class ApiSettings(_Strict):
 
     max_body_bytes: int = Field(default=1024 * 1024, ge=4096, le=1024 ** 3)
     max_log_upload_bytes: int = Field(default=3 * 1024 * 1024, ge=1024 * 1024, le=1024 ** 3)
+    max_code_upload_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024, le=16 * 1024 ** 3)
     auth_failure_burst: int = Field(default=20, ge=1, le=1_000_000)
     auth_failures_per_s: float = Field(default=1.0, gt=0.0, le=1_000_000.0)
     agent_threads: int = Field(default=8, ge=1, le=256)

@@ -54,6 +54,7 @@ class AttemptInfo(BaseModel):
     cause: str | None = None
     checkpoint_uri: str | None = None
     restart_overhead_s: float | None = None
+    phases: dict[str, float | bool] | None = None  # restart phases its node timed (broker.phases)
     restore_bytes: int = 0
     egress_bytes: int = 0
     egress_usd: float = 0.0
@@ -85,7 +86,7 @@ class AttemptInfo(BaseModel):
                    restored_step=a.restored_step, reached_step=a.reached_step,
                    lost_gpu_s=a.lost_gpu_s, gpu_s=max(0.0, end - a.started_at) * a.gpus,
                    cause=a.cause, checkpoint_uri=a.checkpoint_uri,
-                   restart_overhead_s=a.restart_overhead_s, restore_bytes=a.restore_bytes,
+                   restart_overhead_s=a.restart_overhead_s, phases=a.phases, restore_bytes=a.restore_bytes,
                    egress_bytes=a.egress_bytes, egress_usd=a.egress_usd,
                    progress_step=a.progress_step, progress_total=a.progress_total,
                    progress_at=a.progress_at, progress_rate=a.progress_rate,

@@ -51,8 +51,10 @@ from typing import Any
 import psutil
 
 from broker.output_log import CAP_ENV
-from providers import container, start_errors
+from providers import container, rank_prep, start_errors
 from providers.base import Handle, RankState, RankStatus, StartFailed
+from providers.code_cache import CodeCache
+from providers.data_cache import DataCache
 from providers.isolation import TEAM_ENV, Isolation
 from providers.local_runner import LAUNCH_FILE, set_subreaper
 
@@ -102,8 +104,11 @@ class LocalProcesses:
 
     def __init__(self, runs_dir: str | os.PathLike[str],
                  on_change: Callable[[], None] | None = None, containment: str = "auto",
-                 isolation: Isolation | None = None) -> None:
+                 isolation: Isolation | None = None, code_cache: CodeCache | None = None) -> None:
         self.runs_dir = Path(runs_dir)
+        # unpacked code snapshots (issue 26), shared by the ranks of this folder's parent
+        self.code = code_cache or CodeCache(self.runs_dir.parent / "code-cache")
+        self.data = DataCache(self.runs_dir.parent / "data-cache")
         self.iso = isolation if isolation is not None else Isolation.from_env()
         self._rank_uids = self.iso.rank_uids
         if self._rank_uids:  # a dead supervisor's processes come to us (see _end_adopted)
@@ -159,6 +164,11 @@ class LocalProcesses:
             try:
                 user = self.iso.user_for(env.get(TEAM_ENV))
                 job_dir = self.iso.prepare(d, user)
+                # its code (a private copy), data and setup (issue 26), each phase timed
+                prep = rank_prep.prepare(self.code, self.data, env, job_dir, user, workdir=cwd,
+                                         markers=self.runs_dir.parent / "setup-cache")
+                cwd, argv = prep.cwd, [*prep.argv_prefix, *argv]
+                _write_json(d / rank_prep.PHASES_FILE, prep.phases)
                 self.iso.prepare_store(env.get("ONEPOOL_CHECKPOINT_URI"), env.get(TEAM_ENV), user)
                 if cg is not None:
                     cg.mkdir(exist_ok=True)
@@ -182,6 +192,10 @@ class LocalProcesses:
                     _rmdir(cg)
                 raise StartFailed(f"rank {rank} could not start: {start_errors.describe(e.kind)}: {e}",
                                   cause=start_errors.cause(e.kind)) from e
+            except StartFailed:
+                if cg is not None:
+                    _rmdir(cg)
+                raise
             except (OSError, ValueError, subprocess.SubprocessError) as e:
                 if cg is not None:
                     _rmdir(cg)
@@ -265,6 +279,10 @@ class LocalProcesses:
                 return {**base, "pid": leader.pid, "create_time": leader.create_time(),
                         "pgid": leader.pid}
         return None
+
+    def phases(self, handle: Handle) -> dict[str, float | bool] | None:
+        """The rank's restart phases so far (broker.phases; None: none recorded)."""
+        return rank_prep.read_phases(Path(handle["run_dir"]), self.iso.job_dir(Path(handle["run_dir"])))
 
     def status(self, handle: Handle) -> RankStatus:
         """RUNNING while its supervisor lives; ORPHANED when the supervisor is gone but a

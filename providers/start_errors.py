@@ -40,6 +40,15 @@ KINDS: dict[str, tuple[str, bool]] = {
     "no_container_runtime": ("this node cannot run containers (no podman or docker, or a bad "
                              "container setting of the node)", True),
     "container_failed": ("its container runtime could not run it (status 125: see the rank's log)", True),
+    # code snapshots (issue 26: providers.code_cache)
+    "code_unavailable": ("its code snapshot could not be fetched from the object store", True),
+    "code_unverified": ("its code snapshot did not match its sha256 twice (a damaged stored copy: "
+                        "submit again to upload it anew)", True),
+    "code_unsupported": ("it ships code, setup or data, which a Slurm pool does not unpack yet (give it a "
+                         "`workdir` on the cluster's shared filesystem, or run it on another pool)", True),
+    "data_unavailable": ("a URI of its `data` could not be read on this node", True),
+    "code_bad_archive": ("its code archive does not unpack safely (a path outside its folder, a "
+                         "device, a link escaping, or not a tar)", False),
 }
 
 

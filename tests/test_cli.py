@@ -387,3 +387,20 @@ def test_submit_image_is_stored_and_a_malformed_one_names_the_field(home: Path) 
                               "--image", "ghcr.io/Lab/train:3 --privileged", "--", "true"])
     assert isinstance(res.exception, SpecError)
     assert [p for p in res.exception.problems if p.startswith("image:")], res.exception.problems
+
+
+def test_submit_code_and_setup_flags(home: Path, tmp_path: Path) -> None:
+    """`--code FOLDER` packs it (the job gets its digest, no workdir); `--setup` repeats."""
+    from broker.client.sdk import Client
+    from broker.codepack import pack
+    from broker.state.model import Job
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text("print(1)\n")
+    job = cli_json(home, "submit", "--name", "c", "--team", "research", "--code", str(proj),
+                   "--setup", "echo a", "--setup", "echo b", "--", *NOOP)
+    with Client(home).store.session() as s:
+        row = s.get(Job, job["id"])
+        assert row is not None
+        assert (row.code_sha256, row.workdir, row.setup) == (pack(proj).sha256, None, ["echo a", "echo b"])

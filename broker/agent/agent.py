@@ -89,6 +89,7 @@ class Rank:
     gpus: tuple[int, ...] = ()  # its GPU indices (CUDA_VISIBLE_DEVICES)
     util_sum: float = 0.0  # utilization samples since the last report (broker.agent.gpu_util)
     util_n: int = 0
+    phases_sent: bool = False  # its restart phases were reported complete (broker.phases)
 
 
 @dataclass
@@ -289,6 +290,8 @@ class Agent:
             rep = {"assignment_id": r.assignment_id, "state": state, "pid": pid, "exit_code": code,
                    "gpu_util_pct": round(r.util_sum / r.util_n, 2) if r.util_n else None}
             r.util_sum, r.util_n = 0.0, 0
+            if not r.phases_sent and r.failed is None and (ph := self.procs.phases(r.handle)) is not None:
+                rep["phases"], r.phases_sent = ph, not ph.get("pending")
             if state == "exited" and start_errors.well_formed(st.cause):
                 rep["cause"] = st.cause
             elif fenced:
@@ -327,7 +330,7 @@ class Agent:
         with self.lock:
             body = {"ranks": self._reports(), "known": list(self.ranks),
                     "acked": {str(k): r.acked for k, r in self.ranks.items() if r.acked},
-                    "wait_s": wait_s}
+                    "wait_s": wait_s, "code_held": self.procs.code.holds()[:64]}
         try:
             r = self._post("/v1/agent/sync", body, timeout=wait_s + SYNC_SLACK_S)
         except (AgentError, httpx.HTTPError, OSError):

@@ -15,6 +15,7 @@ from broker.api import (
     errors,
     routes_admin,
     routes_agent,
+    routes_code,
     routes_estimate,
     routes_jobs,
     routes_metrics,
@@ -65,7 +66,7 @@ def create_app(store: Store, clock: Clock, *, mailbox: Mailbox | None = None,
     app.state.ctx = context
     errors.install(app)
     for r in (routes_jobs.router, routes_admin.router, routes_agent.router, routes_metrics.router,
-              routes_estimate.router, routes_people.router, routes_replay.router):
+              routes_estimate.router, routes_people.router, routes_replay.router, routes_code.router):
         app.include_router(r)
     app.include_router(dashboard_router)  # what the dashboard reads (dashboard.remote)
     app.add_middleware(routes_metrics.TimedRoutes)

@@ -35,6 +35,9 @@ from broker.errors import OnepoolError, TooLarge, TooManyRequests
 from broker.spec_broker import ApiSettings
 
 LOG_UPLOAD_PATH = "/v1/agent/logs"
+# code snapshots (broker.api.routes_code): with a Content-Length, up to max_code_upload_bytes,
+# read by the route after the token check; a chunked one is buffered here, so max_body_bytes
+CODE_UPLOAD_PREFIX = "/v1/code/"
 MAX_SOURCES = 50_000  # addresses remembered (least recently failed forgotten first)
 MAX_GOOD = 10_000  # credentials remembered as good (least recently seen forgotten first)
 AUTH_OK = "onepool.auth_ok"  # set True in a request's scope by whoever verified its credential
@@ -132,6 +135,8 @@ class Guard:
             return
         is_log = scope["path"] == LOG_UPLOAD_PATH
         cap, setting = ((limits.max_log_upload_bytes, "max_log_upload_bytes") if is_log
+                        else (limits.max_code_upload_bytes, "max_code_upload_bytes")
+                        if scope["path"].startswith(CODE_UPLOAD_PREFIX) and declared is not None
                         else (limits.max_body_bytes, "max_body_bytes"))
         if declared is not None and declared > cap:
             await _refuse(send, 413, True, _too_large(scope, cap, setting))

@@ -33,6 +33,7 @@ _state: dict[str, Any] = {}
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", envvar="ONEPOOL_HOME", metavar="DIR",
                                               help="broker home (default ./.onepool)")]
+from broker.client.cli_code import print_code_note, print_phases  # noqa: E402  (issue 26)
 from broker.client.cli_run import JsonOpt  # noqa: E402  (one --json option for every command)
 
 STATUS_LIMIT = 20  # `status` shows the running jobs, then the newest, this many (--limit, --all)
@@ -192,6 +193,10 @@ def submit(
         "--after", metavar="JOB[:ok|:any|:failed]", help="start only after this job succeeded "
         "(:ok, the default), ended (:any) or failed; ARRAY[*]:COND for every element of an array, "
         "ARRAY[i]:COND for the element with the same index (repeat for more)")] = None,
+    code: Annotated[str | None, typer.Option("--code", metavar="FOLDER|none|sha256:HEX|URI#sha256=HEX", help=(
+        "the job's code: `.` packs this folder (git-aware, .onepoolignore) for any node"))] = None,
+    setup: Annotated[list[str] | None, typer.Option("--setup", metavar="CMD", help=(
+        "a command run once per node before the job (per code and setup; repeat for more)"))] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="submit nothing: print where the job would run, when it would start, "
                           "what it would cost")] = False,
@@ -213,7 +218,8 @@ def submit(
     flags = {"name": name, "team": team, "experiment": experiment, "priority": priority,
              "budget_usd": budget_usd, "gpus_per_node": gpus, "nodes": nodes, "gpu_types": gpu_type,
              "spot": spot, "checkpoint_interval_s": checkpoint_interval_s, "deadline": deadline,
-             "command": command or None, "array": array, "after": after, "image": image}
+             "command": command or None, "array": array, "after": after, "image": image, "code": code,
+             "setup": setup}
     data.update({k: v for k, v in flags.items() if v is not None})
     if env:
         bad = [e for e in env if "=" not in e]
@@ -239,6 +245,7 @@ def submit(
             _out().print(summary(est, _ts), markup=False)
         return
     info = c.submit(data)
+    print_code_note(c, _err())  # what the HTTP client did with the code folder (issue 26)
     _warn_if_down(c, f"job {info.id} waits in the queue until one runs (`onepool broker`)")
     if as_json:
         _print_json(info.model_dump())
@@ -338,6 +345,7 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
                       else f"{a.restart_overhead_s:.1f}", str(a.restore_bytes),
                       str(a.egress_bytes), f"{a.egress_usd:.6f}")
         out.print(t)
+        print_phases(info, out)  # issue 26: where each resume spent its time
         if info.checkpoint_stores:
             out.print("checkpoints lived in: " + ", ".join(info.checkpoint_stores), markup=False)
         if info.caused_lost_gpu_s:

@@ -8,6 +8,7 @@ made on a dropped connection or a 5xx never create a second job.
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from collections.abc import Iterable
@@ -101,6 +102,8 @@ class HttpClient:
     def __init__(self, url: str, token: str | None, *, timeout: float = 30.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
+        self.code_uploads = 0  # code snapshots this client uploaded (upload_code)
+        self.code_note: str | None = None  # what upload_code did last (the CLI shows it)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:  # several URLs (comma-separated): the one that answers (broker.failover)
             # a plain-HTTP server needs no TLS, so its client skips loading the CA bundle
@@ -163,12 +166,43 @@ class HttpClient:
             data["priority"] = priority
         if budget_usd is not None:
             data["budget_usd"] = budget_usd
+        if isinstance(data.get("code"), str):  # a folder: packed and uploaded first (issue 26)
+            data["code"] = self.upload_code(data["code"], data.get("team"))
         key = idempotency_key or f"sdk-{uuid.uuid4()}"
         return JobInfo.model_validate(self._req("POST", "/v1/jobs", json=data,
                                                 headers={"Idempotency-Key": key}))
 
     def get(self, job_id: int) -> JobInfo:
         return JobInfo.model_validate(self._req("GET", f"/v1/jobs/{int(job_id)}"))
+
+    def upload_code(self, code: str, team: str | None = None) -> str:
+        """A spec's `code` as the server takes it: a folder (broker.spec_code) is packed
+        (broker.codepack) and uploaded unless the server holds that digest for the team
+        already (asked first: a sweep from one folder uploads once); any other value is
+        returned as is. Raises SpecError (a folder over the size limit: its largest files)."""
+        from broker.codepack import SnapshotTooLarge, pack
+        from broker.spec_code import parse_code
+
+        try:
+            ref = parse_code(code)
+        except ValueError as e:
+            raise SpecError("job", [f"code: {e}"]) from None
+        if ref.kind != "folder":
+            return code
+        try:
+            snap = pack(os.path.abspath(os.path.expanduser(ref.folder or ".")))
+        except (SnapshotTooLarge, NotADirectoryError) as e:
+            raise SpecError("job", [str(e)]) from None
+        params = {"team": team} if team else {}
+        path = f"/v1/code/{snap.sha256}"
+        uploaded = not self._req("GET", path, params=params)["stored"]
+        if uploaded:
+            self._req("PUT", path, params=params, content=snap.data,
+                      headers={"Content-Type": "application/octet-stream"}, timeout=300.0)
+            self.code_uploads += 1
+        self.code_note = (f"code: {snap.files} files, {len(snap.data)} bytes packed as {snap.ref}: "
+                          + ("uploaded" if uploaded else "stored already, not uploaded"))
+        return snap.ref
 
     def estimate(self, spec: JobSpec | dict[str, Any] | None = None, /, **fields: Any) -> EstimateInfo:
         data = _spec_data(spec)

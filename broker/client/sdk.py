@@ -31,6 +31,7 @@ from sqlmodel import Session, col, func, or_, select
 from broker import output_log
 from broker.checkpoint import telemetry
 from broker.checkpoint.index import default_store_root, stores_of
+from broker.client.code_submit import resolve_code
 from broker.client.filters import check_filters
 from broker.client.sdk_admin import AdminMixin, visible_nodes
 from broker.client.sdk_changes import ChangesMixin
@@ -172,6 +173,8 @@ class Client(AdminMixin, EstimateMixin, ChangesMixin):
             raise SpecError("Idempotency-Key", ["must be 1 to 200 characters"])
         cfg = batch.cfg
         check_job_fits(js, cfg)
+        code = resolve_code(js, local=p.kind == "local", store_root=default_store_root(cfg, self.store.home))
+        js = code.spec
         digest = hashlib.sha256(json.dumps(js.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
         slot = (p.actor[:64], idempotency_key) if idempotency_key is not None else None
         if slot is not None:
@@ -189,7 +192,8 @@ class Client(AdminMixin, EstimateMixin, ChangesMixin):
                 return StagedSubmit(self, digest, prior=prior[1])
         now = self.clock.now()
         js, budget_note = budget_rules.check_submission(s, cfg, js, now, batch.overridden)  # money (issue 6)
-        workdir = existing_workdir(js.workdir) if p.kind == "local" else remote_workdir(js.workdir)
+        workdir = None if code.sha256 else existing_workdir(js.workdir) if p.kind == "local" \
+            else remote_workdir(js.workdir)
         elements = js.elements()  # arrays, sweeps and dependencies (issue 29)
         after = resolve_after(s, self, js, [i for i, _, _ in elements])
         deadline = js.deadline_at(now)  # issue 31: broker.policy.deadlines
@@ -205,7 +209,9 @@ class Client(AdminMixin, EstimateMixin, ChangesMixin):
                     array_index=None if index < 0 else index,
                     array_limit=js.array_limit, retries=js.retries, retry_backoff_s=js.retry_backoff_s,
                     no_retry_exit_codes=js.no_retry_exit_codes, after=deps,
-                     webhook_url=js.webhook_url, webhook_secret=js.webhook_secret)
+                     webhook_url=js.webhook_url, webhook_secret=js.webhook_secret,
+                     code_sha256=code.sha256, code_uri=code.uri, setup=js.setup,
+                     data=js.data)
                 for (index, command, env), deps in zip(elements, after, strict=True)]
         staged = StagedSubmit(self, digest, js=js, job=jobs[0], more=jobs[1:], key=idempotency_key,
                               budget_note=budget_note, store_root=default_store_root(cfg, self.store.home))

@@ -18,12 +18,13 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 from sqlmodel import Session, col, or_, select
 
 from broker import utilization
+from broker.control import phases_rec
 from broker.errors import InvalidState, NotFound, Unauthorized
 from broker.output_log import DEFAULT_CAP, CappedOutput, per_rank_cap
 from broker.spec import MAX_ID, MAX_PID, DbId, LogOffset
@@ -71,6 +72,8 @@ class RankReport(BaseModel):
     # The mean utilization (percent) of the rank's GPUs since the agent's previous report
     # (broker.utilization); None: not sampled (no NVML on the node).
     gpu_util_pct: float | None = Field(default=None, ge=0.0, le=100.0, allow_inf_nan=False)
+    # Restart phases the node timed for the rank (broker.phases: kept for rank 0, cleaned).
+    phases: dict[str, float | bool] | None = Field(default=None, max_length=16)
 
 
 class SyncRequest(BaseModel):
@@ -80,6 +83,10 @@ class SyncRequest(BaseModel):
     known: list[DbId] = Field(default_factory=list, max_length=4096)  # assignment ids it runs
     wait_s: float = Field(default=0.0, ge=0.0, le=60.0)
     info: dict[str, Any] = Field(default_factory=dict)
+    # the code snapshots its node's cache holds, most recently used first (issue 26; None: not
+    # told): the policy prefers warm nodes among equals (broker.policy.warm)
+    code_held: list[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] | None = Field(default=None,
+                                                                                     max_length=64)
 
 
 class Assignment(BaseModel):
@@ -264,6 +271,8 @@ def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Tim
         agent.seen_at = now
     if req.info:
         agent.info = {**agent.info, **_clean(req.info)}
+    if req.code_held is not None and agent.info.get("code_held") != req.code_held:
+        agent.info = {**agent.info, "code_held": req.code_held}
     if heartbeat and (agent.lost_at is not None or node.state == NodeState.LOST):
         agent.lost_at = None
         if node.state == NodeState.LOST:
@@ -299,6 +308,10 @@ def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Tim
         if row.state not in LIVE and rep.state != "running":
             forget.append(row.id or 0)
     _utilization(s, rows, req.ranks, now)
+    for rep in req.ranks:  # restart phases (issue 26), of each attempt's first rank
+        row = rows.get(rep.assignment_id)
+        if rep.phases and row is not None and row.rank == 0 and (a := s.get(Attempt, row.attempt_id)):
+            phases_rec.note(s, a, rep.phases, now)
     for aid, seq in req.acked.items():
         row = rows.get(int(aid))
         if row is not None and seq > row.acked_seq:

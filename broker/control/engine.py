@@ -28,8 +28,9 @@ from broker.checkpoint.checkpoints import job_prefix
 from broker.checkpoint.resume import RestorePoint, fetch_restore_point
 from broker.checkpoint.telemetry import cause_of
 from broker.clock import Clock
-from broker.control import agents, budgets, deadlines, holds, intervals, retries
+from broker.control import agents, budgets, deadlines, holds, intervals, phases_rec, retries
 from broker.control.capacity_manager import CapacityManager
+from broker.control.code_follow import code_env
 from broker.control.config_apply import applied_config
 from broker.control.duties import Duties
 from broker.control.executors import Executors
@@ -230,6 +231,7 @@ class Engine(AttemptGuards, Duties):
             with self._contained("poll", aid), self.store.session() as s:
                 a = s.get(Attempt, aid)
                 if a is not None and a.state in (AttemptState.RUNNING, AttemptState.STOPPING):
+                    phases_rec.poll(s, a, self.executor, now)  # its restart phases (issue 26)
                     self._poll_one(s, a, now, rep)
 
     def _poll_one(self, s: Session, a: Attempt, now: float, rep: CycleReport) -> None:
@@ -502,6 +504,7 @@ class Engine(AttemptGuards, Duties):
     def _start_ranks(self, a: Attempt, job: Job, *, recover: bool) -> None:
         pool = self.config.pool(a.pool)
         handles = list(a.handles)
+        code = code_env(job, ckpt_index.attempt_prefix(job, a))
         for rank, (node, slots) in enumerate(a.alloc):
             if rank < len(handles):
                 continue
@@ -516,6 +519,7 @@ class Engine(AttemptGuards, Duties):
                    "ONEPOOL_REGION": pool.region, "ONEPOOL_GPU_TYPE": pool.gpu_type,
                    CAP_ENV: str(per_rank_cap(self.settings.output_cap_bytes, len(a.alloc))),
                    "CUDA_VISIBLE_DEVICES": ",".join(map(str, slots))}
+            env.update(code)  # its code snapshot (issue 26), in the attempt's store
             if job.workdir:
                 env["ONEPOOL_WORKDIR"] = job.workdir
             env.update(container_env(job.image, pool.container_runtime))

@@ -166,6 +166,11 @@ class Executors:
     def signal(self, handle: Handle, sig: int) -> None:
         self._for(handle).signal(handle, sig)
 
+    def phases(self, handle: Handle) -> dict[str, float | bool] | None:
+        """A local rank's restart phases (agents report theirs with their syncs)."""
+        ex = self._for(handle)
+        return ex.phases(handle) if isinstance(ex, LocalProcesses) else None
+
     def refresh(self, attempt_ids: list[int]) -> None:
         """Start of a poll: agents' reports are read once for all these attempts' ranks."""
         self.agents.refresh(attempt_ids)

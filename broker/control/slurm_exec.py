@@ -35,12 +35,15 @@ import signal as signals
 import time
 from typing import TYPE_CHECKING
 
+from broker.codepack import SHA_ENV
 from broker.spec_types import SLURM_RUNTIMES
 from broker.state.events import record
 from broker.state.model import Attempt, Job
 from providers import start_errors
 from providers.base import Handle, ProviderError, RankState, RankStatus, StartFailed
 from providers.container import IMAGE_ENV, RUNTIME_ENV
+from providers.data_cache import DATA_ENV
+from providers.setup_runner import SETUP_ENV
 from providers.slurm import JobRecord, SlurmCluster, SlurmParseError, SlurmRejected
 from providers.slurm.parse import Outcome, exit_status, outcome
 from providers.slurm.script import START_EXIT, Submission, batch_script, in_container
@@ -52,6 +55,7 @@ log = logging.getLogger("onepool.slurm")
 SLURM = "slurm"
 REJECTED_BACKOFF_S = 300.0
 STATUS_MAX_AGE_S = 1.0  # status() reuses a squeue listing this young (one per cycle)
+UNSUPPORTED = "code_unsupported"
 START_KINDS = {code: kind for kind, code in START_EXIT.items()}
 CAUSES = {Outcome.PREEMPTED: "slurm_preempted", Outcome.REQUEUED: "slurm_requeued",
           Outcome.CANCELLED: "slurm_cancelled", Outcome.TIME_LIMIT: "slurm_time_limit"}
@@ -68,7 +72,12 @@ class SlurmExecutor:
     # -- start ----------------------------------------------------------------------------------
     def start(self, attempt_id: int, rank: int, argv: list[str], env: dict[str, str],
               *, recover: bool = False, node: str | None = None) -> Handle:
-        """Submit the attempt's allocation (first call) or attach to it; see the module doc."""
+        """Submit the attempt's allocation (first call) or attach to it; see the module doc.
+        Raises StartFailed (`start_failed:code_unsupported`) for a job that ships code, setup or
+        data (issue 26): a Slurm pool does not unpack them yet."""
+        if any(env.get(k) for k in (SHA_ENV, SETUP_ENV, DATA_ENV)):
+            why = start_errors.cause(UNSUPPORTED)
+            raise StartFailed(f"rank {rank} could not start: {start_errors.describe(why)}", cause=why)
         with self.pools.store.session() as s:
             a = s.get(Attempt, attempt_id)
             job = s.get(Job, a.job_id) if a is not None else None

@@ -19,8 +19,10 @@ from broker.policy import (
 )
 from broker.policy.estimates import RuntimeHistory
 from broker.policy.fairshare import decay
+from broker.policy.warm import warm_nodes
 from broker.spec import Market, Priority, SpotPolicy
 from broker.state.model import Attempt, AttemptState, Job, JobState, Node, NodeState, Pool, Team
+from broker.state.model_access import NodeAgent
 from providers import start_errors
 
 USAGE_HORIZON_HALF_LIVES = 6  # older usage weighs < 2% and is not read
@@ -70,8 +72,9 @@ def build_snapshot(s: Session, now: float, config: PolicyConfig, half_life_s: fl
             expected_end=None if est is None else a.started_at + est,
         ))
     failed_on = failed_start_nodes(s)
+    held = code_held(s)
     pending = tuple(
-        pending_view(j, estimate(j), failed_on.get(j.id or 0, frozenset()))
+        pending_view(j, estimate(j), failed_on.get(j.id or 0, frozenset()), warm_nodes(j.code_sha256, held))
         for j in s.exec(select(Job).where(Job.state == JobState.PENDING,
                                            col(Job.cancel_requested).is_(False))).all()
     )
@@ -106,11 +109,12 @@ def pool_views(s: Session, ours: dict[str, int]) -> tuple[PoolView, ...]:
     )
 
 
-def pending_view(j: Job, estimate: float | None = None,
-                 failed_on: frozenset[str] = frozenset()) -> PendingView:
+def pending_view(j: Job, estimate: float | None = None, failed_on: frozenset[str] = frozenset(),
+                 warm_on: frozenset[str] = frozenset()) -> PendingView:
     """The policy's view of a pending job. One with a deadline (broker.control.deadlines) that
     must now run safe may not use spot, whatever its own spot policy; one that keeps pace runs
-    on spot or on-prem only (never on demand), unless its own policy is never spot."""
+    on spot or on-prem only (never on demand), unless its own policy is never spot. `warm_on`:
+    the nodes that hold its code snapshot (issue 26, broker.policy.warm)."""
     spot = SpotPolicy(j.spot)
     if j.deadline_where in ("safe", "late"):
         spot = SpotPolicy.NEVER
@@ -118,7 +122,13 @@ def pending_view(j: Job, estimate: float | None = None,
         spot = SpotPolicy.ONLY
     return PendingView(j.id or 0, j.team, Priority(j.priority), j.gpus_per_node, j.submit_time,
                        j.nodes, tuple(j.gpu_types), spot, expected_duration_s=estimate,
-                       checkpoint_interval_s=j.checkpoint_interval_s, failed_on=failed_on)
+                       checkpoint_interval_s=j.checkpoint_interval_s, failed_on=failed_on, warm_on=warm_on)
+
+
+def code_held(s: Session) -> dict[str, frozenset[str]]:
+    """Per agent node, the code snapshots its agent last reported holding (issue 26)."""
+    return {node: frozenset(info.get("code_held") or ()) for node, info in
+            s.exec(select(NodeAgent.node, NodeAgent.info)).all() if isinstance(info, dict)}
 
 
 def failed_start_nodes(s: Session, job_id: int | None = None) -> dict[int, frozenset[str]]:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Collection, Iterable
 
 from broker.policy.free_index import FreeIndex
 from broker.policy.snapshot import Alloc, PoolView, RunningView
+from broker.policy.warm import warm_first
 
 
 def enough(buckets: list[dict[str, None]], g: int, n: int) -> bool:
@@ -130,14 +131,15 @@ class Capacity:
         """True if at least n nodes of the pool have g or more GPUs available."""
         return enough(self.buckets[pool], g, n)
 
-    def take(self, pool: str, g: int, n: int, exclude: Collection[str] = ()) -> Alloc:
+    def take(self, pool: str, g: int, n: int, exclude: Collection[str] = (),
+             warm: Collection[str] = ()) -> Alloc:
         """Take g available GPUs on each of n nodes, best fit (the fullest nodes that still
-        fit first), skipping `exclude`. The caller checks that enough nodes fit; the result
-        is undefined otherwise."""
+        fit first; among equals, the `warm` ones first: broker.policy.warm), skipping
+        `exclude`. The caller checks that enough nodes fit; the result is undefined otherwise."""
         b = self.buckets[pool]
         chosen: list[str] = []
         for f in range(g, len(b)):
-            for node in b[f]:
+            for node in warm_first(b[f], warm) if warm else b[f]:
                 if node in exclude:
                     continue
                 chosen.append(node)

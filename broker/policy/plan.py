@@ -412,7 +412,7 @@ class _Planner:
                 cap.take_easy(nd, g)
             alloc = tuple([(nd, g) for nd in use]) if use else ()
             if need:
-                alloc += cap.take(p.name, g, need, exclude=use)
+                alloc += cap.take(p.name, g, need, exclude=use, warm=j.warm_on)
             self.placements.append(Placement(j.job_id, p.name, alloc, _PRIO[rank]))
             bf.placed(alloc, e)
             return True
@@ -430,7 +430,7 @@ class _Planner:
         g, n = j.gpus_per_node, j.nodes
         for p in cands:
             if self._count_fit(p.name, g, n, [nd for nd in avoid if self.cap.pool_of.get(nd) == p.name]):
-                alloc = self.cap.take(p.name, g, n, exclude=avoid)
+                alloc = self.cap.take(p.name, g, n, exclude=avoid, warm=j.warm_on)
                 self.placements.append(Placement(j.job_id, p.name, alloc, _PRIO[rank]))
                 self.backfill.placed(alloc, j.expected_duration_s)
                 return

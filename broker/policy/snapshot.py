@@ -132,6 +132,8 @@ class PendingView:
     checkpoint_interval_s: float = 1800.0
     # nodes it failed to start on for a reason that may be the node's (broker.policy.avoid)
     failed_on: frozenset[str] = frozenset()
+    # nodes that hold its code snapshot already: preferred among equals (broker.policy.warm)
+    warm_on: frozenset[str] = frozenset()
 
     @property
     def gpus(self) -> int:

@@ -124,6 +124,12 @@ class Job(SQLModel, table=True):
     retry_backoff_s: float = 30.0
     no_retry_exit_codes: list = _json(list)
     not_before: float | None = None
+    # Its code snapshot (issue 26, broker.spec_code): the sha256 its ranks verify and where
+    # nodes fetch it (None: no snapshot; the job runs in `workdir` or its rank folder).
+    code_sha256: str | None = Field(default=None, max_length=64)
+    code_uri: str | None = Field(default=None, max_length=4200)
+    setup: list = _json(list)  # its setup commands (providers.setup_runner)
+    data: dict = _json(dict)  # path -> URI, linked read-only (providers.data_cache)
 
     @property
     def gpus(self) -> int:
@@ -158,6 +164,8 @@ class Attempt(SQLModel, table=True):
     egress_bytes: int = Field(default=0, sa_type=BigInteger)  # bytes copied from another store first
     egress_usd: float = 0.0
     first_step_at: float | None = None  # when the broker first saw it make new progress
+    # Restart phases its first rank's node timed (broker.phases; None: not read yet).
+    phases: dict | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     restart_overhead_s: float | None = None  # first_step_at - started_at
     # Progress the job reports (broker.runtime.progress(step, total=...), issue 13): its newest
     # step, the total it announced (None: unknown), when it reported it (the job's clock), its

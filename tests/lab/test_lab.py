@@ -168,3 +168,60 @@ def test_the_sdk_works_over_http_from_the_laptop(readme_lab: ReadmeLab) -> None:
     out = lab.laptop.run(["python", "-c", SDK_SCRIPT], env=lab.researcher_env, timeout=90).stdout
     assert re.search(r"^SUCCEEDED hello from (box0|box1)$", out, re.M), out
     assert "server modules: []" in out, out
+
+
+CODE_CACHE = "/home/ops/.onepool-agent/code-cache"  # each box's snapshot cache (providers.code_cache)
+
+
+def _fetches(lab: ReadmeLab) -> int:
+    total = 0
+    for box in BOXES:
+        h = lab.lab.host(box)
+        if h.exists(f"{CODE_CACHE}/stats.json"):
+            total += json.loads(h.read(f"{CODE_CACHE}/stats.json"))["fetches"]
+    return total
+
+
+def test_a_laptop_folder_runs_on_a_box_that_never_saw_it(readme_lab: ReadmeLab) -> None:
+    """`onepool submit --code .` in a folder of the laptop: packed, uploaded through the server
+    (the laptop has no store credentials), copied to the pool's bucket, fetched and verified by
+    the box, run in a private copy. A second job from the same folder on the same box neither
+    uploads nor downloads (counted: the client's note, the boxes' cache counters)."""
+    lab = readme_lab
+    proj = "/home/ada/proj"
+    lab.laptop.write(f"{proj}/hello.py",
+                     "import pathlib\nprint('code says', pathlib.Path('data.txt').read_text())\n")
+    lab.laptop.write(f"{proj}/data.txt", "hi from the laptop")
+    lab.laptop.write(f"{proj}/weights.bin", b"w" * 4096)
+    lab.laptop.write(f"{proj}/.onepoolignore", "*.bin\n")
+    filler = _submit(lab, "--name", "hold", "--gpus", "8", "--", *shlex.split(SLEEP))  # one box stays busy
+    jobs: list[int] = []
+    try:
+        wait_until("the filler runs", lambda: lab.job(filler)["status"] == "RUNNING", 30, step=0.3)
+        before = _fetches(lab)
+        notes = []
+        for name in ("code-1", "code-2"):
+            r = lab.laptop.run(["onepool", "submit", "--json", "--name", name, "--gpus", "8", "--code", ".",
+                                "--", "python", "hello.py"], env=lab.researcher_env, cwd=proj)
+            jobs.append(int(json.loads(r.stdout)["id"]))
+            notes.append(r.stderr)
+            wait_until(f"{name} succeeded", lambda: lab.job(jobs[-1])["status"] in ("SUCCEEDED", "FAILED"),
+                       45, step=0.3)
+            assert lab.job(jobs[-1])["status"] == "SUCCEEDED", lab.onepool("logs", str(jobs[-1])).stdout
+            assert "code says hi from the laptop" in lab.onepool("logs", str(jobs[-1])).stdout
+        assert "uploaded" in notes[0] and "stored already, not uploaded" in notes[1], notes
+        assert _fetches(lab) - before == 1  # the first job's box fetched; the second found it cached
+        node = _node(lab.job(jobs[0]))
+        assert _node(lab.job(jobs[1])) == node != _node(lab.job(filler))
+        box = lab.box(node)
+        assert not box.exists(proj)  # the box never saw the laptop's folder
+        [digest] = [d for d in box.ls(CODE_CACHE) if len(d) == 64]
+        assert box.ls(f"{CODE_CACHE}/{digest}") == ["data.txt", "hello.py"]  # .onepoolignore held
+        assert [k for k in lab.bucket_keys() if "/code/" in k] == [f"checkpoints/code/vision/{digest}.tar.gz"]
+        # restart phases, reported by the box's agent: shown by `onepool status JOB`
+        phases = lambda: lab.job(jobs[1])["attempt_list"][0]["phases"]  # noqa: E731
+        wait_until("the phases are reported", phases, 10, step=0.3)
+        assert "fetch_code_s" in phases()
+        assert "attempt 1: fetch code" in lab.onepool("status", str(jobs[1])).stdout
+    finally:
+        _ended(lab, filler, *jobs)

@@ -1,0 +1,116 @@
+"""What a rank gets before its command runs (issue 26): its code snapshot as a private copy
+(providers.code_cache) and its setup commands wrapped around its command
+(providers.setup_runner). Used by providers.local.LocalProcesses for local pools and agents."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.codepack import SHA_ENV, URI_ENV
+from broker.phases import clean
+from providers.code_cache import CodeCache
+from providers.data_cache import DATA_ENV, DataCache
+from providers.isolation import User, owned_dirs
+from providers.setup_runner import SETUP_ENV
+
+PHASES_FILE = "phases.json"  # in the rank's run folder: what the node timed (broker.phases)
+SETUP_RUNNER = str(Path(__file__).with_name("setup_runner.py"))
+IMAGE_ENV = "ONEPOOL_IMAGE"  # the container image's name (issue 26 part 2): part of the setup digest
+
+
+def checkout(cache: CodeCache, env: Mapping[str, str], job_dir: Path, user: User | None) -> Path | None:
+    """The rank's private writable copy of its code snapshot, `job_dir/code`, owned by the
+    rank's user; None when the rank has no snapshot. Raises StartFailed (providers.code_cache)."""
+    digest = env.get(SHA_ENV)
+    if not digest:
+        return None
+    dest = cache.checkout(digest, env.get(URI_ENV, ""), job_dir / "code")
+    if user is not None:
+        for root, dirs, files in os.walk(dest):
+            for n in [*dirs, *files]:
+                os.lchown(os.path.join(root, n), user.uid, user.gid)
+        os.lchown(dest, user.uid, user.gid)
+    return dest
+
+
+def link_data(cache: DataCache, env: Mapping[str, str], cwd: Path, user: User | None) -> None:
+    """Link the rank's `data` (JSON in $ONEPOOL_DATA) into its working folder. Raises StartFailed."""
+    raw = env.get(DATA_ENV)
+    if not raw:
+        return
+    mapping = json.loads(raw)
+    cache.link(mapping, cwd)
+    if user is not None:
+        for rel in mapping:
+            os.lchown(cwd / rel, user.uid, user.gid)
+
+
+def setup_digest(env: Mapping[str, str]) -> str:
+    """What makes a setup's effect on a node: the image, the code and the commands."""
+    key = {"image": env.get(IMAGE_ENV), "code": env.get(SHA_ENV), "setup": json.loads(env[SETUP_ENV])}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def setup_prefix(env: Mapping[str, str], markers: Path, user: User | None) -> list[str]:
+    """What runs the rank's setup commands before its command ([] without any). `markers`: the
+    node's setup folder (one subfolder per rank user, theirs: a team's markers are its own)."""
+    if not env.get(SETUP_ENV):
+        return []
+    markers.mkdir(parents=True, exist_ok=True)
+    os.chmod(markers, 0o711)
+    name = str(user.uid) if user is not None else "self"
+    owned_dirs(markers, [name], user)
+    return [sys.executable, "-I", SETUP_RUNNER, str(markers / name), setup_digest(env), "--"]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    cwd: str | None  # where the rank runs (None: its job folder)
+    argv_prefix: list[str]  # put before its command (its setup)
+    phases: dict[str, float | bool]
+
+
+def prepare(code: CodeCache, data: DataCache, env: Mapping[str, str], job_dir: Path, user: User | None,
+            *, workdir: str | None, markers: Path) -> Prepared:
+    """Everything a rank needs before its command, timed: its code copy (unless it has a
+    `workdir`), its data links, its setup. Raises StartFailed."""
+    phases: dict[str, float | bool] = {}
+    cwd = workdir
+    if env.get(SHA_ENV) and cwd is None:
+        t = time.monotonic()
+        copy = checkout(code, env, job_dir, user)
+        phases["fetch_code_s"] = round(time.monotonic() - t, 3)
+        cwd = str(copy) if copy is not None else None
+    if env.get(DATA_ENV):
+        t = time.monotonic()
+        link_data(data, env, Path(cwd or job_dir), user)
+        phases["fetch_data_s"] = round(time.monotonic() - t, 3)
+    prefix = setup_prefix(env, markers, user)
+    if prefix:
+        phases["pending"] = True  # until the setup runner wrote its time (read_phases)
+    return Prepared(cwd, prefix, phases)
+
+
+def read_phases(run_dir: Path, job_dir: Path) -> dict[str, float | bool] | None:
+    """The phases the node timed, with the setup's time once its runner wrote it (in the job's
+    folder: written as the job's user, so only its known fields are kept: broker.phases.clean)."""
+    try:
+        got = json.loads((run_dir / PHASES_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if got.get("pending"):
+        try:
+            setup = json.loads((job_dir / "setup.json").read_text())
+        except (OSError, ValueError):
+            setup = None
+        if isinstance(setup, dict):
+            got = {**got, "setup_s": setup.get("setup_s"), "setup_cached": setup.get("cached"),
+                   "pending": False}
+    return clean(got)
