@@ -35,6 +35,9 @@ ROUTE_RULES: dict[tuple[str, str], str] = {
     ("GET", "/v1/jobs/{job_id}/logs"): READ,
     ("POST", "/v1/estimate"): SUBMIT,
     ("GET", "/v1/estimates"): READ,
+    # code snapshots (broker.api.routes_code): whoever may submit may ask for and upload its code
+    ("GET", "/v1/code/{sha256}"): SUBMIT,
+    ("PUT", "/v1/code/{sha256}"): SUBMIT,
     # money
     ("PUT", "/v1/jobs/{job_id}/budget"): JOB_BUDGET,
     ("GET", "/v1/costs"): READ,

@@ -75,7 +75,8 @@ def home(tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path) -> Ite
 def sample(method: str, path: str, job: int) -> tuple[str, Any, dict[str, Any] | None]:
     """A request to (method, path): its URL, body and query."""
     url = path.replace("{job_id}", str(job)).replace("{team}", "research").replace(
-        "{node}", "onprem-0").replace("{token_id}", "abc").replace("{experiment}", "default")
+        "{node}", "onprem-0").replace("{token_id}", "abc").replace("{experiment}", "default").replace(
+        "{sha256}", "0" * 64)
     bodies: dict[tuple[str, str], Any] = {
         ("POST", "/v1/jobs"): JOB, ("POST", "/v1/estimate"): JOB,
         ("PATCH", "/v1/jobs/{job_id}"): {"priority": "low"},
