@@ -6,26 +6,37 @@ message and exit with status 2; anything else is a bug and shows its traceback.
 Each command imports what it needs when it runs (the database layer alone takes longer to
 import than `onepool status` may take): this module imports only typer at the top, and
 `status` reads a local SQLite home through broker.client.reader when it can
-(bench/cli_speed.py measures it).
+(bench/cli_speed.py measures it). `onepool` itself enters through broker.client.cli, which runs
+`submit` and `status` over HTTP without this module (broker.client.cli_fast) and everything
+else here; new commands register here, as cli_money's do.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from broker.errors import OnepoolError, SpecError
+from broker.client.cli_jobs import STATUS_LIMIT, show_job, show_jobs, submit_and_print, submit_data
+from broker.client.cli_out import (  # noqa: F401  (out, err: tests may replace them in cli_out)
+    _ago,
+    _err,
+    _esc,
+    _iso,
+    _out,
+    _print_json,
+    _table,
+    _ts,
+    _warn_if_down,
+    jobs_table,
+    reporting_errors,
+)
+from broker.errors import SpecError
 
 if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.table import Table
-
     from broker.client.sdk import Client
-    from broker.state.views import JobInfo
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="onepool: one priority queue over every GPU you can reach.")
@@ -35,53 +46,7 @@ HomeOpt = Annotated[Path | None, typer.Option("--home", envvar="ONEPOOL_HOME", m
                                               help="broker home (default ./.onepool)")]
 from broker.client.cli_run import JsonOpt  # noqa: E402  (one --json option for every command)
 
-STATUS_LIMIT = 20  # `status` shows the running jobs, then the newest, this many (--limit, --all)
 NAME_RULE = "lowercase letters, digits, '_', '.', '-' (1-63 chars, starting with a letter or digit)"
-
-
-def _console(stderr: bool = False) -> Console:
-    """A console; when not a terminal (piped, CI), wide enough that tables do not fold."""
-    from rich.console import Console
-
-    c = Console(stderr=stderr)
-    return c if c.is_terminal else Console(stderr=stderr, width=220)
-
-
-def _out() -> Console:
-    c = globals().get("out")
-    if c is None:
-        c = globals()["out"] = _console()
-    return c
-
-
-def _err() -> Console:
-    c = globals().get("err")
-    if c is None:
-        c = globals()["err"] = _console(stderr=True)
-    return c
-
-
-def __getattr__(name: str) -> Any:  # `out` and `err` are made on first use (tests may replace them)
-    if name == "out":
-        return _out()
-    if name == "err":
-        return _err()
-    raise AttributeError(name)
-
-
-def _esc(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
-
-
-def _table(title: str, columns: list[str], right: tuple[str, ...] = ()) -> Table:
-    from rich.table import Table
-
-    t = Table(title=title)
-    for c in columns:
-        t.add_column(c, justify="right" if c in right else "left")
-    return t
 
 
 @app.callback()
@@ -113,28 +78,6 @@ def _reader() -> Any:
     from broker.client.reader import open_reader
 
     return open_reader(_state.get("home")) or _client()
-
-
-def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def _ts(t: float | None) -> str:
-    """A broker time as the local wall-clock time (the date too when not today)."""
-    if t is None:
-        return ""
-    from datetime import datetime
-
-    d = datetime.fromtimestamp(t).astimezone()
-    today = datetime.now().astimezone().date()
-    return d.strftime("%H:%M:%S" if d.date() == today else "%Y-%m-%d %H:%M:%S")
-
-
-def _ago(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    s = int(max(0.0, seconds))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 @app.command()
@@ -195,35 +138,13 @@ def submit(
 ) -> None:
     """Queue a job: `onepool submit --name x --team t --gpus 2 -- python train.py`. An array
     (`--array`) or a `sweep:` grid in the job YAML makes one job per element."""
-    data: dict[str, Any] = {}
-    if file is not None:
-        import yaml
-
-        try:
-            loaded = yaml.safe_load(file.read_text())
-        except (OSError, yaml.YAMLError) as e:
-            raise SpecError(str(file), [f"cannot read job spec: {e}"]) from None
-        if not isinstance(loaded, dict):
-            raise SpecError(str(file), ["(root): must be a mapping of job fields"])
-        data.update(loaded)
     flags = {"name": name, "team": team, "experiment": experiment, "priority": priority,
              "budget_usd": budget_usd, "gpus_per_node": gpus, "nodes": nodes, "gpu_types": gpu_type,
              "spot": spot, "checkpoint_interval_s": checkpoint_interval_s,
              "command": command or None, "array": array, "after": after}
-    data.update({k: v for k, v in flags.items() if v is not None})
-    if env:
-        bad = [e for e in env if "=" not in e]
-        if bad:
-            raise SpecError("job", [f"env: expected KEY=VALUE (got {bad[0]!r})"])
-        data["env"] = {**data.get("env", {}), **dict(e.split("=", 1) for e in env)}
     import os
 
-    required = ("name", "command") if os.environ.get("ONEPOOL_URL") else ("name", "team", "command")
-    missing = [k for k in required if not data.get(k)]  # over HTTP the token's team is the default
-    if missing:
-        raise SpecError("job", [f"{k}: required (give --{k} or put it in -f FILE)"
-                                if k != "command" else "command: required (after --)"
-                                for k in missing])
+    data = submit_data(file, flags, env, over_http=bool(os.environ.get("ONEPOOL_URL")))
     c = _client()
     if dry_run:  # issue 29: the estimate, nothing written
         from broker.client.cli_estimate import summary
@@ -234,65 +155,7 @@ def submit(
         else:
             _out().print(summary(est, _ts), markup=False)
         return
-    info = c.submit(data)
-    _warn_if_down(c, f"job {info.id} waits in the queue until one runs (`onepool broker`)")
-    if as_json:
-        _print_json(info.model_dump())
-    else:
-        _out().print(f"submitted job {info.id} ({info.name}, {info.priority})" if info.array_id is None
-                     else f"submitted array {info.array_id} ({info.name}, {info.priority}): its "
-                          f"elements are jobs {info.id} and up", markup=False)
-        for e in c.events(info.id):  # money (issue 6): why it was made spot-only
-            if e.kind == "budget_spot_only":
-                _out().print(e.message, markup=False)
-
-
-def _progress(j: JobInfo) -> str:
-    """`step 12/40, ETA 14:03:10` (or what is known of it)."""
-    if j.progress_step is None:
-        return ""
-    text = f"step {j.progress_step}" + (f"/{j.progress_total}" if j.progress_total is not None else "")
-    return text + (f", ETA {_ts(j.eta)}" if j.eta is not None else "")
-
-
-def _warn_if_down(c: Any, consequence: str) -> None:
-    """One warning line on stderr when no broker has cycled recently (issue 10)."""
-    h = c.health()
-    if h.broker_up:
-        return
-    if h.down_since is None and not h.ever_ran:
-        _err().print("[yellow]warning:[/yellow] no broker has run on this database yet (start one: "
-                     "`onepool broker`)", highlight=False, soft_wrap=True)
-        return
-    if h.down_since is None or h.leader is not None:
-        why = h.summary
-    else:
-        why = f"broker down since {_iso(h.down_since)}"
-    _err().print(f"[yellow]warning:[/yellow] {_esc(why)}: {_esc(consequence)}", highlight=False,
-                 soft_wrap=True)
-
-
-def _iso(t: float) -> str:
-    from datetime import UTC, datetime
-
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def jobs_table(jobs: list[JobInfo], title: str = "jobs") -> Table:
-    t = _table(title, ["id", "name", "team", "class", "status", "GPUs", "attempts", "preempted",
-                       "wait s", "GPU-s", "lost GPU-s", "resumed from", "progress", "egress $",
-                       "why waiting"],
-               right=("id", "GPUs", "attempts", "preempted", "wait s", "GPU-s", "lost GPU-s",
-                      "resumed from", "egress $"))
-    for j in jobs:
-        name = j.name if j.array_id is None else f"{j.name} [{j.array_id}:{j.array_index}]"
-        t.add_row(str(j.id), _esc(name), _esc(j.team), j.priority,
-                  j.status + (" (held idle)" if j.held_idle else ""),
-                  f"{j.nodes}x{j.gpus_per_node}", str(j.attempts), str(j.preemptions),
-                  f"{j.wait_s:.1f}", f"{j.gpu_s:.0f}", f"{j.lost_gpu_s:.1f}",
-                  "" if j.resumed_from_step is None else str(j.resumed_from_step), _progress(j),
-                  f"{j.egress_usd:.4f}" if j.egress_bytes else "", _esc(j.waiting_reason or ""))
-    return t
+    submit_and_print(c, data, as_json)
 
 
 @app.command()
@@ -315,67 +178,9 @@ def status(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one 
     state (or one job with its attempts), with progress and an ETA when jobs report them."""
     c = _reader()
     if job is not None:
-        info = c.get(job)
-        _warn_if_down(c, "the states below may be stale")
-        if as_json:
-            _print_json(info.model_dump())
-            return
-        out = _out()
-        out.print(jobs_table([info], f"job {job}"))
-        t = _table("attempts", ["#", "pool", "GPUs", "state", "started", "ended", "cause", "from step",
-                                "to step", "lost GPU-s", "restart s", "restored B", "egress B", "egress $"])
-        for a in info.attempt_list:
-            where = " ".join(f"{n}[{','.join(map(str, s))}]" for n, s in a.alloc)
-            t.add_row(str(a.number), a.pool, where, a.state, _ts(a.started_at), _ts(a.ended_at),
-                      a.cause or a.end_reason or "", _opt(a.restored_step), _opt(a.reached_step),
-                      f"{a.lost_gpu_s:.1f}", "" if a.restart_overhead_s is None
-                      else f"{a.restart_overhead_s:.1f}", str(a.restore_bytes),
-                      str(a.egress_bytes), f"{a.egress_usd:.6f}")
-        out.print(t)
-        if info.checkpoint_stores:
-            out.print("checkpoints lived in: " + ", ".join(info.checkpoint_stores), markup=False)
-        if info.caused_lost_gpu_s:
-            out.print(f"its preemptions cost other jobs {info.caused_lost_gpu_s:.1f} GPU-s")
-        live = info.attempt_list[-1] if info.attempt_list and info.attempt_list[-1].ended_at is None else None
-        if live is not None and live.gpu_util_pct is not None:
-            idle = (f"; HELD BUT IDLE: below 5% since {_ts(live.gpu_idle_since)}" if live.held_idle
-                    else "")
-            out.print(f"GPU utilization: {live.gpu_util_pct:.0f}% now, {live.gpu_util_mean_pct or 0:.0f}% "
-                      f"mean over this attempt{idle}", markup=False)
-        return
-    if array is not None:
-        from broker.client.cli_arrays import elements
-
-        jobs = elements(c, array, team)
+        show_job(c, job, as_json)
     else:
-        jobs = c.list(status=state, team=team) if all_ else c.list(status=state, team=team, limit=limit,
-                                                                     newest=True)
-    _warn_if_down(c, "the states below may be stale")
-    if not as_json and array is None:
-        counts = c.counts(team)
-        shown = "" if all_ else (f"; showing {len(jobs)}, the running first, then the newest "
-                                 "(--limit N, --all)")
-        _out().print(f"{sum(counts.values())} jobs: " + ", ".join(
-            f"{n} {st.lower()}" for st, n in sorted(counts.items())) + shown, markup=False)
-    if estimate:  # issue 29: the same estimate as submit --dry-run, per pending job
-        from broker.client.cli_estimate import table
-        from broker.client.estimate_info import MAX_ESTIMATES
-
-        ests = _client().estimates([j.id for j in jobs if j.status == "PENDING"][:MAX_ESTIMATES])
-        if as_json:
-            _print_json({"jobs": [j.model_dump() for j in jobs], "estimates": [e.model_dump() for e in ests]})
-        else:
-            _out().print(jobs_table(jobs))
-            _out().print(table(ests, _ts, _table))
-        return
-    if as_json:
-        _print_json([j.model_dump() for j in jobs])
-    else:
-        _out().print(jobs_table(jobs))
-
-
-def _opt(v: int | None) -> str:
-    return "" if v is None else str(v)
+        show_jobs(c, state, team, all_, limit, array, estimate, as_json, _client)
 
 
 @app.command()
@@ -523,27 +328,8 @@ _register_run(app, _embedded, lambda: _state.get("home"), _out, _err, _print_jso
 
 
 def main() -> None:
+    """Run the typer app on sys.argv, the user's errors printed as one line (cli_out.reporting_errors)."""
     import logging
 
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    try:
-        app()
-    except OnepoolError as e:
-        _err().print(f"[red]error:[/red] {_esc(str(e))}", highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except ModuleNotFoundError as e:  # the thin client (`pip install onepool`) running a server command
-        from broker.sdk import SERVER_MODULES
-
-        if (e.name or "").split(".")[0] not in SERVER_MODULES:
-            raise
-        msg = (f"this command needs onepool's server parts ({e.name} is not installed here): run "
-               "`pip install 'onepool[server]'`")
-        _err().print(f"[red]error:[/red] {_esc(msg)}", highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except TimeoutError as e:
-        _err().print(f"[red]timeout:[/red] {_esc(str(e))}", highlight=False, soft_wrap=True)
-        sys.exit(3)
-
-
-if __name__ == "__main__":
-    main()
+    reporting_errors(app)

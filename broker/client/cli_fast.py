@@ -1,0 +1,123 @@
+"""`onepool submit` and `onepool status` over HTTP, started fast (issue 27): the command line
+parsed with argparse, the answers read by broker.client.thin.ThinClient as the server's JSON
+and printed by the same code as the typer app's (broker.client.cli_jobs), with nothing of
+typer, pydantic, broker.wire or the server imported. Typer builds a pydantic adapter per option
+of the command it runs, and pydantic with the models costs more than the rest of the command.
+
+`fast_command(argv)` answers None, and the typer app (broker.client.cli_app) runs the command
+line instead, whenever this path would not do exactly what the app does: no ONEPOOL_URL (a
+home on this machine), another command, --help, an option the fast path does not take
+(submit --dry-run, status --array or --estimate), or a mistake the app explains (a bad value, a
+missing argument). The options here are the app's (tests/test_cli_fast.py compares them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+from broker.client.cli_jobs import STATUS_LIMIT
+
+if TYPE_CHECKING:
+    from broker.client.thin import ThinClient
+
+FAST = ("submit", "status")
+
+
+class NotFast(Exception):
+    """This command line is the typer app's to run (see the module)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise NotFast(message)
+
+
+def _submit_parser() -> _Parser:
+    p = _Parser(prog="onepool submit", add_help=False, allow_abbrev=False)
+    p.add_argument("-f", "--file", type=Path)
+    for name in ("--name", "--team", "--experiment", "--priority", "--spot", "--array"):
+        p.add_argument(name)
+    p.add_argument("--budget-usd", type=float)
+    p.add_argument("--checkpoint-interval-s", type=float)
+    p.add_argument("--gpus", type=int)
+    p.add_argument("--nodes", type=int)
+    for name in ("--gpu-type", "--env", "--after"):
+        p.add_argument(name, action="append")
+    p.add_argument("--json", dest="as_json", action="store_true")
+    return p
+
+
+def _status_parser() -> _Parser:
+    p = _Parser(prog="onepool status", add_help=False, allow_abbrev=False)
+    p.add_argument("job", nargs="?", type=int)
+    p.add_argument("--status", "--state", dest="state", action="append")
+    p.add_argument("--team")
+    p.add_argument("--all", dest="all_", action="store_true")
+    p.add_argument("--limit", type=int, default=STATUS_LIMIT)
+    p.add_argument("--json", dest="as_json", action="store_true")
+    return p
+
+
+def _client() -> ThinClient:
+    from broker.client.thin import ThinClient
+
+    return ThinClient(os.environ["ONEPOOL_URL"], os.environ.get("ONEPOOL_TOKEN"))
+
+
+def _submit(args: list[str]) -> Callable[[], None]:
+    cut = args.index("--") if "--" in args else len(args)
+    a = _submit_parser().parse_args(args[:cut])
+    command = args[cut + 1:]
+
+    def run() -> None:
+        from broker.client.cli_jobs import submit_and_print, submit_data
+
+        flags = {"name": a.name, "team": a.team, "experiment": a.experiment, "priority": a.priority,
+                 "budget_usd": a.budget_usd, "gpus_per_node": a.gpus, "nodes": a.nodes,
+                 "gpu_types": a.gpu_type, "spot": a.spot, "checkpoint_interval_s": a.checkpoint_interval_s,
+                 "command": command or None, "array": a.array, "after": a.after}
+        data = submit_data(a.file, flags, a.env, over_http=True)
+        with _client() as c:
+            submit_and_print(c, data, a.as_json)
+
+    return run
+
+
+def _status(args: list[str]) -> Callable[[], None]:
+    if "--" in args:
+        raise NotFast("--")
+    a = _status_parser().parse_args(args)
+    if not 1 <= a.limit <= 1000:
+        raise NotFast("--limit")  # the app says which range
+
+    def run() -> None:
+        from broker.client.cli_jobs import show_job, show_jobs
+
+        with _client() as c:
+            if a.job is not None:
+                show_job(c, a.job, a.as_json)
+            else:
+                show_jobs(c, a.state, a.team, a.all_, a.limit, None, False, a.as_json, _client)
+
+    return run
+
+
+def fast_command(argv: list[str]) -> Callable[[], None] | None:
+    """The command `argv` (sys.argv[1:]) names, ready to run on the fast path, or None when the
+    typer app must run it (see the module). Parsing only: nothing is sent yet."""
+    if not os.environ.get("ONEPOOL_URL"):
+        return None
+    i = 0
+    # the app's one global option, --home DIR, is not used over HTTP
+    while i < len(argv) and (argv[i] == "--home" or argv[i].startswith("--home=")):
+        i += 1 if argv[i].startswith("--home=") else 2
+    if i >= len(argv) or argv[i] not in FAST:
+        return None
+    try:
+        return _submit(argv[i + 1:]) if argv[i] == "submit" else _status(argv[i + 1:])
+    except NotFast:
+        return None

@@ -1,0 +1,34 @@
+"""The client of the CLI's HTTP fast path (broker.client.cli_fast): the SDK methods `onepool
+submit` and `onepool status` call (broker.client.cli_jobs), answering broker.wire_views views of
+the server's JSON instead of broker.wire's pydantic models (issue 27: a CLI that starts fast).
+Same requests, retries and errors as the SDK's HttpClient: both are broker.client.http_base's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from broker.client.http_base import HttpBase
+from broker.wire_views import EventView, HealthView, JobView
+
+
+class ThinClient(HttpBase):
+    """`ThinClient(url, token)`: see the module."""
+
+    def submit(self, data: dict[str, Any]) -> JobView:
+        return JobView(self.post_job(data))
+
+    def get(self, job_id: int) -> JobView:
+        return JobView(self._req("GET", f"/v1/jobs/{int(job_id)}"))
+
+    def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
+             limit: int | None = None, newest: bool = False) -> list[JobView]:
+        return [JobView(j) for j in self.job_pages(status=status, team=team, limit=limit, newest=newest)]
+
+    def health(self) -> HealthView:
+        return HealthView(self._req("GET", "/v1/healthz"))
+
+    def events(self, job_id: int | None = None) -> list[EventView]:
+        path = "/v1/events" if job_id is None else f"/v1/jobs/{int(job_id)}/events"
+        return [EventView(e) for e in self._req("GET", path)]
