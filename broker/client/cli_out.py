@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from broker.errors import OnepoolError
+from broker.errors import SERVER_MODULES, OnepoolError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -152,8 +152,6 @@ def reporting_errors(run: Callable[[], object]) -> None:
         _err().print(f"[red]error:[/red] {_esc(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except ModuleNotFoundError as e:  # the thin client (`pip install onepool`) running a server command
-        from broker.sdk import SERVER_MODULES
-
         if (e.name or "").split(".")[0] not in SERVER_MODULES:
             raise
         msg = (f"this command needs onepool's server parts ({e.name} is not installed here): run "
