@@ -1,4 +1,4 @@
-"""Issue 27, part 3: `onepool submit` and `onepool status` over HTTP start fast. They run
+"""Issue 27, part 3: `onepool submit`, `status`, `cancel` and `events` over HTTP start fast. They run
 through broker.client.cli_fast (argparse, the server's JSON as it is) and must import nothing
 heavy (typer, pydantic, the SDK's models, the server), print exactly what the typer app
 prints, and leave to the app every command line they do not take as it would."""
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from broker.client.cli_fast import _status_parser, _submit_parser, fast_command
+from broker.client.cli_fast import PARSERS, fast_command
 from broker.wire_views import ATTEMPT_FIELDS, EVENT_FIELDS, HEALTH_FIELDS, JOB_FIELDS, JobView, OldServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ finally:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Any]]:
     """A seeded home (on a fake clock: the answers do not change between runs) served by the
     real API in a thread; the environment of a command over HTTP with an admin token."""
     from broker.api.app import create_app
@@ -47,7 +47,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPOOL_")}
     token = home.create_token("prod", "admin").token
     env.update(PYTHONPATH=str(ROOT), ONEPOOL_URL=api.url, ONEPOOL_TOKEN=token, COLUMNS="200")
-    yield env
+    yield env, home
     api.stop()
 
 
@@ -63,26 +63,32 @@ def onepool(env: dict[str, str], args: list[str], module: str = "cli") -> tuple[
 
 
 def same_job(out: str) -> str:
-    """A submit's output with the new job's id and times masked."""
-    [job] = re.findall(r'^submitted job (\d+)|^  "id": (\d+)', out, re.M)
+    """A submit's or cancel's output with its job's id and times masked."""
+    [job] = re.findall(r'^submitted job (\d+)|^job (\d+) cancelled|^  "id": (\d+)', out, re.M)
     out = re.sub(rf"\b{''.join(job)}\b", "ID", out)
-    return re.sub(r'"(submit_time|wait_s)": [0-9.]+', "TIME", out)
+    return re.sub(r'"(submit_time|wait_s|end_time)": [0-9.]+', "TIME", out)
 
 
 FAST_RUNS = [["status"], ["status", "--json", "--limit", "2", "--state", "succeeded"], ["status", "1"],
              ["submit", "--name", "probe", "--team", "research", "--gpus", "2", "--env", "A=1", "--", "true"],
              ["--home", "unused", "submit", "--json", "--name", "probe", "--team", "prod", "--", "python",
-              "-c", "pass"]]
+              "-c", "pass"],
+             ["events", "1"], ["cancel", "NEW"], ["cancel", "NEW", "--json"]]
 
 
 @pytest.mark.parametrize("args", FAST_RUNS, ids=[" ".join(a) for a in FAST_RUNS])
-def test_the_fast_path_loads_nothing_heavy_and_prints_what_the_app_prints(site: dict[str, str],
-                                                                           args: list[str]) -> None:
-    out, err, heavy = onepool(site, args)
+def test_the_fast_path_loads_nothing_heavy_and_prints_what_the_app_prints(
+        site: tuple[dict[str, str], Any], args: list[str]) -> None:
+    env, home = site
+
+    def job(a: str) -> str:  # NEW: a pending job of its own
+        return str(home.submit(name="victim", team="prod", command=["true"]).id) if a == "NEW" else a
+
+    out, err, heavy = onepool(env, [job(a) for a in args])
     assert heavy == []
-    app_out, app_err, app_heavy = onepool(site, args, module="cli_app")  # the typer app, as before
+    app_out, app_err, app_heavy = onepool(env, [job(a) for a in args], module="cli_app")  # as before
     assert "typer" in app_heavy and "pydantic" in app_heavy  # what the fast path saves
-    if "submit" in args:  # each submit makes a job of its own: its id and submit time differ
+    if {"submit", "cancel"} & set(args):  # each makes or ends a job of its own: ids and times differ
         out, app_out = (same_job(o) for o in (out, app_out))
     assert (out, err) == (app_out, app_err)
     assert out
@@ -110,6 +116,12 @@ ROUTES: list[tuple[list[str], bool]] = [
     (["submit", "--gpus", "two", "--", "true"], False),
     (["submit", "--name"], False),
     (["--home", "h"], False),
+    (["cancel", "4"], True),
+    (["cancel", "4", "--array"], False),
+    (["cancel"], False),
+    (["events"], True),
+    (["events", "4", "--json"], True),
+    (["events", "--", "4"], False),
 ]
 
 
@@ -123,19 +135,20 @@ def test_the_fast_path_takes_only_what_it_runs_as_the_app_would(monkeypatch: pyt
 
 
 # (command, the app's options the fast path leaves to the app)
-LEFT_TO_THE_APP = [("submit", {"--dry-run"}), ("status", {"--array", "--estimate"})]
+LEFT_TO_THE_APP = [("submit", {"--dry-run"}), ("status", {"--array", "--estimate"}), ("cancel", {"--array"}),
+                   ("events", set())]
 
 
 @pytest.mark.parametrize(("command", "left"), LEFT_TO_THE_APP)
 def test_the_fast_parsers_take_the_apps_options(command: str, left: set[str]) -> None:
+    assert {c for c, _ in LEFT_TO_THE_APP} == set(PARSERS)  # every fast command is compared
     import typer.main
 
     from broker.client.cli_app import app
 
     params = typer.main.get_command(app).commands[command].params  # type: ignore[attr-defined]
     app_opts = {o for p in params for o in p.opts if o.startswith("-")} - {"--help"}
-    parser = _submit_parser() if command == "submit" else _status_parser()
-    assert set(parser._option_string_actions) == app_opts - left
+    assert set(PARSERS[command]()._option_string_actions) == app_opts - left
 
 
 # (view fields, the broker.wire model they must be fields of)

@@ -1,10 +1,10 @@
 """`onepool ...`: the console script's entry point (`onepool = broker.client.cli:main`).
 
-Over HTTP (ONEPOOL_URL), `onepool submit` and `onepool status` run through
+Over HTTP (ONEPOOL_URL), `onepool submit`, `status`, `cancel` and `events` run through
 broker.client.cli_fast: argparse, the server's JSON read as it is, nothing of typer, pydantic
 or the server imported (issue 27: a CLI that starts fast; tests/test_cli_fast.py keeps it so).
-Every other command line, and those two with an option only the full CLI knows (--help,
---dry-run, --estimate, --array of status) or a mistake to explain, goes to the typer app,
+Every other command line, and these with an option only the full CLI knows (--help,
+--dry-run, --estimate, --array) or a mistake to explain, goes to the typer app,
 broker.client.cli_app, where the commands are defined and registered; `app` and the rest of its
 names are readable here too (`from broker.client.cli import app`).
 """

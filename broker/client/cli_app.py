@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from broker.client.cli_jobs import STATUS_LIMIT, show_job, show_jobs, submit_and_print, submit_data
+from broker.client.cli_jobs import (
+    STATUS_LIMIT,
+    cancel_and_print,
+    show_events,
+    show_job,
+    show_jobs,
+    submit_and_print,
+    submit_data,
+)
 from broker.client.cli_out import (  # noqa: F401  (out, err: tests may replace them in cli_out)
     _ago,
     _err,
@@ -263,28 +271,14 @@ def cancel(job: Annotated[int, typer.Argument(metavar="JOB", help="the job's id"
         else:
             _out().print(jobs_table(infos, f"array {job}"))
         return
-    info = _client().cancel(job)
-    if as_json:
-        _print_json(info.model_dump())
-    elif info.status == "CANCELLED":
-        _out().print(f"job {job} cancelled")
-    else:
-        _out().print(f"cancel requested for job {job} ({info.status}): the broker stops it "
-                     "(SIGTERM, then its grace period) and it ends CANCELLED")
+    cancel_and_print(_client(), job, as_json)
 
 
 @app.command()
 def events(job: Annotated[int | None, typer.Argument(metavar="[JOB]", help="one job's id")] = None,
            as_json: JsonOpt = False) -> None:
     """The event log (of one job, or all)."""
-    evs = _client().events(job)
-    if as_json:
-        _print_json([e.model_dump() for e in evs])
-        return
-    t = _table("events", ["time", "job", "kind", "message"])
-    for e in evs:
-        t.add_row(_ts(e.time), str(e.job_id or ""), e.kind, _esc(e.message))
-    _out().print(t)
+    show_events(_client(), job, as_json)
 
 
 @app.command()

@@ -1,4 +1,4 @@
-"""`onepool submit` and `onepool status` over HTTP, started fast (issue 27): the command line
+"""`onepool submit`, `status`, `cancel` and `events` over HTTP, started fast (issue 27): the command line
 parsed with argparse, the answers read by broker.client.thin.ThinClient as the server's JSON
 and printed by the same code as the typer app's (broker.client.cli_jobs), with nothing of
 typer, pydantic, broker.wire or the server imported. Typer builds a pydantic adapter per option
@@ -7,8 +7,9 @@ of the command it runs, and pydantic with the models costs more than the rest of
 `fast_command(argv)` answers None, and the typer app (broker.client.cli_app) runs the command
 line instead, whenever this path would not do exactly what the app does: no ONEPOOL_URL (a
 home on this machine), another command, --help, an option the fast path does not take
-(submit --dry-run, status --array or --estimate), or a mistake the app explains (a bad value, a
-missing argument). The options here are the app's (tests/test_cli_fast.py compares them).
+(submit --dry-run, status --array or --estimate, cancel --array), or a mistake the app
+explains (a bad value, a missing argument). The options here are the app's
+(tests/test_cli_fast.py compares them).
 """
 
 from __future__ import annotations
@@ -23,9 +24,6 @@ from broker.client.cli_jobs import STATUS_LIMIT
 
 if TYPE_CHECKING:
     from broker.client.thin import ThinClient
-
-FAST = ("submit", "status")
-
 
 class NotFast(Exception):
     """This command line is the typer app's to run (see the module)."""
@@ -62,6 +60,18 @@ def _status_parser() -> _Parser:
     return p
 
 
+def _job_parser(command: str, job_required: bool) -> _Parser:
+    p = _Parser(prog=f"onepool {command}", add_help=False, allow_abbrev=False)
+    p.add_argument("job", nargs=None if job_required else "?", type=int)
+    p.add_argument("--json", dest="as_json", action="store_true")
+    return p
+
+
+PARSERS: dict[str, Callable[[], _Parser]] = {
+    "submit": _submit_parser, "status": _status_parser, "cancel": lambda: _job_parser("cancel", True),
+    "events": lambda: _job_parser("events", False)}
+
+
 def _client() -> ThinClient:
     from broker.client.thin import ThinClient
 
@@ -70,7 +80,7 @@ def _client() -> ThinClient:
 
 def _submit(args: list[str]) -> Callable[[], None]:
     cut = args.index("--") if "--" in args else len(args)
-    a = _submit_parser().parse_args(args[:cut])
+    a = PARSERS["submit"]().parse_args(args[:cut])
     command = args[cut + 1:]
 
     def run() -> None:
@@ -88,9 +98,7 @@ def _submit(args: list[str]) -> Callable[[], None]:
 
 
 def _status(args: list[str]) -> Callable[[], None]:
-    if "--" in args:
-        raise NotFast("--")
-    a = _status_parser().parse_args(args)
+    a = PARSERS["status"]().parse_args(_no_dashes(args))
     if not 1 <= a.limit <= 1000:
         raise NotFast("--limit")  # the app says which range
 
@@ -106,6 +114,40 @@ def _status(args: list[str]) -> Callable[[], None]:
     return run
 
 
+def _cancel(args: list[str]) -> Callable[[], None]:
+    a = PARSERS["cancel"]().parse_args(_no_dashes(args))
+
+    def run() -> None:
+        from broker.client.cli_jobs import cancel_and_print
+
+        with _client() as c:
+            cancel_and_print(c, a.job, a.as_json)
+
+    return run
+
+
+def _events(args: list[str]) -> Callable[[], None]:
+    a = PARSERS["events"]().parse_args(_no_dashes(args))
+
+    def run() -> None:
+        from broker.client.cli_jobs import show_events
+
+        with _client() as c:
+            show_events(c, a.job, a.as_json)
+
+    return run
+
+
+def _no_dashes(args: list[str]) -> list[str]:
+    if "--" in args:  # a JOB after --: the app's to parse
+        raise NotFast("--")
+    return args
+
+
+COMMANDS: dict[str, Callable[[list[str]], Callable[[], None]]] = {
+    "submit": _submit, "status": _status, "cancel": _cancel, "events": _events}
+
+
 def fast_command(argv: list[str]) -> Callable[[], None] | None:
     """The command `argv` (sys.argv[1:]) names, ready to run on the fast path, or None when the
     typer app must run it (see the module). Parsing only: nothing is sent yet."""
@@ -115,9 +157,9 @@ def fast_command(argv: list[str]) -> Callable[[], None] | None:
     # the app's one global option, --home DIR, is not used over HTTP
     while i < len(argv) and (argv[i] == "--home" or argv[i].startswith("--home=")):
         i += 1 if argv[i].startswith("--home=") else 2
-    if i >= len(argv) or argv[i] not in FAST:
+    if i >= len(argv) or argv[i] not in COMMANDS:
         return None
     try:
-        return _submit(argv[i + 1:]) if argv[i] == "submit" else _status(argv[i + 1:])
+        return COMMANDS[argv[i]](argv[i + 1:])
     except NotFast:
         return None

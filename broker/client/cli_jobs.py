@@ -1,9 +1,9 @@
-"""The bodies of `onepool submit` and `onepool status`, without typer: the typer app
+"""The bodies of `onepool submit`, `status`, `cancel` and `events`, without typer: the typer app
 (broker.client.cli_app) and the HTTP fast path (broker.client.cli_fast) parse the command
 line their own way and both call these, so the two print the same thing.
 
 `c` is anything with the SDK's methods used here (`submit`, `events`, `health`, `get`, `list`,
-`counts`): the SDK client, the fast SQLite reader, or broker.client.views.ThinClient.
+`counts`, `cancel`): the SDK client, the fast SQLite reader, or broker.client.views.ThinClient.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.client.cli_out import _opt, _out, _print_json, _table, _ts, _warn_if_down, jobs_table
+from broker.client.cli_out import _esc, _opt, _out, _print_json, _table, _ts, _warn_if_down, jobs_table
 from broker.errors import SpecError
 
 STATUS_LIMIT = 20  # `status` shows the running jobs, then the newest, this many (--limit, --all)
@@ -130,3 +130,27 @@ def show_jobs(c: Any, state: list[str] | None, team: str | None, all_: bool, lim
     else:
         _out().print(jobs_table(jobs))
 
+
+
+def cancel_and_print(c: Any, job: int, as_json: bool) -> None:
+    """`onepool cancel JOB`: cancel it and say what happens next."""
+    info = c.cancel(job)
+    if as_json:
+        _print_json(info.model_dump())
+    elif info.status == "CANCELLED":
+        _out().print(f"job {job} cancelled")
+    else:
+        _out().print(f"cancel requested for job {job} ({info.status}): the broker stops it "
+                     "(SIGTERM, then its grace period) and it ends CANCELLED")
+
+
+def show_events(c: Any, job: int | None, as_json: bool) -> None:
+    """`onepool events [JOB]`: the event log (of one job, or all)."""
+    evs = c.events(job)
+    if as_json:
+        _print_json([e.model_dump() for e in evs])
+        return
+    t = _table("events", ["time", "job", "kind", "message"])
+    for e in evs:
+        t.add_row(_ts(e.time), str(e.job_id or ""), e.kind, _esc(e.message))
+    _out().print(t)

@@ -1,6 +1,7 @@
-"""The client of the CLI's HTTP fast path (broker.client.cli_fast): the SDK methods `onepool
-submit` and `onepool status` call (broker.client.cli_jobs), answering broker.wire_views views of
-the server's JSON instead of broker.wire's pydantic models (issue 27: a CLI that starts fast).
+"""The client of the CLI's HTTP fast path (broker.client.cli_fast): the SDK methods that
+`onepool submit`, `status`, `cancel` and `events` call (broker.client.cli_jobs), answering
+broker.wire_views views of the server's JSON instead of broker.wire's pydantic models (issue 27:
+a CLI that starts fast).
 Same requests, retries and errors as the SDK's HttpClient: both are broker.client.http_base's.
 """
 
@@ -22,9 +23,8 @@ class ThinClient(HttpBase):
     def get(self, job_id: int) -> JobView:
         return JobView(self._req("GET", f"/v1/jobs/{int(job_id)}"))
 
-    def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
-             limit: int | None = None, newest: bool = False) -> list[JobView]:
-        return [JobView(j) for j in self.job_pages(status=status, team=team, limit=limit, newest=newest)]
+    def cancel(self, job_id: int) -> JobView:
+        return JobView(self._req("POST", f"/v1/jobs/{int(job_id)}/cancel"))
 
     def health(self) -> HealthView:
         return HealthView(self._req("GET", "/v1/healthz"))
@@ -32,3 +32,7 @@ class ThinClient(HttpBase):
     def events(self, job_id: int | None = None) -> list[EventView]:
         path = "/v1/events" if job_id is None else f"/v1/jobs/{int(job_id)}/events"
         return [EventView(e) for e in self._req("GET", path)]
+
+    def list(self, *, status: Iterable[str] | None = None, team: str | None = None,
+             limit: int | None = None, newest: bool = False) -> list[JobView]:
+        return [JobView(j) for j in self.job_pages(status=status, team=team, limit=limit, newest=newest)]
