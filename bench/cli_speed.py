@@ -23,7 +23,10 @@ The goal (issue 13) is `onepool status` under 0.3 s.
 `--http` (issue 27) times the commands over HTTP instead: a `onepool server --no-broker` on
 127.0.0.1 serves the seeded home and each command runs with ONEPOOL_URL and a token, as on a
 laptop; `onepool submit` is timed too. Goals: submit <= 0.15 s, status <= 0.2 s at 10,000 jobs,
-each beside `python -c pass` on the same machine.
+each beside `python -c pass` on the same machine. The server runs no broker, so every command
+also prints the "no broker has run" warning (one more request, as a user would pay it). Run
+the tree before a change with `--tree DIR --label NAME` in the same session to compare (e.g.
+`git archive COMMIT | tar -x -C DIR`).
 """
 
 from __future__ import annotations
@@ -191,7 +194,9 @@ def main() -> None:
             r = results[name]
             print(f"{name:<34} {r['median_s']:>10.3f} s {r['min_s']:>7.3f} s {r['p90_s']:>7.3f} s "
                   f"{r['cpu_median_s']:>9.3f} s", flush=True)
-    out = {"tree": str(args.tree.resolve()), "runs": args.runs, "jobs_in_home": args.jobs,
+    tree = args.tree.resolve()
+    out = {"tree": "this checkout" if tree == ROOT else f"another checkout ({tree.name})",
+           "runs": args.runs, "jobs_in_home": args.jobs,
            "python": sys.version.split()[0], "cpus": os.cpu_count(),
            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
            "goal": ("over HTTP: submit <= 0.15 s, status <= 0.2 s at 10,000 jobs" if args.http
