@@ -73,7 +73,7 @@ FAST_RUNS = [["status"], ["status", "--json", "--limit", "2", "--state", "succee
              ["submit", "--name", "probe", "--team", "research", "--gpus", "2", "--env", "A=1", "--", "true"],
              ["--home", "unused", "submit", "--json", "--name", "probe", "--team", "prod", "--", "python",
               "-c", "pass"],
-             ["events", "1"], ["cancel", "NEW"], ["cancel", "NEW", "--json"]]
+             ["events", "1"], ["cancel", "NEW"]]
 
 
 @pytest.mark.parametrize("args", FAST_RUNS, ids=[" ".join(a) for a in FAST_RUNS])
