@@ -122,6 +122,9 @@ ROUTES: list[tuple[list[str], bool]] = [
     (["events"], True),
     (["events", "4", "--json"], True),
     (["events", "--", "4"], False),
+    (["status", "-1"], False),  # click reads it as an option
+    (["submit", "--budget-usd", "-5", "--", "true"], False),
+    (["submit", "--name", "x", "--", "sleep", "-1"], True),  # the job's own argument
 ]
 
 

@@ -25,6 +25,7 @@ from broker.client.cli_jobs import STATUS_LIMIT
 if TYPE_CHECKING:
     from broker.client.thin import ThinClient
 
+
 class NotFast(Exception):
     """This command line is the typer app's to run (see the module)."""
 
@@ -159,6 +160,9 @@ def fast_command(argv: list[str]) -> Callable[[], None] | None:
         i += 1 if argv[i].startswith("--home=") else 2
     if i >= len(argv) or argv[i] not in COMMANDS:
         return None
+    mine = argv[:argv.index("--")] if "--" in argv else argv
+    if any(a[:1] == "-" and a[1:2].isdigit() for a in mine):  # click reads -1 as an option, argparse
+        return None  # as a number: the app's to say
     try:
         return COMMANDS[argv[i]](argv[i + 1:])
     except NotFast:
