@@ -69,10 +69,10 @@ def same_job(out: str) -> str:
     return re.sub(r'"(submit_time|wait_s|end_time)": [0-9.]+', "TIME", out)
 
 
+# one process each way per case (the JSON of jobs: status --json; submit --json prints the same type)
 FAST_RUNS = [["status"], ["status", "--json", "--limit", "2", "--state", "succeeded"], ["status", "1"],
-             ["submit", "--name", "probe", "--team", "research", "--gpus", "2", "--env", "A=1", "--", "true"],
-             ["--home", "unused", "submit", "--json", "--name", "probe", "--team", "prod", "--", "python",
-              "-c", "pass"],
+             ["--home", "unused", "submit", "--name", "probe", "--team", "research", "--gpus", "2", "--env",
+              "A=1", "--", "python", "-c", "pass"],
              ["events", "1"], ["cancel", "NEW"]]
 
 
