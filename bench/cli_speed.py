@@ -23,7 +23,10 @@ The goal (issue 13) is `onepool status` under 0.3 s.
 `--http` (issue 27) times the commands over HTTP instead: a `onepool server --no-broker` on
 127.0.0.1 serves the seeded home and each command runs with ONEPOOL_URL and a token, as on a
 laptop; `onepool submit` is timed too. Goals: submit <= 0.15 s, status <= 0.2 s at 10,000 jobs,
-each beside `python -c pass` on the same machine.
+each beside `python -c pass` on the same machine. The server runs no broker, so every command
+also prints the "no broker has run" warning (one more request, as a user would pay it). Run
+the tree before a change with `--tree DIR --label NAME` in the same session to compare (e.g.
+`git archive COMMIT | tar -x -C DIR`).
 """
 
 from __future__ import annotations
@@ -162,6 +165,23 @@ def time_command(python: str, tree: Path, home: Path, args: list[str],
     return wall, cpu
 
 
+def summary(results: dict[str, dict[str, float] | None], http: bool) -> dict[str, float | bool | None]:
+    """The headline figures (medians, seconds) and, over HTTP, whether each meets its goal."""
+    def median(name: str, key: str = "median_s") -> float | None:
+        r = results.get(name)
+        return None if r is None else r[key]
+
+    out: dict[str, float | bool | None] = {"python_median_s": median("python (interpreter only)"),
+                                           "status_median_s": median("onepool status"),
+                                           "status_cpu_median_s": median("onepool status", "cpu_median_s")}
+    if http:
+        out.update(submit_median_s=median("onepool submit"),
+                   submit_cpu_median_s=median("onepool submit", "cpu_median_s"))
+        out["submit_goal_met"] = (out["submit_median_s"] or 1e9) <= 0.15  # type: ignore[operator]
+        out["status_goal_met"] = (out["status_median_s"] or 1e9) <= 0.2  # type: ignore[operator]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tree", type=Path, default=ROOT, help="source tree to time (default: this one)")
@@ -170,6 +190,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--http", action="store_true", help="over HTTP, against a server on 127.0.0.1")
     args = ap.parse_args()
+    load_at_start = os.getloadavg()[0]
     python = sys.executable
     with tempfile.TemporaryDirectory() as d, contextlib.ExitStack() as stack:
         home = Path(d) / "home"
@@ -191,16 +212,20 @@ def main() -> None:
             r = results[name]
             print(f"{name:<34} {r['median_s']:>10.3f} s {r['min_s']:>7.3f} s {r['p90_s']:>7.3f} s "
                   f"{r['cpu_median_s']:>9.3f} s", flush=True)
-    out = {"tree": str(args.tree.resolve()), "runs": args.runs, "jobs_in_home": args.jobs,
+    tree = args.tree.resolve()
+    out = {"tree": "this checkout" if tree == ROOT else f"another checkout ({tree.name})",
+           "runs": args.runs, "jobs_in_home": args.jobs,
            "python": sys.version.split()[0], "cpus": os.cpu_count(),
+           "load_average_1m_at_start": round(load_at_start, 2),
            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+           "summary": summary(results, args.http),
            "goal": ("over HTTP: submit <= 0.15 s, status <= 0.2 s at 10,000 jobs" if args.http
                     else "onepool status < 0.3 s"), "over_http": args.http,
            "commands": results,
            "assumptions": ["warm file cache and .pyc (one warm-up run discarded)",
                            "SQLite home on local disk, no broker running",
                            "editable install (its import hook adds ~15 ms per process)",
-                           "shared 2-core machine: see load_average_1m_at_end"]}
+                           "shared 2-core machine: see load_average_1m_at_start and _at_end"]}
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = "cli_speed" + ("_http" if args.http else "") + (f"_{args.label}" if args.label else "")
     path = RESULTS / f"{name}.json"

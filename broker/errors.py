@@ -89,3 +89,9 @@ class Unpriced(OnepoolError):
 class BudgetError(OnepoolError):
     """A submission's estimated cost does not fit its (or its team's) budget. Raise the
     budget, shorten the expected duration, or allow spot."""
+
+
+# What `onepool[server]` adds (pyproject.toml): a ModuleNotFoundError for one of these means
+# the server parts are not installed, not a bug.
+SERVER_MODULES = frozenset({"sqlmodel", "sqlalchemy", "alembic", "fastapi", "uvicorn", "httptools",
+                            "apscheduler", "argon2", "numpy", "psutil", "fsspec", "starlette"})

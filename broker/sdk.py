@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.client.http import HttpClient
 from broker.client.waits import FINAL, STOPPED
-from broker.errors import OnepoolError
+from broker.errors import SERVER_MODULES, OnepoolError
 
 if TYPE_CHECKING:
     from broker.client.sdk import Client as EmbeddedClient
@@ -24,10 +24,6 @@ if TYPE_CHECKING:
 __all__ = ["FINAL", "STOPPED", "Client", "EmbeddedClient", "HttpClient", "ServerPartsMissing",
            "embedded_client"]
 
-# What `onepool[server]` adds (pyproject.toml): a ModuleNotFoundError for one of these means
-# the server parts are not installed, not a bug.
-SERVER_MODULES = frozenset({"sqlmodel", "sqlalchemy", "alembic", "fastapi", "uvicorn", "httptools",
-                            "apscheduler", "argon2", "numpy", "psutil", "fsspec", "starlette"})
 
 
 class ServerPartsMissing(OnepoolError):

@@ -25,58 +25,16 @@ MAX_SETUP commands of at most MAX_SETUP_BYTES in all.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator, model_validator
 
+from broker.codepack import HELP, NONE, URI_SCHEMES, CodeRef, parse_code  # noqa: F401  (the thin client's)
 from broker.spec_types import MAX_PATH, _Strict
-
-NONE = "none"
-HELP = ("none, a folder to pack (e.g. `.`), sha256:<64 hex digits> (a snapshot uploaded already), "
-        "or the URI of a prepared archive with its digest (s3://bucket/code.tar.gz#sha256=<64 hex digits>)")
-_SHA = re.compile(r"^sha256:([0-9a-f]{64})$")
-_URI = re.compile(r"^([a-z][a-z0-9+.-]*)://(.+)#sha256=([0-9a-f]{64})$")
-URI_SCHEMES = ("file", "s3", "gs", "gcs", "az", "abfs", "http", "https")
-
 
 MAX_DATA = 64
 MAX_SETUP = 32
 MAX_SETUP_BYTES = 64 * 1024
-
-
-@dataclass(frozen=True)
-class CodeRef:
-    """A parsed `code` value: `kind` is none, folder, snapshot or archive."""
-
-    kind: str
-    sha256: str | None = None
-    uri: str | None = None  # archive: where it is; folder: the path
-    folder: str | None = None
-
-
-def parse_code(v: str) -> CodeRef:
-    """Parse a `code` value. Raises ValueError naming the allowed forms."""
-    if v == NONE:
-        return CodeRef(NONE)
-    if v.startswith("sha256:"):
-        m = _SHA.match(v)
-        if m is None:
-            raise ValueError(f"must be {HELP} (got {v!r}: a sha256 is 64 lowercase hex digits)")
-        return CodeRef("snapshot", sha256=m.group(1))
-    if "://" in v:
-        m = _URI.match(v)
-        if m is None:
-            raise ValueError(f"must be {HELP} (got {v!r}: an archive's URI ends with "
-                             "#sha256=<64 hex digits>, which nodes check it against)")
-        if m.group(1) not in URI_SCHEMES:
-            raise ValueError(f"the archive's scheme must be one of {', '.join(URI_SCHEMES)} "
-                             f"(got {m.group(1)!r})")
-        return CodeRef("archive", sha256=m.group(3), uri=v.rsplit("#", 1)[0])
-    if not v.strip() or "\x00" in v:
-        raise ValueError(f"must be {HELP} (got {v!r})")
-    return CodeRef("folder", folder=v)
 
 
 def check_code(v: str | None) -> str | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from broker.utilization import held_idle
+from broker.wire_views import ever_ran
 
 if TYPE_CHECKING:
     from broker.state.model import Attempt, Event, Job
@@ -376,7 +377,7 @@ class Health(BaseModel):
 
     @property
     def ever_ran(self) -> bool:
-        return self.last_cycle_at is not None or self.fencing > 0
+        return ever_ran(self.last_cycle_at, self.fencing)
 
 
 class CostRow(BaseModel):

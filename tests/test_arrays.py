@@ -102,11 +102,11 @@ def test_cli_array_and_yaml_sweep(tmp_path, monkeypatch):
     submit; `status` names each element's array and index."""
     from rich.console import Console
 
-    import broker.client.cli
+    import broker.client.cli_out
     from broker.client.cli import app
     from tests.test_cli import CONFIG, cli, cli_json, flat, runner
 
-    monkeypatch.setattr(broker.client.cli, "out", Console(width=250))
+    monkeypatch.setattr(broker.client.cli_out, "out", Console(width=250))
     home = tmp_path / "home"
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(CONFIG))
     cli(home, "apply", "-c", str(tmp_path / "c.yaml"))

@@ -20,7 +20,7 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-import broker.client.cli
+import broker.client.cli_out
 from broker.client.cli import app
 from broker.client.sdk import Client
 from broker.errors import NotFound, OnepoolError, SpecError
@@ -157,7 +157,7 @@ def test_apply_submit_then_status_json(home: Path) -> None:
 def test_submit_plain_output_and_status_table(home: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     # Off a terminal rich uses 80 columns and the 13-column table truncates every cell.
-    monkeypatch.setattr(broker.client.cli, "out", Console(width=200))
+    monkeypatch.setattr(broker.client.cli_out, "out", Console(width=200))
     res = cli(home, "submit", "--name", "tiny", "--team", "prod", "--", *NOOP)
     assert "submitted job 1 (tiny, normal)" in flat(res.stdout)
     table = cli(home, "status").stdout

@@ -6,8 +6,10 @@ deadline rule (broker.policy.deadlines) last said it may run."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from broker.wire import JobInfo
+if TYPE_CHECKING:  # (the CLI's HTTP fast path passes broker.wire_views.JobView: no pydantic)
+    from broker.wire import JobInfo
 
 WHERE = {"cheap": "on the cheapest capacity (it keeps pace)",
          "safe": "on capacity that will not be taken (on-prem or on demand)",

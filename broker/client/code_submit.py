@@ -8,10 +8,9 @@ import os
 from dataclasses import dataclass
 
 from broker.checkpoint import code_store
-from broker.codepack import SnapshotTooLarge, pack
+from broker.codepack import NONE, SnapshotTooLarge, pack, parse_code
 from broker.errors import SpecError
 from broker.spec import JobSpec
-from broker.spec_code import NONE, parse_code
 
 
 @dataclass(frozen=True)
