@@ -20,7 +20,10 @@ Fewest victims, a gang of n nodes: nodes are added one at a time. A node that al
 (free GPUs, or GPUs of victims chosen for this job) costs nothing; otherwise each node offers
 its fewest victims, and the offer taken is the one with the fewest victims per node it makes
 fit (a victim spanning several nodes frees all of them: once chosen, its nodes all count),
-then the earliest in victim order. The gang's cost is its distinct victims.
+then the earliest in victim order. Then every victim the gang no longer needs is dropped,
+the latest in victim order first (a victim taken early for one node can become unneeded once
+a later one spanning nodes frees them whole), so no chosen victim can be removed with the
+gang still fitting. The gang's cost is its distinct victims.
 
 The index (VictimIndex) makes this fast at thousands of nodes: per node and class, the GPUs
 reclaimable from strictly lower classes, so only nodes that can fit are looked at; per pool,
@@ -40,6 +43,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from broker.policy.capacity import Capacity, enough
 from broker.policy.config import PolicyConfig
+from broker.policy.gang_prune import drop_unneeded
 from broker.policy.reclaim_index import RANKS, ReclaimIndex, VictimKey, age_key, index_key, lost_gpu_s
 from broker.policy.snapshot import Alloc, RunningView
 from broker.spec import Priority
@@ -547,6 +551,7 @@ class VictimIndex:
                 picked.append(x)
                 taken.add(x)
             left = n - len(picked)
+        if len(mine) > 1:
+            picked = drop_unneeded(self.cap, self.pos, pool, g, n, incoming, mine, picked)
         keys = sorted(k for k, _ in mine.values())
         return (len(mine), keys), pool, picked, {aid: r for aid, (_, r) in mine.items()}
-
