@@ -58,6 +58,7 @@ from broker.policy.queue import (
     QueueWalk,
     list_key,
 )
+from broker.policy.quota import QuotaBook
 from broker.policy.reclaim_index import ReclaimIndex, aged, lost_gpu_s
 from broker.policy.snapshot import (
     Launch,
@@ -147,6 +148,8 @@ class _Planner:
         self.wake: list[float] = []
         self.easy_held: dict[int, list[str]] = {}  # reservation index -> its EASY-held nodes
         self.blocked_rank = -1  # highest class that found nothing to preempt
+        self.quota = QuotaBook(snap.teams, snap.pools, snap.running) if any(
+            t.quota is not None for t in snap.teams) else None  # broker.policy.quota
 
     def _pending_by_id(self, jid: int) -> PendingView | None:
         q = self.s.queue
@@ -186,7 +189,8 @@ class _Planner:
                                   cfg.min_run_s, cfg.victim_order, below=self.top_rank,
                                   aged_after=cfg.promote_after_s if cfg.classes else None,
                                   aged_gangs_only=cfg.promote_gangs_only,
-                                  kept=self.s.reclaim_index)
+                                  kept=self.s.reclaim_index,
+                                  protected=self.quota.within if self.quota is not None else ())
         return self.vi
 
     # -- step 4a: candidate pools --------------------------------------------------------
@@ -261,6 +265,13 @@ class _Planner:
                 if ex:
                     waiting.append((j.job_id, NO_POOL))
                 continue
+            if self.quota is not None:  # pools its team's borrowing and lending limits allow
+                cands, why = self.quota.allowed(j, cands)
+                if not cands:
+                    if ex:
+                        waiting.append((j.job_id, why or NO_POOL))
+                    continue
+                names = tuple(p.name for p in cands)
             if j.failed_on and (avoid := avoid_nodes(j, cands)):
                 self._place_avoiding(j, rank, cands, avoid)  # placed, or waits: no victims, no rent
                 continue
@@ -273,6 +284,13 @@ class _Planner:
             if j.job_id in self.launching_for:
                 if ex:
                     waiting.append((j.job_id, RENTED_WAIT))
+                continue
+            if self.quota is not None and not inc and cfg.preemption and (got := self.quota.reclaim(
+                    j, cands, self.cap, self.vi.chosen if self.vi is not None else (), self.now,
+                    cfg.min_run_s, cfg.victim_order)) is not None:  # within quota: reclaim at once
+                self.quota.release(got[3].values())
+                self.quota.charge(j.team, got[1], j.gpus)
+                self._commit_victims(j, got)
                 continue
             vkey = (names, g, n, prank)
             victims: Choice | None = None
@@ -414,6 +432,8 @@ class _Planner:
             if need:
                 alloc += cap.take(p.name, g, need, exclude=use)
             self.placements.append(Placement(j.job_id, p.name, alloc, _PRIO[rank]))
+            if self.quota is not None:
+                self.quota.charge(j.team, p.name, j.gpus)
             bf.placed(alloc, e)
             return True
         if plain:
@@ -432,6 +452,8 @@ class _Planner:
             if self._count_fit(p.name, g, n, [nd for nd in avoid if self.cap.pool_of.get(nd) == p.name]):
                 alloc = self.cap.take(p.name, g, n, exclude=avoid)
                 self.placements.append(Placement(j.job_id, p.name, alloc, _PRIO[rank]))
+                if self.quota is not None:
+                    self.quota.charge(j.team, p.name, j.gpus)
                 self.backfill.placed(alloc, j.expected_duration_s)
                 return
         if self.explain:

@@ -129,14 +129,15 @@ class VictimIndex:
     def __init__(self, running: Iterable[RunningView], demoted: Collection[int], cap: Capacity,
                  now: float, min_run_s: float, mode: str, below: int = RANKS,
                  aged_after: float | None = None, aged_gangs_only: bool = True,
-                 kept: ReclaimIndex | None = None) -> None:
+                 kept: ReclaimIndex | None = None, protected: Collection[int] = ()) -> None:
         """Index the preemptable attempts of effective class below `below` (the highest class
         waiting: nothing else can be a victim in this plan). An attempt's effective class is
         its priority's, or normal when its id is in `demoted` (anti-capture), else one higher
         when its job was aged when it started (`aged`, with `aged_after` and
         `aged_gangs_only` as in PolicyConfig's promote_after_s and promote_gangs_only).
         `kept`, when given, must index exactly `running` with the same aging parameters (see
-        ReclaimIndex); it is only read.
+        ReclaimIndex); it is only read. `protected`: attempt ids that are never victims here
+        (work within its team's quota, broker.policy.quota).
 
         Built in two steps, the second only when a search needs it: per node, the GPUs of its
         eligible victims below each class (enough for `could_fit`), from the kept sums with
@@ -166,6 +167,13 @@ class VictimIndex:
                 rank = ranks[aid]
                 counts[rank] -= 1
                 self._move(r.alloc, rank, RANKS)
+        for aid in protected:
+            pv = kept.live.get(aid)
+            if pv is not None and aid not in gone:
+                gone.add(aid)
+                rank = ranks[aid]
+                counts[rank] -= 1
+                self._move(pv.alloc, rank, RANKS)
         self._gone = gone
         live = kept.live
         for aid in demoted:
