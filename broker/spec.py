@@ -64,7 +64,7 @@ __all__ = [
     "QUOTA_TOTAL", "BrokerSettings", "ClusterConfig", "DbId", "JobSpec", "LogOffset", "Market", "Name",
     "OnpremCost", "PolicySettings", "PoolSpec", "Priority", "QuotaSpec",
     "RebalanceSettings", "SlurmSpec", "SpotPolicy", "TaskIntervals", "TeamSpec",
-    "check_job_fits", "load_config", "market_ok", "parse_config", "parse_job", "read_yaml",
+    "check_job_fits", "check_quotas", "load_config", "market_ok", "parse_config", "parse_job", "read_yaml",
     "store_uri", "unreachable_stores", "validate",
 ]
 

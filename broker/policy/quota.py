@@ -44,9 +44,9 @@ from collections.abc import Collection, Iterable, Sequence
 from broker.policy.capacity import Capacity
 from broker.policy.gang_prune import drop_unneeded
 from broker.policy.reclaim_index import VictimKey, victim_key
-from broker.policy.snapshot import PendingView, PoolView, RunningView, TeamView
+from broker.policy.snapshot import PendingView, PoolView, RunningView, TeamQuota, TeamView
 from broker.policy.victims import Choice, OnNode, node_victims, preemptable
-from broker.spec import QUOTA_TOTAL
+from broker.spec import QUOTA_TOTAL, QuotaSpec
 
 BORROW_LIMIT = "its team is at its borrowing limit on {key} ({limit} GPUs beyond its quota of {nominal})"
 LEND_LIMIT = "the other teams lend no more {key} GPUs (their lending limits)"
@@ -257,3 +257,10 @@ def _search(cap: Capacity, pool: str, g: int, n: int, on: dict[str, list[OnNode]
     picked = drop_unneeded(cap, pos, pool, g, n, {}, mine, picked)
     keys = sorted(k for k, _ in mine.values())
     return (len(mine), keys), pool, picked, {aid: r for aid, (_, r) in mine.items()}
+
+
+def team_quota(spec: QuotaSpec | None) -> TeamQuota | None:
+    """The policy's view of a team's configured quota (broker.spec.QuotaSpec)."""
+    if spec is None:
+        return None
+    return TeamQuota(tuple(sorted(spec.nominal().items())), spec.borrowing_limit, spec.lending_limit)
