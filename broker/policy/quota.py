@@ -6,7 +6,8 @@ quotas are in total (broker.spec.check_quotas: all teams alike). A team without 
 nominal of 0: everything it runs is borrowed, and it has no limits.
 
 1. **Used.** A team's GPUs on a key: its running attempts that are not stopping, on pools of
-   that key, plus what this plan placed or reclaimed for it.
+   that key; its waiting jobs that attempts are stopping for (on the key of those attempts'
+   pool: a reclaim in progress keeps its quota); and what this plan placed or reclaimed for it.
 2. **Within quota or borrowed.** A team's running attempts on a key, in the order (class,
    highest first; then the oldest start; then the attempt id), are within its quota while their
    GPUs add up to at most its nominal; that attempt and every later one are borrowed. A
@@ -39,7 +40,7 @@ and the limits (3). Nothing changes when no team has a quota.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from broker.policy.capacity import Capacity
 from broker.policy.gang_prune import drop_unneeded
@@ -62,7 +63,9 @@ class QuotaBook:
     the plan places jobs and chooses victims."""
 
     def __init__(self, teams: Sequence[TeamView], pools: Sequence[PoolView],
-                 running: Iterable[RunningView]) -> None:
+                 running: Iterable[RunningView],
+                 pending: Callable[[int], PendingView | None] = lambda _: None) -> None:
+        """`pending`: a waiting job by id (for those that attempts are stopping for)."""
         quotas = {t.name: t.quota for t in teams if t.quota is not None}
         total = any(k == QUOTA_TOTAL for q in quotas.values() for k, _ in q.nominal)
         self.key_of_pool = {p.name: QUOTA_TOTAL if total else p.gpu_type for p in pools}
@@ -80,12 +83,15 @@ class QuotaBook:
         self.borrowed: dict[int, tuple[str, RunningView]] = {}  # attempt id -> (key, attempt)
         self.within: set[int] = set()  # attempt ids within their team's quota (rule 5)
         groups: dict[tuple[str, str], list[RunningView]] = defaultdict(list)
+        coming: dict[int, str] = {}  # job id -> key, of jobs that attempts are stopping for
         for r in running:
-            if r.stopping or not r.alloc:
+            pool = pool_of_node.get(r.alloc[0][0]) if r.alloc else None
+            if pool is None:
                 continue
-            pool = pool_of_node.get(r.alloc[0][0])
-            if pool is not None:
+            if not r.stopping:
                 groups[(r.team, self.key_of_pool[pool])].append(r)
+            elif r.stopping_for is not None:
+                coming.setdefault(r.stopping_for, self.key_of_pool[pool])
         for (team, key), rs in groups.items():
             nominal = self.nominal.get((team, key), 0)
             acc = 0
@@ -98,6 +104,10 @@ class QuotaBook:
                 else:
                     self.within.add(r.attempt_id)
             self.used[(team, key)] = acc
+        for jid, key in coming.items():
+            j = pending(jid)
+            if j is not None:
+                self.used[(j.team, key)] += j.gpus
 
     # -- rules 1-3 --------------------------------------------------------------------------
     def is_within(self, team: str, key: str, gpus: int) -> bool:

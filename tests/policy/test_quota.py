@@ -133,6 +133,14 @@ CASES = [
         [job(9, team="a", gpus=8), job(10, team="a", gpus=8)], victims=[101]),
         id="quota-charged-within-the-plan"),
     pytest.param(Case(
+        # ours: a reclaim in progress keeps its quota across cycles: b's attempt is stopping for
+        # a's job 9, so a's job 10 would borrow and reclaims nothing (else the two would take 16
+        # of a's 8, and b would reclaim back: thrash)
+        [pool("a", nodes=2, gpus=8)], {"a": quota(8), "b": None},
+        [r(1, "b", "normal", {"a-0": 8}, stopping=True, stopping_for=9), r(2, "b", "normal", {"a-1": 8})],
+        [job(9, team="a", gpus=8), job(10, team="a", gpus=8)], why={10: "no free GPUs"}),
+        id="reclaim-in-progress-keeps-its-quota"),
+    pytest.param(Case(
         # ours: a team's own work past its quota is borrowed, its oldest highest-class first
         # within: a's new high job reclaims nothing (a would borrow) and its own low is guarded
         [pool("a", nodes=1, gpus=8)], {"a": quota(8)},
