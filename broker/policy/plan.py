@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Collection
 from operator import attrgetter, itemgetter
 
 from broker.policy.avoid import avoid_nodes
@@ -58,7 +59,7 @@ from broker.policy.queue import (
     QueueWalk,
     list_key,
 )
-from broker.policy.quota import QuotaBook
+from broker.policy.quota import QuotaBook, within_first
 from broker.policy.reclaim_index import ReclaimIndex, aged, lost_gpu_s
 from broker.policy.snapshot import (
     Launch,
@@ -150,6 +151,11 @@ class _Planner:
         self.blocked_rank = -1  # highest class that found nothing to preempt
         self.quota = QuotaBook(snap.teams, snap.pools, snap.running, self._pending_by_id) if (
             self.cfg.quotas and any(t.quota is not None for t in snap.teams)) else None  # policy.quota
+
+    @property
+    def chosen(self) -> Collection[int]:
+        """Attempts chosen as victims in this plan so far."""
+        return self.vi.chosen if self.vi is not None else ()
 
     def _pending_by_id(self, jid: int) -> PendingView | None:
         q = self.s.queue
@@ -257,7 +263,10 @@ class _Planner:
         self.reservations_left = cfg.reservations
         stopped = False
         waiting = self.waiting
+        first = within_first(self, queue, incoming) if self.quota is not None else ()
         for rank, j, sid in walk:
+            if j.job_id in first:  # placed or reclaiming within its team's quota (step 0)
+                continue
             # aging orders the queue; it grants no right to preempt or rent (see PolicyConfig)
             prank = min(rank, _RANK[j.priority])
             cands, names = self._candidates(j, prank)
@@ -286,8 +295,8 @@ class _Planner:
                     waiting.append((j.job_id, RENTED_WAIT))
                 continue
             if self.quota is not None and not inc and cfg.preemption and (got := self.quota.reclaim(
-                    j, cands, self.cap, self.vi.chosen if self.vi is not None else (), self.now,
-                    cfg.min_run_s, cfg.victim_order)) is not None:  # within quota: reclaim at once
+                    j, cands, self.cap, self.chosen, self.now, cfg.min_run_s,
+                    cfg.victim_order)) is not None:  # within quota: reclaim at once
                 self.quota.release(got[3].values())
                 self.quota.charge(j.team, got[1], j.gpus)
                 self._commit_victims(j, got)

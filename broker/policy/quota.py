@@ -41,9 +41,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Protocol
 
 from broker.policy.capacity import Capacity
+from broker.policy.config import PolicyConfig
 from broker.policy.gang_prune import drop_unneeded
+from broker.policy.queue import PendingQueue
 from broker.policy.reclaim_index import VictimKey, victim_key
 from broker.policy.snapshot import PendingView, PoolView, RunningView, TeamQuota, TeamView
 from broker.policy.victims import Choice, OnNode, node_victims, preemptable
@@ -110,6 +113,10 @@ class QuotaBook:
                 self.used[(j.team, key)] += j.gpus
 
     # -- rules 1-3 --------------------------------------------------------------------------
+    def room(self, team: str) -> int:
+        """The most GPUs the team could still take within its quota, on any one key."""
+        return max((n - self.used[(t, k)] for (t, k), n in self.nominal.items() if t == team), default=0)
+
     def is_within(self, team: str, key: str, gpus: int) -> bool:
         """Whether `gpus` more GPUs on `key` keep the team within its nominal (rule 2)."""
         return self.used[(team, key)] + gpus <= self.nominal.get((team, key), 0)
@@ -274,3 +281,61 @@ def team_quota(spec: QuotaSpec | None) -> TeamQuota | None:
     if spec is None:
         return None
     return TeamQuota(tuple(sorted(spec.nominal().items())), spec.borrowing_limit, spec.lending_limit)
+
+
+class _Planner(Protocol):
+    """What the pre-pass needs of broker.policy.plan's planner (its hooks)."""
+
+    quota: QuotaBook | None
+    cap: Capacity
+    now: float
+    cfg: PolicyConfig
+    launching_for: set[int]
+
+    @property
+    def chosen(self) -> Collection[int]: ...
+    def _candidates(self, j: PendingView, prank: int) -> tuple[list[PoolView], tuple[str, ...]]: ...
+    def _try_place(self, j: PendingView, rank: int, cands: list[PoolView],
+                   names: tuple[str, ...]) -> bool: ...
+    def _commit_victims(self, j: PendingView, choice: Choice, defer_until: float | None = None) -> None: ...
+
+
+def within_first(pl: _Planner, queue: PendingQueue, incoming: Collection[int]) -> set[int]:
+    """Step 0 of a plan with quotas: the waiting jobs within their team's quota go first, as
+    Kueue admits what fits without borrowing before what borrows. Per team with a quota, its
+    jobs in (class, submit time, job id) order, as far as its nominal reaches: each is placed
+    on free GPUs of the pools where it is within quota, else reclaims borrowed GPUs there
+    (rule 4). Returns the ids dealt with (the walk skips them); the others, jobs with GPUs on
+    their way (`incoming`), waiting for rented nodes or avoiding nodes among them, go
+    through the walk as usual. Without it a job that reclaimed GPUs could see them taken,
+    once its victims exit, by borrowing work earlier in the queue, and reclaim again."""
+    book = pl.quota
+    assert book is not None
+    by_team: dict[str, list[PendingView]] = defaultdict(list)
+    for (_, team, g, n), lst in queue.lists.items():
+        room = book.room(team)
+        if room >= g * n:
+            by_team[team].extend(lst[:room // (g * n)])
+    done: set[int] = set()
+    for jobs in by_team.values():
+        jobs.sort(key=lambda j: (-j.priority.rank, j.submit_time, j.job_id))
+        for j in jobs:
+            if j.job_id in incoming or j.job_id in pl.launching_for or j.failed_on:
+                continue
+            rank = j.priority.rank
+            cands, _ = pl._candidates(j, rank)
+            mine = [p for p in cands if book.is_within(j.team, book.key_of_pool[p.name], j.gpus)]
+            if not mine:
+                continue
+            if pl._try_place(j, rank, mine, tuple(p.name for p in mine)):
+                done.add(j.job_id)
+                continue
+            if not pl.cfg.preemption:
+                continue
+            got = book.reclaim(j, mine, pl.cap, pl.chosen, pl.now, pl.cfg.min_run_s, pl.cfg.victim_order)
+            if got is not None:
+                book.release(got[3].values())
+                book.charge(j.team, got[1], j.gpus)
+                pl._commit_victims(j, got)
+                done.add(j.job_id)
+    return done

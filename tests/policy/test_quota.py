@@ -141,6 +141,13 @@ CASES = [
         [job(9, team="a", gpus=8), job(10, team="a", gpus=8)], why={10: "no free GPUs"}),
         id="reclaim-in-progress-keeps-its-quota"),
     pytest.param(Case(
+        # Kueue admits what fits without borrowing before what borrows: a's low job within its
+        # quota takes the free node before b's high job, which would borrow (else GPUs a
+        # reclaimed would go, once its victims exit, to borrowing work ahead in the queue)
+        [pool("a", nodes=1, gpus=8)], {"a": quota(8), "b": None}, [],
+        [job(9, team="a", prio="low", gpus=8), job(10, team="b", prio="high", gpus=8)], placed=[9]),
+        id="kueue:within-quota-goes-first"),
+    pytest.param(Case(
         # ours: a team's own work past its quota is borrowed, its oldest highest-class first
         # within: a's new high job reclaims nothing (a would borrow) and its own low is guarded
         [pool("a", nodes=1, gpus=8)], {"a": quota(8)},
