@@ -2,7 +2,9 @@
 
 The live engine and the trace simulator both call this; only their IO differs.
 
-The cycle, step by step:
+The cycle, step by step (with team quotas, broker.policy.quota adds step 0 before step 4:
+jobs within their team's quota are placed first, else reclaim borrowed GPUs; and it filters
+4a's pools by borrowing and lending limits):
 1. Free GPUs per node = capacity minus what running attempts hold (stopping ones still hold
    theirs until they exit).
 2. Effective class (broker.policy.queue): aging, then anti-capture. Running attempts keep
