@@ -151,7 +151,8 @@ class _Planner:
         self.wake: list[float] = []
         self.easy_held: dict[int, list[str]] = {}  # reservation index -> its EASY-held nodes
         self.blocked_rank = -1  # highest class that found nothing to preempt
-        self.quota = QuotaBook(snap.teams, snap.pools, snap.running, self._pending_by_id) if (
+        self.quota = QuotaBook(snap.teams, snap.pools, snap.running, self._pending_by_id,
+                               self.cap.pool_of) if (
             self.cfg.quotas and any(t.quota is not None for t in snap.teams)) else None  # policy.quota
 
     @property

@@ -40,7 +40,7 @@ and the limits (3). Nothing changes when no team has a quota.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from broker.policy.capacity import Capacity
@@ -67,12 +67,15 @@ class QuotaBook:
 
     def __init__(self, teams: Sequence[TeamView], pools: Sequence[PoolView],
                  running: Iterable[RunningView],
-                 pending: Callable[[int], PendingView | None] = lambda _: None) -> None:
-        """`pending`: a waiting job by id (for those that attempts are stopping for)."""
+                 pending: Callable[[int], PendingView | None] = lambda _: None,
+                 pool_of_node: Mapping[str, str] | None = None) -> None:
+        """`pending`: a waiting job by id (for those that attempts are stopping for);
+        `pool_of_node`: each node's pool, when the caller has it (else built here)."""
         quotas = {t.name: t.quota for t in teams if t.quota is not None}
         total = any(k == QUOTA_TOTAL for q in quotas.values() for k, _ in q.nominal)
         self.key_of_pool = {p.name: QUOTA_TOTAL if total else p.gpu_type for p in pools}
-        pool_of_node = {nd.id: p.name for p in pools for nd in p.nodes}
+        if pool_of_node is None:
+            pool_of_node = {nd.id: p.name for p in pools for nd in p.nodes}
         self.pool_of_node = pool_of_node
         self.nominal: dict[tuple[str, str], int] = {
             (t, k): n for t, q in quotas.items() for k, n in q.nominal}
@@ -83,34 +86,65 @@ class QuotaBook:
         for p in pools:
             self.capacity[self.key_of_pool[p.name]] += p.gpus_per_node * len(p.nodes)
         self.used: dict[tuple[str, str], int] = defaultdict(int)
-        self.borrowed: dict[int, tuple[str, RunningView]] = {}  # attempt id -> (key, attempt)
-        self.within: set[int] = set()  # attempt ids within their team's quota (rule 5)
+        self._borrowed: dict[int, tuple[str, RunningView]] | None = None
+        self._within: set[int] | None = None
         groups: dict[tuple[str, str], list[RunningView]] = defaultdict(list)
+        self._groups = groups
         coming: dict[int, str] = {}  # job id -> key, of jobs that attempts are stopping for
+        used, key_of_pool, node_pool = self.used, self.key_of_pool, pool_of_node.get
         for r in running:
-            pool = pool_of_node.get(r.alloc[0][0]) if r.alloc else None
+            pool = node_pool(r.alloc[0][0]) if r.alloc else None
             if pool is None:
                 continue
             if not r.stopping:
-                groups[(r.team, self.key_of_pool[pool])].append(r)
+                gk = (r.team, key_of_pool[pool])
+                groups[gk].append(r)
+                used[gk] += r.gpus
             elif r.stopping_for is not None:
-                coming.setdefault(r.stopping_for, self.key_of_pool[pool])
-        for (team, key), rs in groups.items():
+                coming.setdefault(r.stopping_for, key_of_pool[pool])
+        for jid, key in coming.items():
+            j = pending(jid)
+            if j is not None:
+                self.used[(j.team, key)] += j.gpus
+
+    @property
+    def borrowed(self) -> dict[int, tuple[str, RunningView]]:
+        """Running attempts beyond their team's quota (rule 2): attempt id -> (key, attempt)."""
+        if self._borrowed is None:
+            self._classify()
+        assert self._borrowed is not None
+        return self._borrowed
+
+    @property
+    def within(self) -> set[int]:
+        """Ids of the running attempts within their team's quota (rules 2 and 5)."""
+        if self._within is None:
+            self._classify()
+        assert self._within is not None
+        return self._within
+
+    def _classify(self) -> None:
+        """Rule 2, on first need: only a team over a nonzero nominal needs its work sorted."""
+        borrowed: dict[int, tuple[str, RunningView]] = {}
+        within: set[int] = set()
+        for (team, key), rs in self._groups.items():
             nominal = self.nominal.get((team, key), 0)
+            if nominal <= 0:
+                borrowed.update((r.attempt_id, (key, r)) for r in rs)
+                continue
+            if sum(r.gpus for r in rs) <= nominal:
+                within.update(r.attempt_id for r in rs)
+                continue
             acc = 0
             over = False
             for r in sorted(rs, key=_sort_key):
                 acc += r.gpus
                 over = over or acc > nominal
                 if over:
-                    self.borrowed[r.attempt_id] = (key, r)
+                    borrowed[r.attempt_id] = (key, r)
                 else:
-                    self.within.add(r.attempt_id)
-            self.used[(team, key)] = acc
-        for jid, key in coming.items():
-            j = pending(jid)
-            if j is not None:
-                self.used[(j.team, key)] += j.gpus
+                    within.add(r.attempt_id)
+        self._borrowed, self._within = borrowed, within
 
     # -- rules 1-3 --------------------------------------------------------------------------
     def room(self, team: str) -> int:
@@ -132,11 +166,11 @@ class QuotaBook:
         shown = "any GPU type" if key == QUOTA_TOTAL else key
         if limit is not None and used + gpus > nominal + limit:
             return BORROW_LIMIT.format(key=shown, limit=limit, nominal=nominal)
-        if self.lending_limit and self._borrowed(key) + new > self._lendable(key, team, gpus):
+        if self.lending_limit and self._borrowed_gpus(key) + new > self._lendable(key, team, gpus):
             return LEND_LIMIT.format(key=shown)
         return None
 
-    def _borrowed(self, key: str) -> int:
+    def _borrowed_gpus(self, key: str) -> int:
         return sum(max(0, u - self.nominal.get((t, k), 0)) for (t, k), u in self.used.items() if k == key)
 
     def _lendable(self, key: str, team: str, gpus: int) -> int:
