@@ -44,7 +44,15 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from broker.policy.capacity import Capacity, enough
 from broker.policy.config import PolicyConfig
 from broker.policy.gang_prune import drop_unneeded
-from broker.policy.reclaim_index import RANKS, ReclaimIndex, VictimKey, age_key, index_key, lost_gpu_s
+from broker.policy.reclaim_index import (
+    RANKS,
+    ReclaimIndex,
+    VictimKey,
+    age_key,
+    drop,
+    index_key,
+    lost_gpu_s,
+)
 from broker.policy.snapshot import Alloc, RunningView
 from broker.spec import Priority
 
@@ -167,13 +175,8 @@ class VictimIndex:
                 rank = ranks[aid]
                 counts[rank] -= 1
                 self._move(r.alloc, rank, RANKS)
-        for aid in protected:
-            pv = kept.live.get(aid)
-            if pv is not None and aid not in gone:
-                gone.add(aid)
-                rank = ranks[aid]
-                counts[rank] -= 1
-                self._move(pv.alloc, rank, RANKS)
+        if protected:  # all at once: per node, one copy and one change of its sums
+            drop(kept, protected, gone, counts, self._recl, self._own)
         self._gone = gone
         live = kept.live
         for aid in demoted:
