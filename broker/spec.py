@@ -46,6 +46,7 @@ from broker.spec_types import (
     NAME_RE,
     NODE_RUNTIMES,
     PRIORITIES_BY_RANK,
+    QUOTA_TOTAL,
     SLURM_RUNTIMES,
     ContainerRuntime,
     DbId,
@@ -53,10 +54,12 @@ from broker.spec_types import (
     Market,
     Name,
     Priority,
+    QuotaSpec,
     SpotPolicy,
     _Strict,
     check_argv,
     check_env,
+    check_quotas,
     image_ref,
     parse_deadline,
 )
@@ -65,10 +68,10 @@ from broker.spec_workflow import Workflow
 # broker.spec is the one config source the rest of the code imports, its parts included.
 __all__ = [
     "LEGACY_TASK_KEYS", "MAX_ID", "MAX_LOG_OFFSET", "MAX_PID", "NAME_HELP", "NAME_RE", "PRIORITIES_BY_RANK",
-    "BrokerSettings", "ClusterConfig", "DbId", "JobSpec", "LogOffset", "Market", "Name", "OnpremCost",
-    "PolicySettings", "PoolSpec",
-    "Priority", "RebalanceSettings", "SlurmSpec", "SpotPolicy", "TaskIntervals", "TeamSpec",
-    "check_job_fits", "load_config", "market_ok", "parse_config", "parse_job", "read_yaml",
+    "QUOTA_TOTAL", "BrokerSettings", "ClusterConfig", "DbId", "JobSpec", "LogOffset", "Market", "Name",
+    "OnpremCost", "PolicySettings", "PoolSpec", "Priority", "QuotaSpec",
+    "RebalanceSettings", "SlurmSpec", "SpotPolicy", "TaskIntervals", "TeamSpec",
+    "check_job_fits", "check_quotas", "load_config", "market_ok", "parse_config", "parse_job", "read_yaml",
     "store_uri", "unreachable_stores", "validate",
 ]
 
@@ -294,6 +297,8 @@ class TeamSpec(_Strict):
     # out. Both are secrets: never logged.
     webhook_url: str | None = Field(default=None, max_length=2000)
     webhook_secret: str | None = Field(default=None, min_length=16, max_length=200)
+    # Quotas (issue 28, broker.policy.quota): nominal GPUs, borrowing and lending limits.
+    quota: QuotaSpec | None = None
 
     @field_validator("webhook_url")
     @classmethod
@@ -327,6 +332,14 @@ class ClusterConfig(_Strict):
         from providers.options import check_pools
 
         problems = check_pools(self.pools)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _quotas(self) -> ClusterConfig:
+        problems = check_quotas({t.name: t.quota for t in self.teams if t.quota is not None},
+                                self.gpu_types())
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -265,3 +265,53 @@ def parse_deadline(text: str) -> tuple[str, float]:
     return "at", when.timestamp()
 
 
+# -- quotas (issue 28): a team's nominal GPUs, borrowing and lending limits ------------------------
+QUOTA_TOTAL = "*"  # the quota key of a quota over every GPU type
+
+
+class QuotaSpec(_Strict):
+    """A team's quota (broker.policy.quota): `gpus`, its nominal GPUs, in total (a number) or
+    per GPU type (a mapping); `borrowing_limit`, how many GPUs beyond its nominal it may use
+    (None: no limit); `lending_limit`, how many of its unused nominal GPUs other teams may use
+    (None: all of them). Limits apply per GPU type when the quota is per type."""
+
+    gpus: int | dict[str, int]
+    borrowing_limit: int | None = Field(default=None, ge=0)
+    lending_limit: int | None = Field(default=None, ge=0)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: int | dict[str, int]) -> int | dict[str, int]:
+        items = v.items() if isinstance(v, dict) else [("", v)]
+        for k, n in items:
+            if n < 0:
+                where = f" for GPU type {k!r}" if k else ""
+                raise ValueError(f"must be a whole number of GPUs, 0 or more{where} (got {n})")
+        if isinstance(v, dict) and not v:
+            raise ValueError("must be a number of GPUs, or a mapping of GPU type to GPUs (got {})")
+        return v
+
+    def nominal(self) -> dict[str, int]:
+        """Nominal GPUs by quota key: GPU type, or QUOTA_TOTAL for a total."""
+        return dict(self.gpus) if isinstance(self.gpus, dict) else {QUOTA_TOTAL: self.gpus}
+
+
+def check_quotas(quotas: dict[str, QuotaSpec], gpu_types: list[str]) -> list[str]:
+    """Problems of the teams' quotas taken together (team name -> quota): every quota per GPU
+    type or every one in total (the lab is one cohort: one kind of quota key), and only GPU
+    types some pool has."""
+    problems: list[str] = []
+    kinds = {name: isinstance(q.gpus, dict) for name, q in quotas.items()}
+    if len(set(kinds.values())) > 1:
+        per = sorted(n for n, k in kinds.items() if k)
+        total = sorted(n for n, k in kinds.items() if not k)
+        problems.append(f"teams.quota.gpus: every team's quota must be in total (a number) or every "
+                        f"one per GPU type (a mapping); per type: {', '.join(per)}; "
+                        f"in total: {', '.join(total)}")
+    for name, q in quotas.items():
+        if isinstance(q.gpus, dict):
+            bad = sorted(set(q.gpus) - set(gpu_types))
+            if bad:
+                problems.append(f"teams.{name}.quota.gpus: GPU type(s) {', '.join(map(repr, bad))} "
+                                f"not in any pool; allowed: {', '.join(gpu_types)}")
+    return problems

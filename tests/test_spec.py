@@ -70,6 +70,26 @@ def without(d: dict[str, Any], *path: str | int) -> dict[str, Any]:
 
 # -- bad config fields ------------------------------------------------------------------------
 BAD_CONFIGS = [
+    # quotas (issue 28): each bad value names its field and what is allowed
+    pytest.param(cfg(team={"quota": {"gpus": -1}}), "teams.0.quota.gpus", ["0 or more", "-1"],
+                 id="quota-negative"),
+    pytest.param(cfg(team={"quota": {"gpus": {"A100": -2}}}), "teams.0.quota.gpus",
+                 ["0 or more", "'A100'"], id="quota-type-negative"),
+    pytest.param(cfg(team={"quota": {"gpus": {}}}), "teams.0.quota.gpus",
+                 ["mapping of GPU type"], id="quota-empty-mapping"),
+    pytest.param(cfg(team={"quota": {"gpus": "lots"}}), "teams.0.quota.gpus",
+                 ["integer"], id="quota-not-a-number"),
+    pytest.param(cfg(team={"quota": {"gpus": 8, "borrowing_limit": -1}}),
+                 "teams.0.quota.borrowing_limit", ["greater than or equal to 0"], id="borrowing-negative"),
+    pytest.param(cfg(team={"quota": {"gpus": 8, "lending_limit": 1.5}}),
+                 "teams.0.quota.lending_limit", ["integer"], id="lending-fraction"),
+    pytest.param(cfg(team={"quota": {"gpus": 8, "lend": 2}}), "teams.0.quota.lend",
+                 ["unknown field"], id="quota-unknown-field"),
+    pytest.param(cfg(team={"quota": {"gpus": {"H100": 8}}}), "teams.research.quota.gpus",
+                 ["'H100'", "allowed: A100"], id="quota-type-not-in-a-pool"),
+    pytest.param(cfg(teams=[{"name": "research", "quota": {"gpus": 8}},
+                            {"name": "prod", "quota": {"gpus": {"A100": 8}}}]),
+                 "teams.quota.gpus", ["per type: prod", "in total: research"], id="quota-kinds-mixed"),
     pytest.param(cfg(pool={"market": "cloud"}), "pools.0.market",
                  ["onprem", "on_demand", "spot", "'cloud'"], id="market-unknown"),
     pytest.param(cfg(pool={"provider": "azure"}), "pools.0.provider", ["local", "'azure'"],
@@ -183,6 +203,15 @@ def test_bad_config_field_names_field_and_allowed(data: dict[str, Any], field: s
         assert m in line, f"{m!r} missing from {line!r}"
     assert exc.value.source == "onepool.yaml"
     assert field in str(exc.value)
+
+
+def test_quota_parsed_by_key() -> None:
+    got = parse_config(cfg(team={"quota": {"gpus": {"A100": 8}, "borrowing_limit": 4}}))
+    q = got.teams[0].quota
+    assert q is not None and q.nominal() == {"A100": 8} and q.borrowing_limit == 4
+    assert q.lending_limit is None and got.teams[1].quota is None
+    total = parse_config(cfg(team={"quota": {"gpus": 16}})).teams[0].quota
+    assert total is not None and total.nominal() == {"*": 16}
 
 
 @pytest.mark.parametrize("data", [None, [], "pools: []", 3],

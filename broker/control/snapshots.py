@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from sqlmodel import Session, col, or_, select
 
+from broker.control.config_apply import applied_config
+from broker.errors import NotConfigured
 from broker.policy import (
     NodeView,
     PendingView,
@@ -19,6 +21,7 @@ from broker.policy import (
 )
 from broker.policy.estimates import RuntimeHistory
 from broker.policy.fairshare import decay
+from broker.policy.quota import team_quota
 from broker.policy.warm import warm_nodes
 from broker.spec import Market, Priority, SpotPolicy
 from broker.state.model import Attempt, AttemptState, Job, JobState, Node, NodeState, Pool, Team
@@ -184,5 +187,9 @@ def team_views(s: Session, now: float, half_life_s: float,
     `now`), else computed now (team_usage)."""
     if usage is None:
         usage = team_usage(s, now, half_life_s).by_team
-    return tuple(TeamView(t.name, t.weight, t.priority_allowance_gpus, usage.get(t.name, 0.0))
-                 for t in s.exec(select(Team).order_by(Team.name)).all())
+    try:  # quotas (issue 28) are read from the applied config (parsed once per change)
+        quotas = {t.name: team_quota(t.quota) for t in applied_config(s).teams}
+    except NotConfigured:
+        quotas = {}
+    return tuple(TeamView(t.name, t.weight, t.priority_allowance_gpus, usage.get(t.name, 0.0),
+                          quotas.get(t.name)) for t in s.exec(select(Team).order_by(Team.name)).all())

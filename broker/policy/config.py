@@ -29,6 +29,7 @@ class PolicyConfig:
     - fair_share: within a class, order teams by decayed usage / weight
     - anti_capture: a team's high/urgent GPUs beyond its allowance are scheduled as normal
     - preemption: preempt strictly lower classes for a blocked job
+    - quotas: honour the teams' quotas (broker.policy.quota); False: ignore them (a baseline)
     - victim_order: "checkpoint" (least work lost first) or "youngest" (ignores checkpoints)
     - min_run_s: a job preempted before is safe from preemption for this long after it restarts
     - backfill: later jobs may use capacity the blocked ones cannot
@@ -75,6 +76,7 @@ class PolicyConfig:
     """
 
     classes: bool = True
+    quotas: bool = True
     fair_share: bool = True
     anti_capture: bool = True
     preemption: bool = True

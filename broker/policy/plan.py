@@ -2,7 +2,9 @@
 
 The live engine and the trace simulator both call this; only their IO differs.
 
-The cycle, step by step:
+The cycle, step by step (with team quotas, broker.policy.quota adds step 0 before step 4:
+jobs within their team's quota are placed first, else reclaim borrowed GPUs; and it filters
+4a's pools by borrowing and lending limits):
 1. Free GPUs per node = capacity minus what running attempts hold (stopping ones still hold
    theirs until they exit).
 2. Effective class (broker.policy.queue): aging, then anti-capture. Running attempts keep
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Collection
 from operator import attrgetter, itemgetter
 
 from broker.policy.avoid import avoid_nodes
@@ -58,6 +61,7 @@ from broker.policy.queue import (
     QueueWalk,
     list_key,
 )
+from broker.policy.quota import QuotaBook, within_first
 from broker.policy.reclaim_index import ReclaimIndex, aged, lost_gpu_s
 from broker.policy.snapshot import (
     Launch,
@@ -147,6 +151,14 @@ class _Planner:
         self.wake: list[float] = []
         self.easy_held: dict[int, list[str]] = {}  # reservation index -> its EASY-held nodes
         self.blocked_rank = -1  # highest class that found nothing to preempt
+        self.quota = QuotaBook(snap.teams, snap.pools, snap.running, self._pending_by_id,
+                               self.cap.pool_of) if (
+            self.cfg.quotas and any(t.quota is not None for t in snap.teams)) else None  # policy.quota
+
+    @property
+    def chosen(self) -> Collection[int]:
+        """Attempts chosen as victims in this plan so far."""
+        return self.vi.chosen if self.vi is not None else ()
 
     def _pending_by_id(self, jid: int) -> PendingView | None:
         q = self.s.queue
@@ -186,7 +198,8 @@ class _Planner:
                                   cfg.min_run_s, cfg.victim_order, below=self.top_rank,
                                   aged_after=cfg.promote_after_s if cfg.classes else None,
                                   aged_gangs_only=cfg.promote_gangs_only,
-                                  kept=self.s.reclaim_index)
+                                  kept=self.s.reclaim_index,
+                                  protected=self.quota.within if self.quota is not None else ())
         return self.vi
 
     # -- step 4a: candidate pools --------------------------------------------------------
@@ -253,7 +266,10 @@ class _Planner:
         self.reservations_left = cfg.reservations
         stopped = False
         waiting = self.waiting
+        first = within_first(self, queue, incoming) if self.quota is not None else ()
         for rank, j, sid in walk:
+            if j.job_id in first:  # placed or reclaiming within its team's quota (step 0)
+                continue
             # aging orders the queue; it grants no right to preempt or rent (see PolicyConfig)
             prank = min(rank, _RANK[j.priority])
             cands, names = self._candidates(j, prank)
@@ -261,6 +277,13 @@ class _Planner:
                 if ex:
                     waiting.append((j.job_id, NO_POOL))
                 continue
+            if self.quota is not None:  # pools its team's borrowing and lending limits allow
+                cands, why = self.quota.allowed(j, cands)
+                if not cands:
+                    if ex:
+                        waiting.append((j.job_id, why or NO_POOL))
+                    continue
+                names = tuple(p.name for p in cands)
             if j.failed_on and (avoid := avoid_nodes(j, cands)):
                 self._place_avoiding(j, rank, cands, avoid)  # placed, or waits: no victims, no rent
                 continue
@@ -273,6 +296,13 @@ class _Planner:
             if j.job_id in self.launching_for:
                 if ex:
                     waiting.append((j.job_id, RENTED_WAIT))
+                continue
+            if self.quota is not None and not inc and cfg.preemption and (got := self.quota.reclaim(
+                    j, cands, self.cap, self.chosen, self.now, cfg.min_run_s,
+                    cfg.victim_order)) is not None:  # within quota: reclaim at once
+                self.quota.release(got[3].values())
+                self.quota.charge(j.team, got[1], j.gpus)
+                self._commit_victims(j, got)
                 continue
             vkey = (names, g, n, prank)
             victims: Choice | None = None
@@ -414,6 +444,8 @@ class _Planner:
             if need:
                 alloc += cap.take(p.name, g, need, exclude=use, warm=j.warm_on)
             self.placements.append(Placement(j.job_id, p.name, alloc, _PRIO[rank]))
+            if self.quota is not None:
+                self.quota.charge(j.team, p.name, j.gpus)
             bf.placed(alloc, e)
             return True
         if plain:
@@ -432,6 +464,8 @@ class _Planner:
             if self._count_fit(p.name, g, n, [nd for nd in avoid if self.cap.pool_of.get(nd) == p.name]):
                 alloc = self.cap.take(p.name, g, n, exclude=avoid, warm=j.warm_on)
                 self.placements.append(Placement(j.job_id, p.name, alloc, _PRIO[rank]))
+                if self.quota is not None:
+                    self.quota.charge(j.team, p.name, j.gpus)
                 self.backfill.placed(alloc, j.expected_duration_s)
                 return
         if self.explain:

@@ -169,3 +169,36 @@ class ReclaimIndex:
         """The attempt's view changed from `old` to `new` (same id)."""
         self.remove(old)
         self.add(new)
+
+
+def drop(kept: ReclaimIndex, aids: Iterable[int], gone: set[int], counts: list[int],
+         recl: dict[str, list[int]], own: set[str]) -> None:
+    """Take the attempts `aids` of `kept` out of a plan's copy of its sums (see
+    broker.policy.victims.VictimIndex): each one not yet `gone` goes there, its class's count
+    in `counts` drops, and per node `recl[node][c]` (GPUs of victims of a class below c)
+    loses its GPUs, the node's list copied first unless it is in `own` (then added there)."""
+    live, ranks = kept.live, kept.rank
+    delta: dict[str, list[int]] = {}
+    for aid in aids:
+        r = live.get(aid)
+        if r is None or aid in gone:
+            continue
+        gone.add(aid)
+        rank = ranks[aid]
+        counts[rank] -= 1
+        for node, g in r.alloc:
+            d = delta.get(node)
+            if d is None:
+                d = delta[node] = [0] * RANKS
+            d[rank] += g
+    for node, d in delta.items():
+        rc = recl.get(node)
+        if rc is None:
+            continue
+        if node not in own:
+            rc = recl[node] = rc.copy()
+            own.add(node)
+        acc = 0
+        for c in range(1, RANKS + 1):
+            acc += d[c - 1]
+            rc[c] -= acc

@@ -141,14 +141,28 @@ class PendingView:
 
 
 @dataclass(frozen=True, slots=True)
+class TeamQuota:
+    """A team's quota (rules: broker.policy.quota). `nominal`: its guaranteed GPUs by quota
+    key, a GPU type or "*" for every type, as ((key, GPUs), ...); `borrowing_limit`: GPUs it
+    may use beyond its nominal, per key (None: no limit); `lending_limit`: GPUs of its unused
+    nominal other teams may use, per key (None: all)."""
+
+    nominal: tuple[tuple[str, int], ...]
+    borrowing_limit: int | None = None
+    lending_limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TeamView:
     """A team's fair-share weight (0: best effort, ordered after every weighted team), its
-    high/urgent allowance in GPUs, and its decayed usage."""
+    high/urgent allowance in GPUs, its decayed usage and its quota (None: none, so all it
+    runs is borrowed, see broker.policy.quota)."""
 
     name: str
     weight: float = 1.0
     priority_allowance_gpus: int = 1 << 30
     usage: float = 0.0  # decayed GPU-seconds (see broker.policy.fairshare)
+    quota: TeamQuota | None = None
 
 
 @dataclass(frozen=True, slots=True)

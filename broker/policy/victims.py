@@ -20,7 +20,10 @@ Fewest victims, a gang of n nodes: nodes are added one at a time. A node that al
 (free GPUs, or GPUs of victims chosen for this job) costs nothing; otherwise each node offers
 its fewest victims, and the offer taken is the one with the fewest victims per node it makes
 fit (a victim spanning several nodes frees all of them: once chosen, its nodes all count),
-then the earliest in victim order. The gang's cost is its distinct victims.
+then the earliest in victim order. Then every victim the gang no longer needs is dropped,
+the latest in victim order first (a victim taken early for one node can become unneeded once
+a later one spanning nodes frees them whole), so no chosen victim can be removed with the
+gang still fitting. The gang's cost is its distinct victims.
 
 The index (VictimIndex) makes this fast at thousands of nodes: per node and class, the GPUs
 reclaimable from strictly lower classes, so only nodes that can fit are looked at; per pool,
@@ -40,7 +43,16 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from broker.policy.capacity import Capacity, enough
 from broker.policy.config import PolicyConfig
-from broker.policy.reclaim_index import RANKS, ReclaimIndex, VictimKey, age_key, index_key, lost_gpu_s
+from broker.policy.gang_prune import drop_unneeded
+from broker.policy.reclaim_index import (
+    RANKS,
+    ReclaimIndex,
+    VictimKey,
+    age_key,
+    drop,
+    index_key,
+    lost_gpu_s,
+)
 from broker.policy.snapshot import Alloc, RunningView
 from broker.spec import Priority
 
@@ -125,14 +137,15 @@ class VictimIndex:
     def __init__(self, running: Iterable[RunningView], demoted: Collection[int], cap: Capacity,
                  now: float, min_run_s: float, mode: str, below: int = RANKS,
                  aged_after: float | None = None, aged_gangs_only: bool = True,
-                 kept: ReclaimIndex | None = None) -> None:
+                 kept: ReclaimIndex | None = None, protected: Collection[int] = ()) -> None:
         """Index the preemptable attempts of effective class below `below` (the highest class
         waiting: nothing else can be a victim in this plan). An attempt's effective class is
         its priority's, or normal when its id is in `demoted` (anti-capture), else one higher
         when its job was aged when it started (`aged`, with `aged_after` and
         `aged_gangs_only` as in PolicyConfig's promote_after_s and promote_gangs_only).
         `kept`, when given, must index exactly `running` with the same aging parameters (see
-        ReclaimIndex); it is only read.
+        ReclaimIndex); it is only read. `protected`: attempt ids that are never victims here
+        (work within its team's quota, broker.policy.quota).
 
         Built in two steps, the second only when a search needs it: per node, the GPUs of its
         eligible victims below each class (enough for `could_fit`), from the kept sums with
@@ -162,6 +175,8 @@ class VictimIndex:
                 rank = ranks[aid]
                 counts[rank] -= 1
                 self._move(r.alloc, rank, RANKS)
+        if protected:  # all at once: per node, one copy and one change of its sums
+            drop(kept, protected, gone, counts, self._recl, self._own)
         self._gone = gone
         live = kept.live
         for aid in demoted:
@@ -547,6 +562,7 @@ class VictimIndex:
                 picked.append(x)
                 taken.add(x)
             left = n - len(picked)
+        if len(mine) > 1:
+            picked = drop_unneeded(self.cap, self.pos, pool, g, n, incoming, mine, picked)
         keys = sorted(k for k, _ in mine.values())
         return (len(mine), keys), pool, picked, {aid: r for aid, (_, r) in mine.items()}
-

@@ -15,6 +15,8 @@
   unplaceable ones, count their wait until the end); jct_s: completion minus submission,
   completed jobs. Per class and `all`; wait_s_multinode: jobs with more than 8 GPUs.
   wait_s_mean: the mean wait per class and `all`; wait_s_by_team: mean, p50 and p95 per team.
+- wait_s_within_quota: wait_s of the jobs of teams with a quota that were within it when
+  submitted (their team's GPUs in use plus theirs at most its nominal; per GPU type, the sum).
 - wait_s_within_allowance: wait_s of urgent and high jobs that anti-capture never scheduled
   as normal while they waited (their team was within its allowance).
 - lost_gpu_hours_{preemption,interruption}: GPU time of ended attempts not kept as progress
@@ -128,6 +130,7 @@ class Recorder:
         waits: dict[str, list[float]] = {c: [] for c in CLASSES}
         jcts: dict[str, list[float]] = {c: [] for c in CLASSES}
         allowed: dict[str, list[float]] = {c: [] for c in CLASSES[:2]}
+        quota: list[float] = []
         multi: list[float] = []
         by_team: dict[str, list[float]] = {}
         unplaced = {j.jid for j in self.unplaced}
@@ -146,6 +149,8 @@ class Recorder:
                 allowed[j.cls.value].append(w)
             if j.trace.gpus > 8:
                 multi.append(w)
+            if j.within_quota:
+                quota.append(w)
             if j.done_at is not None:
                 jcts[j.cls.value].append(j.done_at - j.trace.submit_s)
         waits["all"] = [x for c in CLASSES for x in waits[c]]
@@ -171,6 +176,7 @@ class Recorder:
             "wait_s_within_allowance": {c: _pct(v, (50, 95, 99)) for c, v in allowed.items()},
             "jct_s": {c: _pct(v, (50, 95)) for c, v in jcts.items()},
             "wait_s_multinode": _pct(multi, (95, 99)),
+            "wait_s_within_quota": {**_pct(quota, (50, 95, 99)), "jobs": len(quota)},
             "preemptions": self.preemptions,
             "interruptions": self.interruptions,
             "lost_gpu_hours_preemption": round(self.lost_gpu_s.get("preemption", 0.0) / 3600, 2),

@@ -28,7 +28,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from broker.spec import Market, PolicySettings, Priority, SpotPolicy, read_yaml, validate
+from broker.spec import (
+    Market,
+    PolicySettings,
+    Priority,
+    QuotaSpec,
+    SpotPolicy,
+    check_quotas,
+    read_yaml,
+    validate,
+)
 
 
 class _S(BaseModel):
@@ -84,6 +93,8 @@ class TeamRule(_S):
     # broker.policy.budget's rules apply (low: spot-only, no urgent allowance; spent: hidden).
     budget_usd: float | None = Field(default=None, ge=0)
     budget_low_fraction: float = Field(default=0.2, ge=0, le=1)
+    # Quotas (issue 28, broker.policy.quota): as a team's `quota:` in onepool.yaml.
+    quota: QuotaSpec | None = None
 
 
 class Scenario(PolicySettings):
@@ -132,6 +143,10 @@ class Scenario(PolicySettings):
         pools = [p.name for p in self.onprem] + [p.name for p in self.cloud]
         if len(set(pools)) != len(pools):
             raise ValueError("pool names must be unique across onprem and cloud")
+        problems = check_quotas({t.name: t.quota for t in self.teams if t.quota is not None},
+                                self.gpu_type_names())
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @property

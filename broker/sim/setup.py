@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 
 from broker.policy import TeamView
+from broker.policy.quota import team_quota
 from broker.sim.policies import SimPolicy
 from broker.sim.scenario import Scenario, pick_band, unit_hash
 from broker.sim.state import SimJob, SimNode, SimPool
@@ -38,7 +39,7 @@ def team_views(sc: Scenario, trace: list[TraceJob]
         allow = t.priority_allowance_gpus
         if allow is None:
             allow = math.ceil(weights[t.name] * sc.onprem_gpus * sc.priority_allowance_fraction)
-        out.append(TeamView(t.name, weights[t.name], allow, 0.0))
+        out.append(TeamView(t.name, weights[t.name], allow, 0.0, team_quota(t.quota)))
     return tuple(out), weights, team_of
 
 

@@ -133,6 +133,7 @@ class Simulator:
         self.jobs = [sim_job(sc, i + 1, t, self.team_of) for i, t in enumerate(trace)]
         self.usage = {t.name: 0.0 for t in self.teams}
         self.team_gpus = {t.name: 0 for t in self.teams}
+        self.quota_gpus = {t.name: sum(n for _, n in t.quota.nominal) for t in self.teams if t.quota}
         self.usage_at = 0.0
         self._team_views: tuple[TeamView, ...] | None = None
         self.spend = {t.name: 0.0 for t in self.teams}
@@ -237,6 +238,8 @@ class Simulator:
         if not could_ever_run(j.trace.gpus, j.types, j.team, pools):
             self.rec.unplaceable(j)
             return
+        q = self.quota_gpus.get(j.team)  # per GPU type: their sum (exact for quotas in total)
+        j.within_quota = q is not None and self.team_gpus[j.team] + j.trace.gpus <= q
         self._enqueue(j)
 
     def _estimate(self, j: SimJob) -> float | None:
@@ -334,7 +337,7 @@ class Simulator:
         partitioned policy plans with the same teams)."""
         if self._team_views is None:
             self._team_views = tuple(TeamView(t.name, t.weight, t.priority_allowance_gpus,
-                                              self.usage[t.name]) for t in self.teams)
+                                              self.usage[t.name], t.quota) for t in self.teams)
         return self._team_views
 
     def _rebalance_wake(self, scope: str) -> None:

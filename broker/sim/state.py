@@ -33,6 +33,7 @@ class SimJob:
     done_at: float | None = None
     last_cause: str | None = None  # what ended its previous attempt
     demoted: bool = False  # anti-capture scheduled it as normal at some point while it waited
+    within_quota: bool = False  # its team's GPUs in use plus its own were within the team's quota
     view: PendingView | None = None  # while pending
 
 

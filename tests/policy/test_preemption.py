@@ -165,6 +165,15 @@ FEWEST_CASES = [
         job(9, prio="high", gpus=8, nodes=2), [1], id="gang:one-multi-node-victim",
     ),
     pytest.param(
+        # issue 28 part 4: 11 and 12 each hold 4 GPUs on a-0 and 4 on a-1; 13 holds all of a-2
+        # and has almost nothing to lose, so the greedy search takes it first. 11 and 12 alone
+        # free two whole nodes: 13 is no longer needed and is dropped.
+        pool("a", nodes=3), [running(1, 11, alloc={"a-0": 4, "a-1": 4}, started=0),
+                             running(2, 12, alloc={"a-0": 4, "a-1": 4}, started=0),
+                             running(3, 13, alloc={"a-2": 8}, started=999)],
+        job(9, prio="high", gpus=8, nodes=2), [1, 2], id="gang:unneeded-victim-dropped",
+    ),
+    pytest.param(
         # a 4-GPU victim is not enough for an 8-GPU job on its node
         pool("a"), [running(1, 11, alloc={"a-0": 4}, started=999),
                     running(2, 12, prio="urgent", alloc={"a-0": 4}),
