@@ -17,8 +17,8 @@ That misses nothing on either database:
 - SQLite: one writer at a time; the same holds.
 
 The database stays the truth: a new leader, or this one after its lease was lost (another
-fencing number), rebuilds everything from a full read (`reset()`); tests/control/
-test_kept.py checks that what is kept equals a fresh read after any sequence of changes.
+fencing number), rebuilds everything from a full read (`reset()`); tests/test_kept.py
+checks that what is kept equals a fresh read after any sequence of changes.
 
 "Why waiting" is written only for the jobs whose reason changed, one UPDATE per reason.
 """
