@@ -20,7 +20,8 @@ The database stays the truth: a new leader, or this one after its lease was lost
 fencing number), rebuilds everything from a full read (`reset()`); tests/test_kept.py
 checks that what is kept equals a fresh read after any sequence of changes.
 
-"Why waiting" is written only for the jobs whose reason changed, one UPDATE per reason.
+"Why waiting" is written only for the jobs whose reason changed, one UPDATE per reason, and
+not counted as a change (the leader knows what it wrote; see write_reasons).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import case, update
 from sqlmodel import Session, col, select
 
 from broker.control.holds import COLUMNS as HOLD_COLUMNS
@@ -59,6 +60,9 @@ ATTEMPT_COLUMNS = (Attempt.id, Attempt.job_id, Attempt.alloc, Attempt.state, Att
 VIEW_KEYS = tuple(c.key for c in (*JOB_COLUMNS[1:12], *HOLD_COLUMNS[1:]))
 LIVE = (JobState.PENDING, JobState.RUNNING)
 UPDATES_PER_QUERY = 5000
+# what the leader's reasons write sets change_seq to: another number <= 0, which the triggers
+# do not count (migration 0023)
+NOT_COUNTED = case((col(Job.change_seq) == 0, -1), else_=0)
 
 
 def counter(s: Session) -> int:
@@ -207,9 +211,12 @@ class KeptState:
     # -- writing ------------------------------------------------------------------------------
     def write_reasons(self, s: Session, waiting: Mapping[int, str]) -> int:
         """Write "why waiting" for the pending jobs whose reason changed (None for a pending job
-        not in `waiting`), one UPDATE per reason, only while the job is still pending. Returns
-        how many jobs it wrote."""
+        not in `waiting`), one UPDATE per reason, only while the job is still pending and
+        unchanged since the last refresh (a changed one is read again next time, and its reason
+        written then). The write sets change_seq to 0 or -1: the triggers do not count it (migration
+        0023), so it is not read back. Returns how many jobs it meant to write."""
         by_reason: dict[str | None, list[int]] = defaultdict(list)
+        seen = self.seen or 0
         get = waiting.get
         for jid, was in self.reasons.items():
             why = get(jid)
@@ -218,8 +225,10 @@ class KeptState:
         for why, ids in by_reason.items():
             for i in range(0, len(ids), UPDATES_PER_QUERY):
                 chunk = ids[i:i + UPDATES_PER_QUERY]
-                s.execute(update(Job).where(col(Job.id).in_(chunk), Job.state == JobState.PENDING)
-                          .values(waiting_reason=why).execution_options(synchronize_session=False))
+                s.execute(update(Job).where(col(Job.id).in_(chunk), Job.state == JobState.PENDING,
+                                            Job.change_seq <= seen)
+                          .values(waiting_reason=why, change_seq=NOT_COUNTED)
+                          .execution_options(synchronize_session=False))
             for jid in ids:
                 self.reasons[jid] = why
         return sum(map(len, by_reason.values()))

@@ -7,6 +7,10 @@ row holds its lock until the writer's commit, so the numbers become visible in t
 were given: a reader that saw the counter at N has seen every row numbered <= N
 (broker.control.kept). SQLite has one writer at a time: the same holds.
 
+One write is not counted: an UPDATE that sets change_seq to another number <= 0 (0, or -1 on
+a row at 0). The leader writes its "why waiting" reasons so (only on rows unchanged since it read them): it
+knows what it wrote, and reading 100,000 reasons back would cost more than the cycle.
+
 Revision ID: 0023
 Revises: 0019
 Create Date: 2026-12-04
@@ -26,6 +30,9 @@ TABLES = ("job", "attempt")
 PG_FUNCTION = """
 CREATE OR REPLACE FUNCTION onepool_change_seq() RETURNS trigger AS $$
 BEGIN
+    IF TG_OP = 'UPDATE' AND NEW.change_seq <= 0 AND NEW.change_seq <> OLD.change_seq THEN
+        RETURN NEW;  -- the leader's own "why waiting": not counted (see the module docstring)
+    END IF;
     UPDATE changecounter SET n = n + 1 WHERE name = 'rows' RETURNING n INTO NEW.change_seq;
     RETURN NEW;
 END
@@ -38,7 +45,8 @@ def _sqlite_triggers(table: str) -> list[str]:
             f"UPDATE {table} SET change_seq = (SELECT n FROM changecounter WHERE name = 'rows') "
             "WHERE id = NEW.id;")
     return [f"CREATE TRIGGER {table}_change_seq_insert AFTER INSERT ON {table} BEGIN {bump} END",
-            # the trigger's own UPDATE changes change_seq: it does not fire this one again
+            # the trigger's own UPDATE changes change_seq: it does not fire this one again; nor
+            # does the leader's reasons write, which sets it to 0 or -1 (not counted)
             f"CREATE TRIGGER {table}_change_seq_update AFTER UPDATE ON {table} "
             f"WHEN NEW.change_seq IS OLD.change_seq BEGIN {bump} END"]
 
