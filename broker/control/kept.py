@@ -103,6 +103,9 @@ class KeptState:
         self.by_key: dict[tuple[str, str], set[int]] = defaultdict(set)  # learned estimates' users
         self.queue = PendingQueue()
         self._queued: dict[int, PendingView] = {}  # what `queue` holds
+        self._dirty: set[int] = set()  # jobs whose view changed since the last sync_queue
+        self._built: tuple[PendingView, ...] | None = None  # the last snapshot's pending, as built
+        self._queued_all = True  # `queue` held exactly `views` after the last sync_queue
 
     # -- reading ----------------------------------------------------------------------------
     def refresh(self, s: Session, fencing: int | None = None) -> Refreshed:
@@ -158,6 +161,7 @@ class KeptState:
         return Refreshed(len(jobs), len(attempts), rebuilt)
 
     def _drop(self, jid: int) -> None:
+        self._dirty.add(jid)
         j = self.jobs.pop(jid, None)
         self.views.pop(jid, None)
         self.reasons.pop(jid, None)
@@ -166,6 +170,7 @@ class KeptState:
             self.by_key.get((j.team, j.experiment), set()).discard(jid)
 
     def _view(self, j: Any, failed_on: frozenset[str]) -> None:
+        self._dirty.add(j.id)
         self.views[j.id] = pending_view(j, estimate(self.history, j), failed_on)
         if j.expected_duration_s is None:
             self.by_key[(j.team, j.experiment)].add(j.id)
@@ -179,6 +184,7 @@ class KeptState:
                     v = self.views.get(jid)
                     if v is not None:
                         self.views[jid] = replace(v, expected_duration_s=history.estimate(key))
+                        self._dirty.add(jid)
 
     # -- what the cycle reads -------------------------------------------------------------------
     def waiting(self) -> Waiting:
@@ -191,13 +197,27 @@ class KeptState:
         they are few). Its queue is kept: `sync_queue` makes it hold what a later step left."""
         jobs = self.jobs
         active = [(a, jobs[a.job_id]) for a in self.attempts.values()]
-        return assemble(s, now, config, half_life_s, usage, active, tuple(self.views.values()),
-                        self.history)
+        self._built = tuple(self.views.values())
+        return assemble(s, now, config, half_life_s, usage, active, self._built, self.history)
 
     def sync_queue(self, snap: Snapshot) -> Snapshot:
         """`snap` with the kept queue, made to hold exactly `snap.pending` (the views later
-        steps left: holds, budgets, moves), changing only the jobs that differ."""
+        steps left: holds, budgets, moves), changing only the jobs that differ: when no later
+        step changed the pending views, only the jobs changed since the last sync are looked at."""
         queue, queued = self.queue, self._queued
+        dirty, self._dirty = self._dirty, set()
+        if snap.pending is self._built and self._queued_all:
+            views = self.views
+            for jid in dirty:
+                old, new = queued.get(jid), views.get(jid)
+                if old is not new:
+                    if old is not None:
+                        queue.remove(old)
+                        del queued[jid]
+                    if new is not None:
+                        queue.add(new)
+                        queued[jid] = new
+            return replace(snap, queue=queue)
         now = {p.job_id: p for p in snap.pending}
         for jid, v in queued.items():
             if now.get(jid) is not v:
@@ -206,6 +226,7 @@ class KeptState:
             if queued.get(jid) is not v:
                 queue.add(v)
         self._queued = now
+        self._queued_all = snap.pending is self._built
         return replace(snap, queue=queue)
 
     # -- writing ------------------------------------------------------------------------------

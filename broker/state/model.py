@@ -88,7 +88,7 @@ class Job(SQLModel, table=True):
     queued_at: float  # when it last became PENDING (wait accounting)
     end_time: float | None = None
     wait_s: float = 0.0  # total time spent PENDING before its attempts started
-    cancel_requested: bool = False
+    cancel_requested: bool = Field(default=False, index=True)  # few are: the cycle looks them up
     attempts: int = 0
     preemptions: int = 0
     checkpoint_uri: str = ""

@@ -1,4 +1,5 @@
-"""a change counter on job and attempt rows (issue 27): the leader reads only what changed
+"""a change counter on job and attempt rows (issue 27): the leader reads only what changed;
+an index on job.cancel_requested (the cycle's cancel lookup no longer scans the queue)
 
 Every insert and update of a job or attempt row takes the next number of the one-row
 `changecounter` table into the row's `change_seq`, by a trigger, so every writer (the ORM, a
@@ -62,6 +63,8 @@ def upgrade() -> None:
             batch_op.add_column(sa.Column('change_seq', sa.BigInteger(), nullable=False,
                                           server_default='0'))
             batch_op.create_index(batch_op.f(f'ix_{table}_change_seq'), ['change_seq'], unique=False)
+    with op.batch_alter_table('job', schema=None) as batch_op:  # the cycle's cancel lookup
+        batch_op.create_index(batch_op.f('ix_job_cancel_requested'), ['cancel_requested'], unique=False)
     if op.get_bind().dialect.name == "postgresql":
         op.execute(PG_FUNCTION)
         for table in TABLES:
@@ -75,6 +78,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     pg = op.get_bind().dialect.name == "postgresql"
+    with op.batch_alter_table('job', schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f('ix_job_cancel_requested'))
     for table in TABLES:
         if pg:
             op.execute(f"DROP TRIGGER IF EXISTS {table}_change_seq ON {table}")

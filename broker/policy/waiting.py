@@ -1,0 +1,51 @@
+"""Why the jobs plan() did not reach wait (the "why waiting" reasons the live engine asks for
+with explain=True). Pure.
+
+A job the walk did not reach waits for its list's reason when its list was dropped, else for
+the reason the walk ended with; a job no pool could take waits for that instead. At 100,000
+pending jobs this is most of a plan's work, so it is done per run of jobs rather than per job:
+the jobs of a run that share what candidate pools depend on (GPU types, spot policy, team,
+shape, class) are answered once, and their (job id, reason) pairs are made in C
+(zip/repeat/map) rather than one by one in Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from itertools import repeat
+from operator import attrgetter, itemgetter
+
+from broker.policy.snapshot import PendingView
+
+_ID = attrgetter("job_id")
+_FIRST = itemgetter(0)
+# what a job's candidate pools depend on, besides the pools (broker.policy.plan._candidates)
+CandKey = tuple[tuple[str, ...], object, str, int, int, object]
+_CAND_KEY: Callable[[PendingView], CandKey] = attrgetter(
+    "gpu_types", "spot", "team", "gpus_per_node", "nodes", "priority")
+
+
+def rest_reasons(runs: Iterable[tuple[list[PendingView], str | None]], unreached: str,
+                 no_pool: str, has_pool: Callable[[PendingView], bool]) -> list[tuple[int, str]]:
+    """(job id, reason) for every job of `runs` (the walk's rest: runs of jobs with their list's
+    reason, None when not reached), by job id. A run's reason, else `unreached`, unless no pool
+    takes the job (`has_pool(job)` false): then `no_pool`."""
+    rest: list[tuple[int, str]] = []
+    known: dict[CandKey, bool] = {}
+    for jobs, why in runs:
+        if not jobs:
+            continue
+        why = why or unreached
+        reps = dict(zip(map(_CAND_KEY, jobs), jobs))  # one job of each kind
+        for k, j in reps.items():
+            if k not in known:
+                known[k] = has_pool(j)
+        oks = {known[k] for k in reps}
+        if oks == {True}:
+            rest.extend(zip(map(_ID, jobs), repeat(why)))
+        elif oks == {False}:
+            rest.extend(zip(map(_ID, jobs), repeat(no_pool)))
+        else:
+            rest.extend((j.job_id, why if known[_CAND_KEY(j)] else no_pool) for j in jobs)
+    rest.sort(key=_FIRST)
+    return rest
