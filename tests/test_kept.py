@@ -19,6 +19,7 @@ from broker.control import holds
 from broker.control.kept import KeptState, counter, fresh
 from broker.control.snapshots import build_snapshot
 from broker.policy import PolicyConfig, Snapshot
+from broker.policy.reclaim_index import ReclaimIndex
 from broker.spec import parse_config
 from broker.state.model import Attempt, AttemptState, EndReason, Job, JobState, Node
 from tests.conftest import config
@@ -170,8 +171,15 @@ def test_kept_state_equals_a_fresh_read_after_any_changes(tmp_path: Path, seed: 
             kept = _kept(k, s, now)
             _same(kept, _read(s, now))
             _same(kept, _kept(fresh(s), s, now))  # and a new leader's first read
-            q = kept[0].queue
+            q, ix = kept[0].queue, kept[0].reclaim_index
             assert q is not None and sorted(q.jobs) == sorted(p.job_id for p in kept[0].pending), step
+            assert ix is not None
+            _same_index(ix, ReclaimIndex(kept[0].running, ix.aged_after, ix.gangs_only))
+
+
+def _same_index(a: ReclaimIndex, b: ReclaimIndex) -> None:
+    assert (a.size, a.stopping, a.live, a.rank, a.count) == (b.size, b.stopping, b.live, b.rank, b.count)
+    assert ({n: c for n, c in a.below.items() if any(c)}, a.order, a.keys) == (b.below, b.order, b.keys)
 
 
 def test_a_refresh_with_nothing_changed_reads_nothing_and_a_new_fencing_number_rebuilds(

@@ -44,9 +44,10 @@ from broker.control.snapshots import (
     pending_view,
     runtime_history,
 )
-from broker.policy import PendingView, PolicyConfig, Snapshot
+from broker.policy import PendingView, PolicyConfig, RunningView, Snapshot
 from broker.policy.estimates import RuntimeHistory
 from broker.policy.queue import PendingQueue
+from broker.policy.reclaim_index import ReclaimIndex
 from broker.state.model import Attempt, AttemptState, ChangeCounter, Job, JobState
 
 COUNTER = "rows"
@@ -106,6 +107,8 @@ class KeptState:
         self._dirty: set[int] = set()  # jobs whose view changed since the last sync_queue
         self._built: tuple[PendingView, ...] | None = None  # the last snapshot's pending, as built
         self._queued_all = True  # `queue` held exactly `views` after the last sync_queue
+        self.reclaim: ReclaimIndex | None = None  # the running attempts indexed for preemption
+        self._indexed: dict[int, RunningView] = {}  # what `reclaim` holds
 
     # -- reading ----------------------------------------------------------------------------
     def refresh(self, s: Session, fencing: int | None = None) -> Refreshed:
@@ -201,9 +204,11 @@ class KeptState:
         return assemble(s, now, config, half_life_s, usage, active, self._built, self.history)
 
     def sync_queue(self, snap: Snapshot) -> Snapshot:
-        """`snap` with the kept queue, made to hold exactly `snap.pending` (the views later
-        steps left: holds, budgets, moves), changing only the jobs that differ: when no later
-        step changed the pending views, only the jobs changed since the last sync are looked at."""
+        """`snap` with the kept queue and reclaim index (broker.policy.queue, reclaim_index),
+        made to hold exactly `snap.pending` and `snap.running` (the views later steps left:
+        holds, budgets, moves), changing only what differs: when no later step changed the
+        pending views, only the jobs changed since the last sync are looked at."""
+        snap = replace(snap, reclaim_index=self._reclaim(snap))
         queue, queued = self.queue, self._queued
         dirty, self._dirty = self._dirty, set()
         if snap.pending is self._built and self._queued_all:
@@ -228,6 +233,27 @@ class KeptState:
         self._queued = now
         self._queued_all = snap.pending is self._built
         return replace(snap, queue=queue)
+
+    def _reclaim(self, snap: Snapshot) -> ReclaimIndex:
+        cfg = snap.config
+        aged_after = cfg.promote_after_s if cfg.classes else None
+        ix = self.reclaim
+        if ix is None or ix.aged_after != aged_after or ix.gangs_only != cfg.promote_gangs_only:
+            ix = self.reclaim = ReclaimIndex((), aged_after, cfg.promote_gangs_only)
+            self._indexed = {}
+        was = self._indexed
+        now = {r.attempt_id: r for r in snap.running}
+        for aid, r in was.items():
+            new = now.get(aid)
+            if new is None:
+                ix.remove(r)
+            elif new != r:
+                ix.update(r, new)
+        for aid, new in now.items():
+            if aid not in was:
+                ix.add(new)
+        self._indexed = now
+        return ix
 
     # -- writing ------------------------------------------------------------------------------
     def write_reasons(self, s: Session, waiting: Mapping[int, str]) -> int:
