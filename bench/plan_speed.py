@@ -125,8 +125,9 @@ def main() -> None:
         for nodes in (100, 1_000):
             snap = snapshot(pending, nodes)
             med, p99, cpu, p = _median_ms(snap, False, args.repeat)
-            med_c, p99_c, cpu_c, _ = _median_ms(snap, True, args.repeat)
-            med_x, p99_x, cpu_x, _ = _median_ms(kept(snap), True, args.repeat)
+            med_c, p99_c, cpu_c, p_cold = _median_ms(snap, True, args.repeat)
+            med_x, p99_x, cpu_x, p_kept = _median_ms(kept(snap), True, args.repeat)
+            assert p_kept == p_cold, "the kept indexes changed the plan"
             row = {"pending": pending, "nodes": nodes, "running": len(snap.running),
                    "median_ms": med, "p99_ms": p99, "median_cpu_ms": cpu,
                    "median_ms_with_reasons": med_x, "p99_ms_with_reasons": p99_x,

@@ -20,9 +20,18 @@ from broker.policy.snapshot import PendingView
 _ID = attrgetter("job_id")
 _FIRST = itemgetter(0)
 # what a job's candidate pools depend on, besides the pools (broker.policy.plan._candidates)
-CandKey = tuple[tuple[str, ...], object, str, int, int, object]
-_CAND_KEY: Callable[[PendingView], CandKey] = attrgetter(
-    "gpu_types", "spot", "team", "gpus_per_node", "nodes", "priority")
+_CAND_ATTRS = [attrgetter(a) for a in ("gpu_types", "spot", "team", "gpus_per_node", "nodes", "priority")]
+
+
+def _alike(jobs: list[PendingView]) -> bool:
+    """Whether every job of `jobs` shares what candidate pools depend on. list.count compares
+    in C, identity first: no hashing (an enum hashes in Python)."""
+    n = len(jobs)
+    for get in _CAND_ATTRS:
+        vals = list(map(get, jobs))
+        if vals.count(vals[0]) != n:
+            return False
+    return True
 
 
 def rest_reasons(runs: Iterable[tuple[list[PendingView], str | None]], unreached: str,
@@ -31,21 +40,23 @@ def rest_reasons(runs: Iterable[tuple[list[PendingView], str | None]], unreached
     reason, None when not reached), by job id. A run's reason, else `unreached`, unless no pool
     takes the job (`has_pool(job)` false): then `no_pool`."""
     rest: list[tuple[int, str]] = []
-    known: dict[CandKey, bool] = {}
+    known: dict[tuple[object, ...], bool] = {}  # per (types, spot, team, shape, class)
+    get = known.get
+
+    def ok(j: PendingView) -> bool:
+        k = (j.gpu_types, id(j.spot), j.team, j.gpus_per_node, j.nodes, id(j.priority))
+        got = get(k)
+        if got is None:
+            got = known[k] = has_pool(j)
+        return got
+
     for jobs, why in runs:
         if not jobs:
             continue
         why = why or unreached
-        reps = dict(zip(map(_CAND_KEY, jobs), jobs))  # one job of each kind
-        for k, j in reps.items():
-            if k not in known:
-                known[k] = has_pool(j)
-        oks = {known[k] for k in reps}
-        if oks == {True}:
-            rest.extend(zip(map(_ID, jobs), repeat(why)))
-        elif oks == {False}:
-            rest.extend(zip(map(_ID, jobs), repeat(no_pool)))
+        if _alike(jobs):
+            rest.extend(zip(map(_ID, jobs), repeat(why if ok(jobs[0]) else no_pool)))
         else:
-            rest.extend((j.job_id, why if known[_CAND_KEY(j)] else no_pool) for j in jobs)
+            rest.extend((j.job_id, why if ok(j) else no_pool) for j in jobs)
     rest.sort(key=_FIRST)
     return rest
