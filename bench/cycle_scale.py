@@ -186,12 +186,12 @@ def measure(pending: int, runs: int, baseline_runs: int) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=9, help="measured cycles per size (>= 5)")
-    ap.add_argument("--quick", action="store_true", help="5 runs, 3 of the slow baseline at 100k")
+    ap.add_argument("--quick", action="store_true", help="5 runs, 1 of the slow baseline at 100k")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cycle_scale.json")
     a = ap.parse_args()
     runs = 5 if a.quick else max(5, a.runs)
     load_before = os.getloadavg()
-    rows = [measure(10_000, runs, runs), measure(100_000, runs, 3 if a.quick else 5)]
+    rows = [measure(10_000, runs, runs), measure(100_000, runs, 1 if a.quick else 5)]
     load_after = os.getloadavg()
     by = {r["pending"]: r for r in rows}
     out = {
