@@ -35,5 +35,9 @@ def test_rest_reasons(runs: list[tuple[list[PendingView], str | None]], want: li
         asked.append(j.job_id)
         return j.gpu_types != V100_ONLY
 
-    assert rest_reasons(runs, "end", "none", has_pool) == want
+    assert rest_reasons([(jobs, why, False) for jobs, why in runs], "end", "none", has_pool) == want
     assert len(asked) == checks  # once per kind of job
+    if all(len({(j.team, j.priority, j.gpus_per_node, j.nodes) for j in jobs}) <= 1 for jobs, _ in runs):
+        asked.clear()  # runs of one list each: the same answers
+        assert rest_reasons([(jobs, why, True) for jobs, why in runs], "end", "none", has_pool) == want
+        assert len(asked) == checks
