@@ -3,11 +3,15 @@
 cycle has placements, blocked jobs, reservations and preemption searches. Running jobs and
 half the pending ones carry runtime estimates, so EASY reservations have starts to compute.
 
-Two timings per size: without "why waiting" reasons (what the simulator asks for) and with
-them (what the live engine asks for). Each is the median of --repeat runs, the garbage
-collector on, as in production, as wall time and as this process's CPU time (on a shared,
-loaded machine the wall time also counts the time others had the core). The load average
-at the start and the end is written with the results; rerun when it was high.
+Three timings per size: without "why waiting" reasons (what the simulator asks for); with
+them, as the live engine asks since issue 27 (`median_ms_with_reasons`: the engine keeps the
+pending queue and the running attempts' reclaim index across cycles, broker.control.kept, and
+hands them to plan(), which then does not rebuild them); and with them on a bare snapshot
+(`median_ms_with_reasons_cold`: plan() builds both, as the engine's first cycle does). Each
+is the median of --repeat runs, the garbage collector on, as in production, as wall time and
+as this process's CPU time (on a shared, loaded machine the wall time also counts the time
+others had the core). The load average at the start and the end is written with the results;
+rerun when it was high.
 
     .venv/bin/python bench/plan_speed.py [--repeat 30]   -> bench/results/plan_speed.json
 """
@@ -15,6 +19,7 @@ at the start and the end is written with the results; rerun when it was high.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -37,6 +42,8 @@ from broker.policy import (
     TeamView,
     plan,
 )
+from broker.policy.queue import PendingQueue
+from broker.policy.reclaim_index import ReclaimIndex
 from broker.spec import Priority
 
 CLASSES = [Priority.URGENT, Priority.HIGH, Priority.NORMAL, Priority.LOW]
@@ -77,6 +84,14 @@ def snapshot(n_pending: int, n_nodes: int, seed: int = 1) -> Snapshot:
                     teams=teams)
 
 
+def kept(snap: Snapshot) -> Snapshot:
+    """The snapshot as the live engine hands it to plan(): with the pending queue and the
+    reclaim index it keeps across cycles (broker.control.kept)."""
+    cfg = snap.config
+    return dataclasses.replace(snap, queue=PendingQueue(snap.pending), reclaim_index=ReclaimIndex(
+        snap.running, cfg.promote_after_s if cfg.classes else None, cfg.promote_gangs_only))
+
+
 def _median_ms(snap: Snapshot, explain: bool, repeat: int) -> tuple[float, float, float, Plan]:
     """(median wall ms, p99 wall ms, median CPU ms of this process, the plan)."""
     plan(snap, explain=explain)  # warm-up
@@ -110,17 +125,21 @@ def main() -> None:
         for nodes in (100, 1_000):
             snap = snapshot(pending, nodes)
             med, p99, cpu, p = _median_ms(snap, False, args.repeat)
-            med_x, p99_x, cpu_x, _ = _median_ms(snap, True, args.repeat)
+            med_c, p99_c, cpu_c, p_cold = _median_ms(snap, True, args.repeat)
+            med_x, p99_x, cpu_x, p_kept = _median_ms(kept(snap), True, args.repeat)
+            assert p_kept == p_cold, "the kept indexes changed the plan"
             row = {"pending": pending, "nodes": nodes, "running": len(snap.running),
                    "median_ms": med, "p99_ms": p99, "median_cpu_ms": cpu,
                    "median_ms_with_reasons": med_x, "p99_ms_with_reasons": p99_x,
                    "median_cpu_ms_with_reasons": cpu_x,
+                   "median_ms_with_reasons_cold": med_c, "p99_ms_with_reasons_cold": p99_c,
+                   "median_cpu_ms_with_reasons_cold": cpu_c,
                    "placements": len(p.placements), "preemptions": len(p.preemptions),
                    "reservations": len(p.reservations), "repeat": args.repeat}
             rows.append(row)
             print(f"pending {pending:>6,} nodes {nodes:>5,} running {row['running']:>5,}: "
                   f"median {med:7.2f} ms (p99 {p99:7.2f}, CPU {cpu:7.2f}); with reasons "
-                  f"{med_x:7.2f} ms (CPU {cpu_x:7.2f}) "
+                  f"{med_x:7.2f} ms (CPU {cpu_x:7.2f}; cold {med_c:7.2f}, CPU {cpu_c:7.2f}) "
                   f"({row['placements']} placed, {row['preemptions']} preempted)")
     load_after = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

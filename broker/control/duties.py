@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from sqlmodel import Session
 
 from broker.control import budgets, holds, retention
-from broker.control.snapshots import FairShareUsage, build_snapshot, team_usage
+from broker.control.snapshots import FairShareUsage, team_usage
 from broker.policy import Plan, Snapshot, plan
 from broker.spec import ClusterConfig
 
@@ -102,11 +102,13 @@ class Duties:
         usage = self.fair_share
         if usage is not None and usage.at > now:  # computed at a later instant: compute now
             usage = None
-        snap = build_snapshot(s, now, self.policy, self.settings.fair_share_half_life_s, usage)
+        kept = self.kept  # issue 27: what changed since the last cycle (broker.control.kept)
+        kept.refresh(s, self.lease.fencing)
+        snap = kept.snapshot(s, now, self.policy, self.settings.fair_share_half_life_s, usage)
         snap = self.capacity.extend(snap, now)  # [issue 4 hook] rented pools' growth and prices
         snap = budgets.restrict(snap, self.team_budgets)  # money (issue 6): low teams spot-only
-        snap, self.held = holds.hold(snap, s)  # [issue 29 hook] array limits
-        return self.rebalancer.hold(snap, s)  # [issue 12 hook] moves' target GPUs held
+        snap, self.held = holds.hold(snap, s, kept.waiting())  # [issue 29 hook] array limits
+        return kept.sync_queue(self.rebalancer.hold(snap, s))  # [issue 12 hook] moves' GPUs held
 
     def cycle_plan(self: Engine, p: Plan) -> Plan:
         """What of the plan the cycle applies to rented capacity: all of it, or (duties

@@ -35,6 +35,7 @@ from broker.control.config_apply import applied_config
 from broker.control.duties import Duties
 from broker.control.executors import Executors
 from broker.control.guards import BROKER_CAUSES, BROKER_FAILURES, AttemptGuards
+from broker.control.kept import KeptState
 from broker.control.lease import FencedStore, Lease, lease_row
 from broker.control.rebalancer import Rebalancer
 from broker.crashpoints import crash_point
@@ -107,6 +108,7 @@ class Engine(AttemptGuards, Duties):
         self.team_budgets: list[budgets.TeamBudget] = []  # as of the last cycle
         self._team_budget_state: dict[str, str] = {}  # money (issue 6): last team budget states
         self.held: dict[int, str] = {}  # jobs held out of the last snapshot, and why (issue 29)
+        self.kept = KeptState()  # issue 27: the queue and running set across cycles
         self._quarantined: set[int] = set()  # attempts that fail even to be failed (skipped)
         self.wake: Callable[[], None] = lambda: None  # the loop's "cycle now" (service.run sets it)
 
@@ -146,15 +148,21 @@ class Engine(AttemptGuards, Duties):
         process's histograms onepool_cycle_duration_seconds and onepool_plan_duration_seconds
         (a cycle that raised too)."""
         with CYCLE_SECONDS.time():
-            return self._cycle()
+            try:
+                return self._cycle()
+            except BaseException:
+                self.kept.reset()  # what it kept may hold writes that were rolled back
+                raise
 
     def _cycle(self) -> CycleReport:
         rep = CycleReport()
         self.store.ensure()  # a broker that was paused longer than its lease stops here
         now = self.clock.now()
+        with self.store.session() as s:  # [issue 27] what changed since the last cycle, read alone
+            self.kept.refresh(s, self.lease.fencing)
         with self.store.session() as s:
             self._cancel_requested(s, now)
-            holds.end_never_met(s, now)  # [issue 29 hook] dependencies that can never be met
+            holds.end_never_met(s, now, self.kept.waiting())  # [issue 29 hook] never-met dependencies
         self._watch_agents(now)
         if self.slurm is not None:  # [issue 14 hook] Slurm nodes, free GPUs and job states
             self.slurm.sync(now)
@@ -178,11 +186,7 @@ class Engine(AttemptGuards, Duties):
             with PLAN_SECONDS.time():
                 p = plan(snap)
             rep.plan = p
-            waiting = {**self.held, **dict(p.waiting)}  # held: see broker.control.holds
-            for j in s.exec(select(Job).where(Job.state == JobState.PENDING)).all():
-                if j.waiting_reason != waiting.get(j.id):
-                    j.waiting_reason = waiting.get(j.id)
-                    s.add(j)
+            self.kept.write_reasons(s, {**self.held, **dict(p.waiting)})  # held: broker.control.holds
         for pre in p.preemptions:
             self._preempt(pre, now, rep)
         for pl in p.placements:

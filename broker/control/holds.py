@@ -12,7 +12,9 @@ dependencies can never be met, FAILED with an event naming the dependency.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sqlmodel import Session, col, select
 
@@ -21,6 +23,9 @@ from broker.policy.arrays import Member, throttle
 from broker.policy.dependencies import DependencyState, resolve
 from broker.state.events import record
 from broker.state.model import Attempt, AttemptState, Job, JobState
+
+COLUMNS = (Job.id, Job.array_id, Job.array_index, Job.array_limit, Job.not_before, Job.retried,
+           Job.retries, Job.after, Job.held_by)  # what the holds read of a pending job
 
 
 @dataclass(frozen=True)
@@ -34,14 +39,16 @@ class Waiting:
 
     @classmethod
     def read(cls, s: Session) -> Waiting:
+        return cls.of(s.exec(select(*COLUMNS).where(Job.state == JobState.PENDING)).all())
+
+    @classmethod
+    def of(cls, rows: Iterable[Sequence[Any]]) -> Waiting:
+        """From the pending jobs' COLUMNS (read now, or kept by broker.control.kept)."""
         members: dict[int, Member] = {}
         backoff: dict[int, tuple[float, int, int]] = {}
         after: dict[int, list[tuple[int, str]]] = {}
         held: dict[int, str] = {}
-        for jid, aid, index, limit, not_before, retried, retries, deps, held_by in s.exec(
-                select(Job.id, Job.array_id, Job.array_index, Job.array_limit, Job.not_before,
-                       Job.retried, Job.retries, Job.after, Job.held_by)
-                .where(Job.state == JobState.PENDING)).all():
+        for jid, aid, index, limit, not_before, retried, retries, deps, held_by in rows:
             assert jid is not None
             if held_by is not None:
                 held[jid] = held_by
@@ -75,9 +82,11 @@ def running_per_array(s: Session, arrays: set[int]) -> dict[int, int]:
     return dict(running)
 
 
-def hold(snap: Snapshot, s: Session) -> tuple[Snapshot, dict[int, str]]:
-    """`snap` without the pending jobs held back this cycle, and why each one waits."""
-    w = Waiting.read(s)
+def hold(snap: Snapshot, s: Session, w: Waiting | None = None) -> tuple[Snapshot, dict[int, str]]:
+    """`snap` without the pending jobs held back this cycle, and why each one waits. `w`:
+    what the holds read of the pending jobs, when the caller keeps it (else read now)."""
+    if w is None:
+        w = Waiting.read(s)
     now = snap.now
     held = {jid: hold_reason(by, jid) for jid, by in w.held.items()}
     for jid, (until, done, allowed) in w.backoff.items():
@@ -87,7 +96,7 @@ def hold(snap: Snapshot, s: Session) -> tuple[Snapshot, dict[int, str]]:
     for jid, st in dependencies(s, w.after).items():
         if not st.met:
             held.setdefault(jid, st.waiting or f"dependency never met: {st.never}")
-    ids = [p.job_id for p in snap.pending if p.job_id not in held]
+    ids = [p.job_id for p in snap.pending if p.job_id not in held] if w.members else []
     running = running_per_array(s, {m.array_id for m in w.members.values()})
     held.update(throttle(ids, w.members, running))
     if not held:
@@ -101,14 +110,17 @@ def hold_reason(held_by: str, job_id: int) -> str:
     return f"on hold (by {held_by}): never placed until `onepool release {job_id}`"
 
 
-def end_never_met(s: Session, now: float) -> list[int]:
+def end_never_met(s: Session, now: float, w: Waiting | None = None) -> list[int]:
     """End FAILED every pending job a dependency of which can never be met (the job it names
     ended otherwise than it needed), with a `dependency_never_met` event naming it. Returns
-    their ids; the caller commits."""
+    their ids; the caller commits. `w`: the pending jobs' holds as the caller keeps them
+    (else read now); after a job is ended here they are read again."""
     ended: list[int] = []
     while True:  # a job ended here may doom the jobs that wait for it: to a fixed point
         now_ended = []
-        for jid, st in dependencies(s, Waiting.read(s).after).items():
+        if w is None:
+            w = Waiting.read(s)
+        for jid, st in dependencies(s, w.after).items():
             job = s.get(Job, jid) if st.never else None
             if job is None or job.state != JobState.PENDING:
                 continue
@@ -119,5 +131,6 @@ def end_never_met(s: Session, now: float) -> list[int]:
             now_ended.append(jid)
         if not now_ended:
             return ended
+        w = None
         s.flush()
         ended += now_ended

@@ -410,7 +410,8 @@ class Rebalancer:
             for m, alloc in held)
         jobs = {m["job_id"] for m, _ in held if m["phase"] != "launching"}  # (launching: runs in A)
         return replace(snap, running=snap.running + tuple(p for p in phantoms if p.alloc),
-                       pending=tuple(j for j in snap.pending if j.job_id not in jobs))
+                       pending=tuple(j for j in snap.pending if j.job_id not in jobs),
+                       queue=None if jobs else snap.queue)
 
 
 def dry_run(store: Any, clock: Any) -> tuple[Move, ...]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from sqlmodel import Session, col, or_, select
 
@@ -30,6 +32,61 @@ from providers import start_errors
 
 USAGE_HORIZON_HALF_LIVES = 6  # older usage weighs < 2% and is not read
 HISTORY_JOBS = 2000  # the most recent finished jobs that runtime estimates learn from
+IDS_PER_QUERY = 5000  # ids per IN (...) list (SQLite allows 32,766 parameters)
+
+
+class JobLike(Protocol):
+    """What the snapshot reads of a job: a Job, or a row of its columns (broker.control.kept)."""
+
+    @property
+    def id(self) -> int | None: ...
+    @property
+    def team(self) -> str: ...
+    @property
+    def experiment(self) -> str: ...
+    @property
+    def priority(self) -> str: ...
+    @property
+    def gpus_per_node(self) -> int: ...
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def submit_time(self) -> float: ...
+    @property
+    def gpu_types(self) -> list[Any]: ...
+    @property
+    def spot(self) -> str: ...
+    @property
+    def expected_duration_s(self) -> float | None: ...
+    @property
+    def checkpoint_interval_s(self) -> float: ...
+    @property
+    def preemptions(self) -> int: ...
+    @property
+    def deadline_where(self) -> str | None: ...
+    @property
+    def code_sha256(self) -> str | None: ...
+
+
+class AttemptLike(Protocol):
+    """What the snapshot reads of an attempt not ended (an Attempt, or a row of its columns)."""
+
+    @property
+    def id(self) -> int | None: ...
+    @property
+    def alloc(self) -> list[Any]: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def last_checkpoint_at(self) -> float | None: ...
+    @property
+    def preempted_by(self) -> int | None: ...
+    @property
+    def stop_reason(self) -> str | None: ...
+    @property
+    def gpus(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -46,22 +103,40 @@ def build_snapshot(s: Session, now: float, config: PolicyConfig, half_life_s: fl
     """Everything plan() needs, read in one transaction. Teams' usage: computed now from
     their attempts when `usage` is None; else carried forward from `usage` to `now`
     assuming each team held the GPUs it holds now all along (exact when nothing started or
-    ended since `usage.at`; otherwise off by at most the GPU-seconds started or ended since)."""
+    ended since `usage.at`; otherwise off by at most the GPU-seconds started or ended since).
+    (The leader keeps what it read across cycles instead: broker.control.kept.)"""
     active = s.exec(select(Attempt, Job).join(Job, Job.id == Attempt.job_id)
                     .where(Attempt.state != AttemptState.ENDED)).all()
+    history = runtime_history(s)
+    failed_on = failed_start_nodes(s)
+    held = code_held(s)
+    pending = tuple(
+        pending_view(j, estimate(history, j), failed_on.get(j.id or 0, frozenset()),
+                     warm_nodes(j.code_sha256, held))
+        for j in s.exec(select(Job).where(Job.state == JobState.PENDING,
+                                           col(Job.cancel_requested).is_(False))).all()
+    )
+    return assemble(s, now, config, half_life_s, usage, active, pending, history)
+
+
+def estimate(history: RuntimeHistory, j: JobLike) -> float | None:
+    """A job's runtime estimate: its own, else the one learned for its (team, experiment)."""
+    return j.expected_duration_s or history.estimate((j.team, j.experiment))
+
+
+def assemble(s: Session, now: float, config: PolicyConfig, half_life_s: float,
+             usage: FairShareUsage | None, active: Sequence[tuple[AttemptLike, JobLike]],
+             pending: tuple[PendingView, ...], history: RuntimeHistory) -> Snapshot:
+    """The snapshot from the attempts not ended (with their jobs) and the pending views as
+    read (build_snapshot) or kept (broker.control.kept); pools and teams are read here."""
     ours: dict[str, int] = defaultdict(int)  # GPUs onepool's attempts hold per node
     for a, _ in active:
         for node, slots in a.alloc:
             ours[node] += len(slots)
     pools = pool_views(s, ours)
-    history = runtime_history(s)
-
-    def estimate(j: Job) -> float | None:
-        return j.expected_duration_s or history.estimate((j.team, j.experiment))
-
     running = []
     for a, j in active:
-        est = estimate(j)
+        est = estimate(history, j)
         running.append(RunningView(
             attempt_id=a.id, job_id=j.id, team=j.team, priority=Priority(j.priority),
             alloc=tuple((node, len(slots)) for node, slots in a.alloc),
@@ -74,13 +149,6 @@ def build_snapshot(s: Session, now: float, config: PolicyConfig, half_life_s: fl
             # count, not seconds): later, never sooner, than the truth
             expected_end=None if est is None else a.started_at + est,
         ))
-    failed_on = failed_start_nodes(s)
-    held = code_held(s)
-    pending = tuple(
-        pending_view(j, estimate(j), failed_on.get(j.id or 0, frozenset()), warm_nodes(j.code_sha256, held))
-        for j in s.exec(select(Job).where(Job.state == JobState.PENDING,
-                                           col(Job.cancel_requested).is_(False))).all()
-    )
     if usage is None:
         teams = team_views(s, now, half_life_s)
     else:
@@ -112,7 +180,7 @@ def pool_views(s: Session, ours: dict[str, int]) -> tuple[PoolView, ...]:
     )
 
 
-def pending_view(j: Job, estimate: float | None = None, failed_on: frozenset[str] = frozenset(),
+def pending_view(j: JobLike, estimate: float | None = None, failed_on: frozenset[str] = frozenset(),
                  warm_on: frozenset[str] = frozenset()) -> PendingView:
     """The policy's view of a pending job. One with a deadline (broker.control.deadlines) that
     must now run safe may not use spot, whatever its own spot policy; one that keeps pace runs
@@ -134,13 +202,26 @@ def code_held(s: Session) -> dict[str, frozenset[str]]:
             s.exec(select(NodeAgent.node, NodeAgent.info)).all() if isinstance(info, dict)}
 
 
-def failed_start_nodes(s: Session, job_id: int | None = None) -> dict[int, frozenset[str]]:
-    """Per pending job (or for `job_id`, whatever its state): the nodes its attempts failed to
-    start on for a reason that may be the node's (providers.start_errors)."""
+def failed_start_nodes(s: Session, job_id: int | None = None,
+                       job_ids: Collection[int] | None = None) -> dict[int, frozenset[str]]:
+    """Per pending job (or for `job_id`, or the jobs `job_ids`, whatever their state): the
+    nodes its attempts failed to start on for a reason that may be the node's
+    (providers.start_errors)."""
+    if job_ids is not None:
+        out: dict[int, frozenset[str]] = {}
+        ids = sorted(job_ids)
+        for i in range(0, len(ids), IDS_PER_QUERY):
+            out.update(_failed_start_nodes(s, col(Attempt.job_id).in_(ids[i:i + IDS_PER_QUERY])))
+        return out
+    return _failed_start_nodes(s, Job.state == JobState.PENDING if job_id is None
+                               else Attempt.job_id == job_id)
+
+
+def _failed_start_nodes(s: Session, where: Any) -> dict[int, frozenset[str]]:
     q = (select(Attempt.job_id, Attempt.alloc, Attempt.cause).join(Job, Job.id == Attempt.job_id)
          .where(Attempt.state == AttemptState.ENDED,
                 col(Attempt.cause).startswith(start_errors.PREFIX + ":")))
-    q = q.where(Job.state == JobState.PENDING) if job_id is None else q.where(Attempt.job_id == job_id)
+    q = q.where(where)
     out: dict[int, set[str]] = defaultdict(set)
     for jid, alloc, cause in s.exec(q).all():
         if not start_errors.job_at_fault(cause):

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Collection
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 
 from broker.policy.avoid import avoid_nodes
 from broker.policy.backfill import Backfill
@@ -73,6 +73,7 @@ from broker.policy.snapshot import (
     Snapshot,
 )
 from broker.policy.victims import Choice, VictimIndex, checkpoints_due
+from broker.policy.waiting import rest_reasons
 from broker.spec import Market, Priority, SpotPolicy, market_ok
 
 NORMAL_RANK = Priority.NORMAL.rank
@@ -86,7 +87,6 @@ _PRIO = {p.rank: p for p in Priority}
 INF = math.inf
 _STOPPING = attrgetter("stopping")
 _PREEMPTED_BEFORE = attrgetter("times_preempted")
-_FIRST = itemgetter(0)
 # Candidate pool names by (pools' signature, job shape): a pure function's answers,
 # remembered across plans (the simulator plans the same pools thousands of times). A
 # signature is hashed once per plan, to a small number (_SIGS), not once per shape.
@@ -345,7 +345,8 @@ class _Planner:
                 stopped = True
                 break
         if ex:
-            waiting.extend(self._rest_reasons(walk, BEHIND if stopped else NO_ROOM))
+            waiting.extend(rest_reasons(walk.rest(), BEHIND if stopped else NO_ROOM, NO_POOL,
+                                        lambda j: bool(self._candidates(j, _RANK[j.priority])[0])))
         self._scale_down()
         easy = self.cap.easy
         for i, nodes in self.easy_held.items():  # what is still held after backfill used some
@@ -354,24 +355,6 @@ class _Planner:
         return Plan(tuple(self.placements), tuple(self.preemptions), tuple(self.launches),
                     tuple(self.terminations), tuple(self.reservations), tuple(waiting),
                     tuple(walk.demoted), tuple(self.starts), self._wake_at(walk))
-
-    def _rest_reasons(self, walk: QueueWalk, unreached: str) -> list[tuple[int, str]]:
-        """Why each job the walk did not reach waits, by job id: no pool takes it, or its
-        list's reason when it was dropped, else `unreached`."""
-        rest: list[tuple[int, str]] = []
-        add = rest.append
-        has_pool: dict[tuple[object, ...], bool] = {}  # per (types, spot, team, shape, class)
-        get = has_pool.get
-        for jobs, why in walk.rest():
-            why = why or unreached
-            for j in jobs:
-                k = (j.gpu_types, id(j.spot), j.team, j.gpus_per_node, j.nodes, id(j.priority))
-                ok = get(k)
-                if ok is None:
-                    ok = has_pool[k] = bool(self._candidates(j, _RANK[j.priority])[0])
-                add((j.job_id, why if ok else NO_POOL))
-        rest.sort(key=_FIRST)
-        return rest
 
     def _shape_dead(self, prank: int, g: int, n: int) -> bool:
         """True when no job of this shape preempting as class `prank` (its own, whatever aging

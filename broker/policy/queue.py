@@ -135,12 +135,16 @@ def share_key(t: TeamView | None, fair_share: bool) -> ShareKey:
 
 
 class _Seg:
-    """A run of one FIFO list scheduled at one effective class: entries[pos:end]."""
+    """A run of one FIFO list scheduled at one effective class: entries[pos:end]. `alike`: its
+    entries share a list key (class, team, GPUs per node, nodes); anti-capture's demoted runs
+    do not."""
 
-    __slots__ = ("end", "entries", "key", "pos", "rank")
+    __slots__ = ("alike", "end", "entries", "key", "pos", "rank")
 
-    def __init__(self, entries: list[Entry], start: int, end: int, rank: int, key: ListKey | None) -> None:
+    def __init__(self, entries: list[Entry], start: int, end: int, rank: int, key: ListKey | None,
+                 alike: bool = True) -> None:
         self.entries, self.pos, self.end, self.rank, self.key = entries, start, end, rank, key
+        self.alike = alike
 
 
 class QueueWalk:
@@ -196,8 +200,9 @@ class QueueWalk:
             if groups:
                 self.order.append((c, [groups[s] for s in sorted(groups)]))
 
-    def _seg(self, entries: list[Entry], start: int, end: int, rank: int, key: ListKey | None) -> int:
-        self.segs.append(_Seg(entries, start, end, rank, key))
+    def _seg(self, entries: list[Entry], start: int, end: int, rank: int, key: ListKey | None,
+             alike: bool = True) -> int:
+        self.segs.append(_Seg(entries, start, end, rank, key, alike))
         return len(self.segs) - 1
 
     def _anti_capture(self, by_class: dict[int, dict[ShareKey, list[int]]],
@@ -224,11 +229,11 @@ class QueueWalk:
             waited = [j for j in entries if j.nodes > 1 and j.submit_time <= cut]
             if waited:  # gangs that waited go first at normal too
                 by_class[NORMAL_RANK][OLDEST].append(self._seg(waited, 0, len(waited),
-                                                               NORMAL_RANK, None))
+                                                               NORMAL_RANK, None, False))
                 entries = [j for j in entries if not (j.nodes > 1 and j.submit_time <= cut)]
             if entries:
                 by_class[NORMAL_RANK][share[team]].append(self._seg(entries, 0, len(entries),
-                                                                    NORMAL_RANK, None))
+                                                                    NORMAL_RANK, None, False))
 
     def _merged(self, sids: list[int], c: int) -> Iterator[tuple[int, PendingView, int]]:
         """(class, job, source) of these sources in (submit, id) order, advancing their
@@ -287,13 +292,14 @@ class QueueWalk:
     def key_of(self, sid: int) -> ListKey | None:
         return self.segs[sid].key
 
-    def rest(self) -> Iterator[tuple[list[PendingView], str | None]]:
+    def rest(self) -> Iterator[tuple[list[PendingView], str | None, bool]]:
         """The jobs not walked, in runs that share a reason: dropped sources' remainders
-        (with their reason), then everything not reached (None), in no particular order."""
+        (with their reason), then everything not reached (None), in no particular order; each
+        run with whether its jobs share a list key (class, team, GPUs per node, nodes)."""
         for sid, pos in self.dropped:
             sg = self.segs[sid]
-            yield sg.entries[pos:sg.end], self.reasons[sid]
-        yield [j for _r, j in self.top[self.top_pos:]], None
+            yield sg.entries[pos:sg.end], self.reasons[sid], sg.alike
+        yield [j for _r, j in self.top[self.top_pos:]], None, False
         for sg in self.segs:
             if sg.pos < sg.end:
-                yield sg.entries[sg.pos:sg.end], None
+                yield sg.entries[sg.pos:sg.end], None, sg.alike

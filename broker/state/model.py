@@ -13,8 +13,8 @@ from sqlmodel import Field, SQLModel
 
 from broker.state.states import AttemptState, CheckpointState, EndReason, JobState, NodeState
 
-__all__ = ["Attempt", "AttemptState", "Checkpoint", "CheckpointState", "EndReason", "Event", "Job",
-           "JobState", "LedgerEntry", "Node", "NodeMeter", "NodeState", "Pool", "PriceChange",
+__all__ = ["Attempt", "AttemptState", "ChangeCounter", "Checkpoint", "CheckpointState", "EndReason",
+           "Event", "Job", "JobState", "LedgerEntry", "Node", "NodeMeter", "NodeState", "Pool", "PriceChange",
            "SchedulerJob", "Setting", "Team", "WebhookDelivery"]
 
 
@@ -96,7 +96,7 @@ class Job(SQLModel, table=True):
     queued_at: float  # when it last became PENDING (wait accounting)
     end_time: float | None = None
     wait_s: float = 0.0  # total time spent PENDING before its attempts started
-    cancel_requested: bool = False
+    cancel_requested: bool = Field(default=False, index=True)  # few are: the cycle looks them up
     attempts: int = 0
     preemptions: int = 0
     checkpoint_uri: str = ""
@@ -130,6 +130,10 @@ class Job(SQLModel, table=True):
     code_uri: str | None = Field(default=None, max_length=4200)
     setup: list = _json(list)  # its setup commands (providers.setup_runner)
     data: dict = _json(dict)  # path -> URI, linked read-only (providers.data_cache)
+    # The change counter's value at its last write, set by a database trigger on every insert
+    # and update (migration 0023, broker.control.kept): the leader reads only the rows whose
+    # number passed the one it saw last. Never written by the application.
+    change_seq: int = Field(default=0, sa_type=BigInteger, index=True)
 
     @property
     def gpus(self) -> int:
@@ -183,6 +187,7 @@ class Attempt(SQLModel, table=True):
     gpu_util_s: float = 0.0
     gpu_util_at: float | None = None
     gpu_idle_since: float | None = None
+    change_seq: int = Field(default=0, sa_type=BigInteger, index=True)  # as Job.change_seq
 
 
 class Checkpoint(SQLModel, table=True):
@@ -277,6 +282,16 @@ class LedgerEntry(SQLModel, table=True):
 
 
 # -- one leader, recorded notices (issue 10): see broker/control/lease.py, capacity_manager.py ----
+class ChangeCounter(SQLModel, table=True):
+    """One row ("rows"): the number the triggers of migration 0023 give each job and attempt
+    row they write (its `change_seq`). On PostgreSQL the trigger's UPDATE of this row holds
+    its lock until the writer commits, so numbers become visible in the order they were
+    given (broker.control.kept relies on it)."""
+
+    name: str = Field(primary_key=True, max_length=32)
+    n: int = Field(default=0, sa_type=BigInteger)
+
+
 class Lease(SQLModel, table=True):
     """The leader lease: one row per lease name ("broker"). `fencing` grows by one with every
     new holder; a write of the leader's commits only while the row still holds its number.
