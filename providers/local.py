@@ -54,7 +54,7 @@ from broker.output_log import CAP_ENV
 from providers import container, rank_prep, start_errors
 from providers.base import Handle, RankState, RankStatus, StartFailed
 from providers.code_cache import CodeCache
-from providers.data_cache import DataCache
+from providers.data_cache import DATA_ENV, DataCache
 from providers.isolation import TEAM_ENV, Isolation
 from providers.local_runner import LAUNCH_FILE, set_subreaper
 
@@ -179,7 +179,8 @@ class LocalProcesses:
                 launch = {"env": self.iso.env({**env, **tags}, user, job_dir), "cwd": cwd or str(job_dir),
                           "user": None if user is None else [user.uid, user.gid, list(user.groups)]}
                 if env.get(container.IMAGE_ENV):  # the runtime's CLI runs it, as the rank's user
-                    launch["container"] = self._container_plan(d, argv, env, launch, job_dir, tags)
+                    launch["container"] = self._container_plan(d, argv, env, launch, job_dir, tags,
+                                                               prep.image_setup)
                     launch["user"] = None
                 _write_private(d / LAUNCH_FILE, launch)
                 with open(d / "output.log", "ab") as log:
@@ -210,24 +211,33 @@ class LocalProcesses:
         return handle
 
     def _container_plan(self, d: Path, argv: list[str], env: dict[str, str], launch: dict[str, Any],
-                        job_dir: Path, tags: dict[str, str]) -> dict[str, Any]:
+                        job_dir: Path, tags: dict[str, str], setup: dict[str, Any] | None) -> dict[str, Any]:
         """How the supervisor runs this rank in its image (providers.container), with this
-        host's container settings; recorded in `container.json` so that whoever sees the rank
-        end removes a container its supervisor could not. Raises ContainerSetupError."""
+        host's container settings, and its setup (providers.rank_prep.image_setup) in a first
+        container; recorded in `container.json` so that whoever sees the rank end removes a
+        container its supervisor could not. The node's data cache is mounted read-only (the
+        rank's `data` links point into it). Raises ContainerSetupError."""
         rt = container.Runtime.resolve(env.get(container.RUNTIME_ENV) or None)
         user = launch["user"]
         store = container.store_path(env.get("ONEPOOL_CHECKPOINT_URI"))
         if store is not None:
             os.makedirs(store, exist_ok=True)  # (a rank user's own: Isolation.prepare_store)
-        run, env_text = container.build_run(
-            rt, env[container.IMAGE_ENV], argv, launch["env"], cwd=launch["cwd"], job_dir=job_dir,
-            run_dir=d, user=None if user is None else (user[0], user[1]), rootless=os.geteuid() != 0,
-            env_path=d / container.ENV_FILE)
+        image = env[container.IMAGE_ENV]
+        how = {"cwd": launch["cwd"], "job_dir": job_dir, "run_dir": d, "rootless": os.geteuid() != 0,
+               "user": None if user is None else (user[0], user[1]), "env_path": d / container.ENV_FILE,
+               "read_only": [str(self.data.root)] if env.get(DATA_ENV) else []}
+        run, env_text = container.build_run(rt, image, argv, launch["env"], **how)
         cli_env = {**rt.cli_env(), **tags}
         _write_json(d / container.CONTAINER_FILE, {"cli": rt.cli, "kind": rt.kind, "cli_env": cli_env,
-                                                   "name": container.container_name(d)})
-        return {"cli": rt.cli, "kind": rt.kind, "image": env[container.IMAGE_ENV], "run": run,
-                "env_file": env_text, "cli_env": cli_env}
+                                                   "name": container.container_name(d),
+                                                   "setup": setup is not None})
+        plan = {"cli": rt.cli, "kind": rt.kind, "image": image, "run": run,
+                "image_at": len(run) - len(argv) - 1, "env_file": env_text, "cli_env": cli_env}
+        if setup is not None:
+            inner = container.setup_argv(setup["commands"])
+            plan["setup"] = {**setup, "run": container.build_run(rt, image, inner, launch["env"], setup=True,
+                                                                 **how)[0]}
+        return plan
 
     def _reap(self, p: subprocess.Popen[bytes], d: Path) -> None:
         """Wait for a supervisor. One that exited by itself (not by a signal) without recording

@@ -12,11 +12,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from broker.codepack import SHA_ENV, URI_ENV
 from broker.phases import clean
 from providers.code_cache import CodeCache
 from providers.data_cache import DATA_ENV, DataCache
+from providers.image_pull import pull_image_seconds
 from providers.isolation import User, owned_dirs
 from providers.setup_runner import SETUP_ENV
 
@@ -70,11 +72,24 @@ def setup_prefix(env: Mapping[str, str], markers: Path, user: User | None) -> li
     return [sys.executable, "-I", SETUP_RUNNER, str(markers / name), setup_digest(env), "--"]
 
 
+def image_setup(env: Mapping[str, str], markers: Path) -> dict[str, Any] | None:
+    """The setup of a rank with an image (None without one): its commands, its digest, and the
+    lock file under which the rank's supervisor builds (or finds) the derived image
+    (providers.container.run_setup). The host's setup runner cannot run inside an image."""
+    if not env.get(SETUP_ENV) or not env.get(IMAGE_ENV):
+        return None
+    folder = markers / "images"
+    folder.mkdir(parents=True, exist_ok=True)
+    digest = setup_digest(env)
+    return {"commands": json.loads(env[SETUP_ENV]), "digest": digest, "lock": str(folder / f"{digest}.lock")}
+
+
 @dataclass(frozen=True)
 class Prepared:
     cwd: str | None  # where the rank runs (None: its job folder)
-    argv_prefix: list[str]  # put before its command (its setup)
+    argv_prefix: list[str]  # put before its command (its setup, without an image)
     phases: dict[str, float | bool]
+    image_setup: dict[str, Any] | None = None  # its setup, with an image (see image_setup)
 
 
 def prepare(code: CodeCache, data: DataCache, env: Mapping[str, str], job_dir: Path, user: User | None,
@@ -92,24 +107,33 @@ def prepare(code: CodeCache, data: DataCache, env: Mapping[str, str], job_dir: P
         t = time.monotonic()
         link_data(data, env, Path(cwd or job_dir), user)
         phases["fetch_data_s"] = round(time.monotonic() - t, 3)
-    prefix = setup_prefix(env, markers, user)
-    if prefix:
+    in_image = image_setup(env, markers)
+    prefix = [] if in_image is not None else setup_prefix(env, markers, user)
+    if prefix or in_image:
         phases["pending"] = True  # until the setup runner wrote its time (read_phases)
-    return Prepared(cwd, prefix, phases)
+    return Prepared(cwd, prefix, phases, in_image)
 
 
 def read_phases(run_dir: Path, job_dir: Path) -> dict[str, float | bool] | None:
-    """The phases the node timed, with the setup's time once its runner wrote it (in the job's
-    folder: written as the job's user, so only its known fields are kept: broker.phases.clean)."""
+    """The phases the node timed: its image's pull (providers.image_pull), and the setup's time
+    once its runner wrote it (an image's: in the run folder, by the supervisor; else in the
+    job's folder, written as the job's user, so only its known fields are kept:
+    broker.phases.clean)."""
     try:
         got = json.loads((run_dir / PHASES_FILE).read_text())
     except (OSError, ValueError):
         return None
+    pulled = pull_image_seconds(run_dir)
+    if pulled is not None:
+        got["pull_image_s"] = pulled
     if got.get("pending"):
-        try:
-            setup = json.loads((job_dir / "setup.json").read_text())
-        except (OSError, ValueError):
-            setup = None
+        setup = None
+        for where in (run_dir, job_dir):
+            try:
+                setup = json.loads((where / "setup.json").read_text())
+                break
+            except (OSError, ValueError):
+                continue
         if isinstance(setup, dict):
             got = {**got, "setup_s": setup.get("setup_s"), "setup_cached": setup.get("cached"),
                    "pending": False}

@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -55,11 +56,14 @@ def _run(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
 
 
 def build_and_push(cli: Path, tag: str, image: str) -> str | None:
-    """Build the test image (a static busybox in an empty image: no network, no base image)
-    as `tag` in this machine's storage and push it as `image` (a plain-HTTP registry). Returns
-    why that cannot be done here, or None."""
+    """Build the test image (a static busybox, and /bin/sh linked to it, in an empty image: no
+    network, no base image) as `tag` in this machine's storage and push it as `image` (a
+    plain-HTTP registry). Returns why that cannot be done here, or None."""
     c = _run("buildah", "from", "scratch").stdout.strip()
+    links = Path(tempfile.mkdtemp())
+    (links / "sh").symlink_to("busybox")  # /bin/sh, as every real image has (a job's setup runs in it)
     steps = [("buildah", "copy", c, shutil.which("busybox") or "/bin/busybox", "/bin/busybox"),
+             ("buildah", "copy", c, str(links), "/bin/"),
              ("buildah", "config", "--cmd", "/bin/busybox sh", c),
              ("buildah", "commit", "-q", "--rm", c, tag),
              (str(cli), "push", "-q", "--tls-verify=false", tag, image)]
