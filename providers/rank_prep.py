@@ -23,6 +23,7 @@ from providers.isolation import User, owned_dirs
 from providers.setup_runner import SETUP_ENV
 
 PHASES_FILE = "phases.json"  # in the rank's run folder: what the node timed (broker.phases)
+AWAITS = "awaits"  # in PHASES_FILE: what is still to come ("pull": its image, "setup": its setup)
 SETUP_RUNNER = str(Path(__file__).with_name("setup_runner.py"))
 IMAGE_ENV = "ONEPOOL_IMAGE"  # the container image's name (issue 26 part 2): part of the setup digest
 
@@ -88,7 +89,7 @@ def image_setup(env: Mapping[str, str], markers: Path) -> dict[str, Any] | None:
 class Prepared:
     cwd: str | None  # where the rank runs (None: its job folder)
     argv_prefix: list[str]  # put before its command (its setup, without an image)
-    phases: dict[str, float | bool]
+    phases: dict[str, Any]  # written to PHASES_FILE (with AWAITS)
     image_setup: dict[str, Any] | None = None  # its setup, with an image (see image_setup)
 
 
@@ -109,9 +110,10 @@ def prepare(code: CodeCache, data: DataCache, env: Mapping[str, str], job_dir: P
         phases["fetch_data_s"] = round(time.monotonic() - t, 3)
     in_image = image_setup(env, markers)
     prefix = [] if in_image is not None else setup_prefix(env, markers, user)
-    if prefix or in_image:
-        phases["pending"] = True  # until the setup runner wrote its time (read_phases)
-    return Prepared(cwd, prefix, phases, in_image)
+    awaits = [*(["pull"] if env.get(IMAGE_ENV) else []), *(["setup"] if prefix or in_image else [])]
+    if awaits:  # until the supervisor recorded its pull, the setup runner its time (read_phases)
+        phases["pending"] = True
+    return Prepared(cwd, prefix, {**phases, **({AWAITS: awaits} if awaits else {})}, in_image)
 
 
 def read_phases(run_dir: Path, job_dir: Path) -> dict[str, float | bool] | None:
@@ -123,18 +125,22 @@ def read_phases(run_dir: Path, job_dir: Path) -> dict[str, float | bool] | None:
         got = json.loads((run_dir / PHASES_FILE).read_text())
     except (OSError, ValueError):
         return None
+    if not got.get("pending"):
+        return clean(got)
+    awaits = got.get(AWAITS, ["setup"])
+    left = set(awaits)
     pulled = pull_image_seconds(run_dir)
     if pulled is not None:
         got["pull_image_s"] = pulled
-    if got.get("pending"):
-        setup = None
-        for where in (run_dir, job_dir):
-            try:
-                setup = json.loads((where / "setup.json").read_text())
-                break
-            except (OSError, ValueError):
-                continue
-        if isinstance(setup, dict):
-            got = {**got, "setup_s": setup.get("setup_s"), "setup_cached": setup.get("cached"),
-                   "pending": False}
-    return clean(got)
+        left.discard("pull")
+    setup = None
+    for where in (run_dir, job_dir) if "setup" in awaits else ():
+        try:
+            setup = json.loads((where / "setup.json").read_text())
+            break
+        except (OSError, ValueError):
+            continue
+    if isinstance(setup, dict):
+        got = {**got, "setup_s": setup.get("setup_s"), "setup_cached": setup.get("cached")}
+        left.discard("setup")
+    return clean({**got, "pending": bool(left)})

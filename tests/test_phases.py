@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from broker.phases import clean, describe
+from providers.rank_prep import AWAITS, PHASES_FILE, read_phases
 
 
 @pytest.mark.parametrize("raw, kept", [
@@ -31,3 +34,31 @@ def test_a_nodes_report_keeps_known_phases_with_sane_values(raw: Any, kept: dict
 def test_the_status_line_lists_phases_in_restart_order(phases: dict[str, Any], first: float | None,
                                                       line: str) -> None:
     assert describe(phases, first) == line
+
+
+PULLED = {"image": "img:1", "pull_image_s": 1.5, "cached": False}
+SETUP_DONE = {"setup_s": 2.0, "cached": True, "digest": "d"}
+
+
+@pytest.mark.parametrize("awaits, files, want", [
+    (None, {}, {"fetch_code_s": 0.1}),  # nothing awaited: as written
+    (["pull"], {}, {"fetch_code_s": 0.1, "pending": True}),  # its image still pulling
+    (["pull"], {"run/image.json": PULLED}, {"fetch_code_s": 0.1, "pull_image_s": 1.5, "pending": False}),
+    (["pull", "setup"], {"run/image.json": PULLED},
+     {"fetch_code_s": 0.1, "pull_image_s": 1.5, "pending": True}),
+    (["pull", "setup"], {"run/image.json": PULLED, "run/setup.json": SETUP_DONE},  # an image's setup
+     {"fetch_code_s": 0.1, "pull_image_s": 1.5, "setup_s": 2.0, "setup_cached": True, "pending": False}),
+    (["setup"], {"job/setup.json": SETUP_DONE},  # the host's setup runner, in the job's folder
+     {"fetch_code_s": 0.1, "setup_s": 2.0, "setup_cached": True, "pending": False}),
+    (["setup"], {"job/setup.json": "not json"}, {"fetch_code_s": 0.1, "pending": True}),
+])
+def test_a_ranks_phases_stay_pending_until_its_pull_and_setup_are_recorded(
+        tmp_path: Path, awaits: list[str] | None, files: dict[str, Any], want: dict[str, Any]) -> None:
+    run, job = tmp_path / "run", tmp_path / "job"
+    run.mkdir()
+    job.mkdir()
+    written: dict[str, Any] = {"fetch_code_s": 0.1, **({"pending": True, AWAITS: awaits} if awaits else {})}
+    (run / PHASES_FILE).write_text(json.dumps(written))
+    for name, body in files.items():
+        (tmp_path / name).write_text(body if isinstance(body, str) else json.dumps(body))
+    assert read_phases(run, job) == want
