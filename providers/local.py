@@ -108,7 +108,8 @@ class LocalProcesses:
         self.runs_dir = Path(runs_dir)
         # unpacked code snapshots (issue 26), shared by the ranks of this folder's parent
         self.code = code_cache or CodeCache(self.runs_dir.parent / "code-cache")
-        self.data = DataCache(self.runs_dir.parent / "data-cache")
+        self.data = DataCache(self.runs_dir.parent / "data-cache",
+                              in_use=lambda: rank_prep.data_in_use(self.runs_dir))
         self.iso = isolation if isolation is not None else Isolation.from_env()
         self._rank_uids = self.iso.rank_uids
         if self._rank_uids:  # a dead supervisor's processes come to us (see _end_adopted)
@@ -169,6 +170,8 @@ class LocalProcesses:
                                          markers=self.runs_dir.parent / "setup-cache")
                 cwd, argv = prep.cwd, [*prep.argv_prefix, *argv]
                 _write_json(d / rank_prep.PHASES_FILE, prep.phases)
+                if prep.data_keys:
+                    _write_json(d / rank_prep.DATA_FILE, {"keys": prep.data_keys})
                 self.iso.prepare_store(env.get("ONEPOOL_CHECKPOINT_URI"), env.get(TEAM_ENV), user)
                 if cg is not None:
                     cg.mkdir(exist_ok=True)

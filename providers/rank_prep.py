@@ -4,13 +4,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from providers.isolation import User, owned_dirs
 from providers.setup_runner import SETUP_ENV
 
 PHASES_FILE = "phases.json"  # in the rank's run folder: what the node timed (broker.phases)
+DATA_FILE = "data.json"  # in the rank's run folder: the data cache entries it links
 AWAITS = "awaits"  # in PHASES_FILE: what is still to come ("pull": its image, "setup": its setup)
 SETUP_RUNNER = str(Path(__file__).with_name("setup_runner.py"))
 IMAGE_ENV = "ONEPOOL_IMAGE"  # the container image's name (issue 26 part 2): part of the setup digest
@@ -43,16 +45,28 @@ def checkout(cache: CodeCache, env: Mapping[str, str], job_dir: Path, user: User
     return dest
 
 
-def link_data(cache: DataCache, env: Mapping[str, str], cwd: Path, user: User | None) -> None:
-    """Link the rank's `data` (JSON in $ONEPOOL_DATA) into its working folder. Raises StartFailed."""
+def link_data(cache: DataCache, env: Mapping[str, str], cwd: Path, user: User | None) -> list[str]:
+    """Link the rank's `data` (JSON in $ONEPOOL_DATA) into its working folder; the cache keys
+    linked. Raises StartFailed."""
     raw = env.get(DATA_ENV)
     if not raw:
-        return
+        return []
     mapping = json.loads(raw)
-    cache.link(mapping, cwd)
+    keys = cache.link(mapping, cwd)
     if user is not None:
         for rel in mapping:
             os.lchown(cwd / rel, user.uid, user.gid)
+    return keys
+
+
+def data_in_use(runs_dir: Path) -> set[str]:
+    """The data cache entries linked by the ranks under `runs_dir` that have not ended."""
+    keys: set[str] = set()
+    for f in runs_dir.glob(f"attempt-*/rank-*/{DATA_FILE}"):
+        if not (f.parent / "exit.json").exists():
+            with contextlib.suppress(OSError, ValueError):
+                keys.update(json.loads(f.read_text()).get("keys", []))
+    return keys
 
 
 def setup_digest(env: Mapping[str, str]) -> str:
@@ -91,6 +105,7 @@ class Prepared:
     argv_prefix: list[str]  # put before its command (its setup, without an image)
     phases: dict[str, Any]  # written to PHASES_FILE (with AWAITS)
     image_setup: dict[str, Any] | None = None  # its setup, with an image (see image_setup)
+    data_keys: list[str] = field(default_factory=list)  # the data cache entries it links (in use)
 
 
 def prepare(code: CodeCache, data: DataCache, env: Mapping[str, str], job_dir: Path, user: User | None,
@@ -98,6 +113,7 @@ def prepare(code: CodeCache, data: DataCache, env: Mapping[str, str], job_dir: P
     """Everything a rank needs before its command, timed: its code copy (unless it has a
     `workdir`), its data links, its setup. Raises StartFailed."""
     phases: dict[str, float | bool] = {}
+    data_keys: list[str] = []
     cwd = workdir
     if env.get(SHA_ENV) and cwd is None:
         t = time.monotonic()
@@ -106,14 +122,14 @@ def prepare(code: CodeCache, data: DataCache, env: Mapping[str, str], job_dir: P
         cwd = str(copy) if copy is not None else None
     if env.get(DATA_ENV):
         t = time.monotonic()
-        link_data(data, env, Path(cwd or job_dir), user)
+        data_keys = link_data(data, env, Path(cwd or job_dir), user)
         phases["fetch_data_s"] = round(time.monotonic() - t, 3)
     in_image = image_setup(env, markers)
     prefix = [] if in_image is not None else setup_prefix(env, markers, user)
     awaits = [*(["pull"] if env.get(IMAGE_ENV) else []), *(["setup"] if prefix or in_image else [])]
     if awaits:  # until the supervisor recorded its pull, the setup runner its time (read_phases)
         phases["pending"] = True
-    return Prepared(cwd, prefix, {**phases, **({AWAITS: awaits} if awaits else {})}, in_image)
+    return Prepared(cwd, prefix, {**phases, **({AWAITS: awaits} if awaits else {})}, in_image, data_keys)
 
 
 def read_phases(run_dir: Path, job_dir: Path) -> dict[str, float | bool] | None:
