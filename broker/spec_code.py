@@ -25,6 +25,7 @@ MAX_SETUP commands of at most MAX_SETUP_BYTES in all.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -151,3 +152,19 @@ class Shipping(_Strict):
         if self.data and self.workdir is not None:
             raise ValueError("data and workdir: give one (data is linked into the rank's own folder)")
         return self
+
+
+def relative_to_file(v: object, spec_file: str | os.PathLike[str]) -> object:
+    """A `code` value read from the job YAML at `spec_file`: a relative folder (`.`, `src`) is
+    that file's folder, or below it, not the current one (a YAML names what sits beside it);
+    anything else unchanged (an absolute or `~` folder, none, a snapshot, an archive, a value
+    that is not a `code` form, which validation then refuses)."""
+    if not isinstance(v, str):
+        return v
+    try:
+        ref = parse_code(v)
+    except ValueError:
+        return v
+    if ref.kind != "folder" or ref.folder is None or os.path.isabs(os.path.expanduser(ref.folder)):
+        return v
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(spec_file)), ref.folder))

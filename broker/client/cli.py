@@ -214,7 +214,9 @@ def submit(
             raise SpecError(str(file), [f"cannot read job spec: {e}"]) from None
         if not isinstance(loaded, dict):
             raise SpecError(str(file), ["(root): must be a mapping of job fields"])
-        data.update(loaded)
+        from broker.spec_code import relative_to_file
+
+        data.update(loaded, **({"code": relative_to_file(loaded["code"], file)} if "code" in loaded else {}))
     flags = {"name": name, "team": team, "experiment": experiment, "priority": priority,
              "budget_usd": budget_usd, "gpus_per_node": gpus, "nodes": nodes, "gpu_types": gpu_type,
              "spot": spot, "checkpoint_interval_s": checkpoint_interval_s, "deadline": deadline,
