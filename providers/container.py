@@ -135,6 +135,16 @@ class Runtime:
                 **{k: h[k] for k in CLI_HOST_VARS if k in h}}
 
 
+def node_runtime() -> tuple[str, str, dict[str, str]] | None:
+    """(cli, kind, its environment) of this node's container runtime, None without one (for
+    providers.image_pull.HeldImages)."""
+    try:
+        rt = Runtime.resolve(None)
+    except ContainerSetupError:
+        return None
+    return rt.cli, rt.kind, rt.cli_env()
+
+
 def container_name(run_dir: Path) -> str:
     """A name unique to the rank's run folder (across attempts and broker homes)."""
     return "onepool-" + hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:24]

@@ -105,3 +105,48 @@ def pull_image_seconds(run_dir: Path) -> float | None:
         return float(json.loads((run_dir / PULL_FILE).read_text())["pull_image_s"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+LIST_FORMAT = "{{.Repository}}:{{.Tag}} {{.Repository}}@{{.Digest}}"  # podman's and docker's template
+
+
+MAX_REPORTED = 256  # references an agent reports (the sync's limit), each at most 512 characters
+
+
+def parse_images(text: str) -> list[str]:
+    """The references in `images --format LIST_FORMAT` output, without the `<none>` ones, each
+    once, in the runtime's order (newest first), at most MAX_REPORTED."""
+    refs = (r for line in text.splitlines() for r in line.split())
+    return list(dict.fromkeys(r for r in refs if "<none>" not in r and len(r) <= 512))[:MAX_REPORTED]
+
+
+class HeldImages:
+    """What this node's container runtime holds (issue 26: agents report it, the policy prefers
+    nodes holding a job's image), asked at most every `every_s` seconds (a listing costs a
+    runtime process). `ask()` gives (cli, kind, env) of the runtime, or None when this node has
+    none: then `get()` is None (nothing to report)."""
+
+    def __init__(self, ask: Callable[[], tuple[str, str, Mapping[str, str]] | None], every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ask, self.every_s, self.clock = ask, every_s, clock
+        self._at: float | None = None
+        self._held: list[str] | None = None
+
+    def get(self) -> list[str] | None:
+        now = self.clock()
+        if self._at is not None and now - self._at < self.every_s:
+            return self._held
+        self._at = now
+        rt = self.ask()
+        if rt is None:
+            self._held = None
+            return None
+        cli, _kind, env = rt
+        try:
+            r = subprocess.run([cli, "images", "--format", LIST_FORMAT], env=dict(env),
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=LOOKUP_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            return self._held  # (the last answer: tried again after every_s)
+        if r.returncode == 0:
+            self._held = parse_images(r.stdout.decode(errors="replace"))
+        return self._held

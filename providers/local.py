@@ -55,6 +55,7 @@ from providers import container, rank_prep, start_errors
 from providers.base import Handle, RankState, RankStatus, StartFailed
 from providers.code_cache import CodeCache
 from providers.data_cache import DATA_ENV, DataCache
+from providers.image_pull import HeldImages
 from providers.isolation import TEAM_ENV, Isolation
 from providers.local_runner import LAUNCH_FILE, set_subreaper
 
@@ -110,6 +111,7 @@ class LocalProcesses:
         self.code = code_cache or CodeCache(self.runs_dir.parent / "code-cache")
         self.data = DataCache(self.runs_dir.parent / "data-cache",
                               in_use=lambda: rank_prep.data_in_use(self.runs_dir))
+        self.images = HeldImages(container.node_runtime)  # what this node's runtime holds (agents report it)
         self.iso = isolation if isolation is not None else Isolation.from_env()
         self._rank_uids = self.iso.rank_uids
         if self._rank_uids:  # a dead supervisor's processes come to us (see _end_adopted)
