@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from providers.image_pull import pull_image, record
+from providers.image_pull import deaf_to_usr1, pull_image, record
 
 IMAGE_ENV = "ONEPOOL_IMAGE"
 RUNTIME_ENV = "ONEPOOL_CONTAINER_RUNTIME"
@@ -291,8 +291,9 @@ def run_setup(run_dir: Path, plan: Mapping[str, Any], say: Callable[[str], None]
             name = container_name(run_dir) + "-setup"
             _quiet([plan["cli"], "rm", "-f", name], env)  # a previous try's, killed before its commit
             try:
+                # (deaf to SIGUSR1, "checkpoint now", sent to the rank's group: nothing to save yet)
                 r = subprocess.run(s["run"], env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT)
+                                   stderr=subprocess.STDOUT, preexec_fn=deaf_to_usr1)
                 say(r.stdout.decode(errors="replace"))
                 if r.returncode != 0:
                     say(f"onepool setup: failed (exit {r.returncode})\n")

@@ -63,7 +63,7 @@ def pull_image(cli: str, kind: str, image: str, env: Mapping[str, str], *,
     try:
         held = subprocess.run(lookup, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, timeout=LOOKUP_TIMEOUT_S,
-                              preexec_fn=_deaf_to_usr1).returncode == 0
+                              preexec_fn=deaf_to_usr1).returncode == 0
     except (OSError, subprocess.TimeoutExpired) as e:
         raise PullFailed("image_pull_failed", f"cannot ask {cli} for the image: {e}") from e
     if held:
@@ -71,7 +71,7 @@ def pull_image(cli: str, kind: str, image: str, env: Mapping[str, str], *,
     try:
         r = subprocess.run([cli, "pull", image], env=dict(env), stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout_s,
-                           preexec_fn=_deaf_to_usr1)
+                           preexec_fn=deaf_to_usr1)
     except subprocess.TimeoutExpired as e:
         raise PullFailed("image_pull_failed", f"pulling {image} took longer than {timeout_s:g}s "
                          f"({TIMEOUT_ENV})") from e
@@ -85,7 +85,7 @@ def pull_image(cli: str, kind: str, image: str, env: Mapping[str, str], *,
     return Pulled(image, clock() - t0, cached=False)
 
 
-def _deaf_to_usr1() -> None:
+def deaf_to_usr1() -> None:
     """In the pull's process: SIGUSR1 ("checkpoint now", sent to the rank's whole group) would
     end it; ignored, it stays ignored across exec. SIGTERM still stops it (the rank is stopped)."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)

@@ -1,7 +1,8 @@
 """A job with an `image:` and a `setup:` (providers.container.run_setup): the setup runs once per
 node per (image, code, setup) digest in a container of the image, committed as a derived image
 that the node's later ranks run; the rank's code copy and its `data` links are visible inside
-its container. Real podman (see conftest.py for this machine's quirks)."""
+its container; a setup that fails ends the rank with its status. Real podman (see conftest.py
+for this machine's quirks)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,13 @@ def test_setup_runs_once_per_node_into_a_derived_image_and_code_and_data_are_vis
         assert "+ echo installed" not in second and "onepool setup: cached" in second
         assert "own-copy-has-setup-output" in first and "own-copy-clean" in second  # each rank its copy
         assert lab.podman("image", "exists", derived, check=False).returncode == 0
+        # a setup that fails ends the rank with its status (the job's failure), keeps no image
+        bad = {**env, "ONEPOOL_SETUP": json.dumps(["echo trying", "exit 7", "echo never"])}
+        h = procs.start(3, 0, ["/bin/busybox", "true"], bad)
+        state, code, log = _end(procs, h)
+        assert (state, code) == ("exited", 7) and "onepool setup: failed (exit 7)" in log, log[-2000:]
+        assert "trying" in log and "never" not in log.replace("echo never", "")
+        assert lab.podman("image", "exists", setup_image(setup_digest(bad)), check=False).returncode == 1
         leftover = lab.podman("ps", "-a", "--format", "{{.Names}}", check=False).stdout
         assert "-setup" not in leftover
     finally:
