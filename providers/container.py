@@ -242,6 +242,38 @@ class SetupFailed(Exception):
         self.code = code
 
 
+def plan(d: Path, argv: list[str], env: Mapping[str, str], launch: Mapping[str, Any], job_dir: Path,
+         tags: Mapping[str, str], setup: Mapping[str, Any] | None,
+         read_only: Sequence[str]) -> dict[str, Any]:
+    """How the rank's supervisor (providers.local_runner) runs the rank in its image, with this
+    host's container settings, and its setup (providers.rank_prep.image_setup) in a first
+    container: for the launch file (`launch`: the rank's environment, working folder and user).
+    Recorded in `container.json` in the run folder `d`, so that whoever sees the rank end
+    removes a container its supervisor could not. `read_only`: host folders the rank reads (the
+    node's data cache, which its `data` links point into). Raises ContainerSetupError."""
+    rt = Runtime.resolve(env.get(RUNTIME_ENV) or None)
+    user = launch["user"]
+    store = store_path(env.get("ONEPOOL_CHECKPOINT_URI"))
+    if store is not None:
+        os.makedirs(store, exist_ok=True)  # (a rank user's own: Isolation.prepare_store)
+    image = env[IMAGE_ENV]
+    how: dict[str, Any] = {"cwd": launch["cwd"], "job_dir": job_dir, "run_dir": d,
+                           "rootless": os.geteuid() != 0, "env_path": d / ENV_FILE, "read_only": read_only,
+                           "user": None if user is None else (user[0], user[1])}
+    run, env_text = build_run(rt, image, argv, launch["env"], **how)
+    cli_env = {**rt.cli_env(), **tags}
+    tmp = d / (CONTAINER_FILE + ".tmp")
+    tmp.write_text(json.dumps({"cli": rt.cli, "kind": rt.kind, "cli_env": cli_env, "name": container_name(d),
+                               "setup": setup is not None}))
+    tmp.replace(d / CONTAINER_FILE)
+    out = {"cli": rt.cli, "kind": rt.kind, "image": image, "run": run, "image_at": len(run) - len(argv) - 1,
+           "env_file": env_text, "cli_env": cli_env}
+    if setup is not None:
+        inner = setup_argv(setup["commands"])
+        out["setup"] = {**setup, "run": build_run(rt, image, inner, launch["env"], setup=True, **how)[0]}
+    return out
+
+
 CONTAINER_FILE = "container.json"  # the rank's container (cli, kind, name): removed by whoever sees it end
 ENV_FILE = "container.env"  # the container's environment, private to the broker, gone at the end
 

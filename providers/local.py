@@ -46,7 +46,6 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -184,8 +183,9 @@ class LocalProcesses:
                 launch = {"env": self.iso.env({**env, **tags}, user, job_dir), "cwd": cwd or str(job_dir),
                           "user": None if user is None else [user.uid, user.gid, list(user.groups)]}
                 if env.get(container.IMAGE_ENV):  # the runtime's CLI runs it, as the rank's user
-                    launch["container"] = self._container_plan(d, argv, env, launch, job_dir, tags,
-                                                               prep.image_setup)
+                    launch["container"] = container.plan(
+                        d, argv, env, launch, job_dir, tags, prep.image_setup,
+                        read_only=[str(self.data.root)] if env.get(DATA_ENV) else [])
                     launch["user"] = None
                 _write_private(d / LAUNCH_FILE, launch)
                 with open(d / "output.log", "ab") as log:
@@ -214,35 +214,6 @@ class LocalProcesses:
             _write_json(d / "spawned.json", handle)  # found by a restarted broker, like handle.json
         threading.Thread(target=self._reap, args=(p, d), daemon=True).start()
         return handle
-
-    def _container_plan(self, d: Path, argv: list[str], env: dict[str, str], launch: dict[str, Any],
-                        job_dir: Path, tags: dict[str, str], setup: dict[str, Any] | None) -> dict[str, Any]:
-        """How the supervisor runs this rank in its image (providers.container), with this
-        host's container settings, and its setup (providers.rank_prep.image_setup) in a first
-        container; recorded in `container.json` so that whoever sees the rank end removes a
-        container its supervisor could not. The node's data cache is mounted read-only (the
-        rank's `data` links point into it). Raises ContainerSetupError."""
-        rt = container.Runtime.resolve(env.get(container.RUNTIME_ENV) or None)
-        user = launch["user"]
-        store = container.store_path(env.get("ONEPOOL_CHECKPOINT_URI"))
-        if store is not None:
-            os.makedirs(store, exist_ok=True)  # (a rank user's own: Isolation.prepare_store)
-        image = env[container.IMAGE_ENV]
-        how = {"cwd": launch["cwd"], "job_dir": job_dir, "run_dir": d, "rootless": os.geteuid() != 0,
-               "user": None if user is None else (user[0], user[1]), "env_path": d / container.ENV_FILE,
-               "read_only": [str(self.data.root)] if env.get(DATA_ENV) else []}
-        run, env_text = container.build_run(rt, image, argv, launch["env"], **how)
-        cli_env = {**rt.cli_env(), **tags}
-        _write_json(d / container.CONTAINER_FILE, {"cli": rt.cli, "kind": rt.kind, "cli_env": cli_env,
-                                                   "name": container.container_name(d),
-                                                   "setup": setup is not None})
-        plan = {"cli": rt.cli, "kind": rt.kind, "image": image, "run": run,
-                "image_at": len(run) - len(argv) - 1, "env_file": env_text, "cli_env": cli_env}
-        if setup is not None:
-            inner = container.setup_argv(setup["commands"])
-            plan["setup"] = {**setup, "run": container.build_run(rt, image, inner, launch["env"], setup=True,
-                                                                 **how)[0]}
-        return plan
 
     def _reap(self, p: subprocess.Popen[bytes], d: Path) -> None:
         """Wait for a supervisor. One that exited by itself (not by a signal) without recording
