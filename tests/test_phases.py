@@ -28,7 +28,9 @@ def test_a_nodes_report_keeps_known_phases_with_sane_values(raw: Any, kept: dict
 @pytest.mark.parametrize("phases, first, line", [
     ({"fetch_code_s": 0.5, "setup_s": 0.01, "setup_cached": True, "fetch_data_s": 1.0}, 4.0,
      "fetch code 0.50 s, setup 0.01 s (cached), fetch data 1.00 s, first progress 4.00 s"),
-    ({"fetch_code_s": 0.5, "pending": True}, None, "fetch code 0.50 s, setup still running"),
+    ({"fetch_code_s": 0.5, "pending": True}, None, "fetch code 0.50 s, image or setup still in progress"),
+    ({"fetch_code_s": 0.1, "pull_image_s": 2.5, "setup_s": 1, "setup_cached": False}, 5.0,
+     "fetch code 0.10 s, pull image 2.50 s, setup 1.00 s, first progress 5.00 s"),
     ({}, 2.5, "first progress 2.50 s"),
 ])
 def test_the_status_line_lists_phases_in_restart_order(phases: dict[str, Any], first: float | None,
