@@ -86,6 +86,23 @@ DIGEST = re.compile(r"^[0-9a-f]{64}$")
 LARGEST_SHOWN = 5
 
 
+def relative_to_file(v: object, spec_file: str | os.PathLike[str]) -> object:
+    """A `code` value read from the job YAML at `spec_file`: a relative folder (`.`, `src`) is
+    that file's folder, or below it, not the current one (a YAML names what sits beside it);
+    anything else unchanged (an absolute or `~` folder, none, a snapshot, an archive, a value
+    that is not a `code` form, which validation then refuses)."""
+    if not isinstance(v, str):
+        return v
+    try:
+        ref = parse_code(v)
+    except ValueError:
+        return v
+    if ref.kind != "folder" or ref.folder is None or os.path.isabs(os.path.expanduser(ref.folder)):
+        return v
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(spec_file)), ref.folder))
+
+
+
 class SnapshotTooLarge(ValueError):
     """The folder's files add up to more than the limit: exclude some (`.onepoolignore`), or
     submit with `code: none` and a shared `workdir`. The message names the largest files."""

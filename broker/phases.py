@@ -9,8 +9,8 @@ its first progress report took, so a slow resume can be blamed on the right thin
     first_progress_s  from the attempt's start to the first new step the broker saw (the
                       attempt's restart_overhead_s: includes the job's own restore)
 
-Nodes report the first four (`pending` while setup still runs); `clean` keeps only these
-names with finite, bounded values, as a node's report is data. Standard library only: the
+Nodes report the first four (`pending` while the image is pulled or setup still runs); `clean`
+keeps only these names with finite, bounded values, as a node's report is data. Standard library only: the
 thin client shows them (`onepool status JOB`).
 """
 
@@ -52,5 +52,5 @@ def describe(phases: dict[str, Any], first_progress_s: float | None = None) -> s
             note = " (cached)" if k == "setup_s" and got.get("setup_cached") else ""
             parts.append(f"{label} {got[k]:.2f} s{note}")
     if got.get("pending"):
-        parts.append("setup still running")
+        parts.append("image or setup still in progress")
     return ", ".join(parts)

@@ -184,6 +184,19 @@ class PoolSpec(_Strict):
     # nodes (default: whichever the node has); a Slurm pool runs image jobs only when it names
     # its container plug-in (pyxis, apptainer).
     container_runtime: ContainerRuntime | None = None
+    # Images a rented node pulls while it boots, before its agent joins (issue 26): a job in one
+    # of them starts without waiting for the pull (providers.bootstrap).
+    prepull_images: list[str] = Field(default_factory=list, max_length=16)
+
+    @field_validator("prepull_images")
+    @classmethod
+    def _prepull(cls, v: list[str]) -> list[str]:
+        for i, ref in enumerate(v):
+            try:
+                image_ref(ref)
+            except ValueError as e:
+                raise ValueError(f"prepull_images[{i}]: {e}") from None
+        return v
 
     @model_validator(mode="after")
     def _runtime_fits(self) -> PoolSpec:
@@ -197,6 +210,10 @@ class PoolSpec(_Strict):
 
     @model_validator(mode="after")
     def _rented(self) -> PoolSpec:
+        if self.prepull_images and self.provider in ("local", "agent", "slurm"):
+            raise ValueError(f"prepull_images: only a rented pool (provider aws, gcp, libcloud) boots "
+                             f"its nodes from onepool's script; pull images on {self.provider} nodes "
+                             "yourself")
         if (self.provider == "slurm") != (self.slurm is not None):
             raise ValueError("slurm: a slurm pool needs a `slurm:` section naming its partition, e.g. "
                              "slurm: {partition: gpu}" if self.provider == "slurm" else

@@ -29,7 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from broker.codepack import HELP, NONE, URI_SCHEMES, CodeRef, parse_code  # noqa: F401  (the thin client's)
+from broker.codepack import (  # noqa: F401  (the thin client's; re-exported for the spec)
+    HELP,
+    NONE,
+    URI_SCHEMES,
+    CodeRef,
+    parse_code,
+    relative_to_file,
+)
 from broker.spec_types import MAX_PATH, _Strict
 
 MAX_DATA = 64
@@ -109,3 +116,4 @@ class Shipping(_Strict):
         if self.data and self.workdir is not None:
             raise ValueError("data and workdir: give one (data is linked into the rank's own folder)")
         return self
+

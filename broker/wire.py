@@ -239,6 +239,7 @@ class LostWorkRow(BaseModel):
     lost_gpu_hours: float
     attempts: int
     victims: list[int]  # ids of the jobs that lost the work
+    restart_gpu_s: float = 0.0  # GPU-s their next attempts spent restarting (broker.phases)
 
 
 class LogChunk(BaseModel):

@@ -23,6 +23,7 @@ from sqlmodel import Session, col, or_, select
 from broker.checkpoint.telemetry import cause_kind
 from broker.control.budgets import TeamBudget, projected_end, team_budgets, window_bounds
 from broker.control.config_apply import applied_config
+from broker.phases import describe
 from broker.state.costs import attempt_costs, attempt_rates, costs, spent_last, total_usd
 from broker.state.ledger import spend_by_job
 from broker.state.model import Attempt, AttemptState, EndReason, Event, Job, JobState, LedgerEntry
@@ -140,7 +141,8 @@ def experiment_jobs(s: Session, experiment: str, team: str | None = None) -> lis
 
 def job_attempts(s: Session, job_id: int) -> list[dict[str, Any]]:
     """One job's attempts: where each ran, when, why it ended, its steps, its GPU utilization
-    (newest and mean, percent; None where no agent sampled it), what it cost and lost."""
+    (newest and mean, percent; None where no agent sampled it), what it cost and lost, and its
+    restart phases (broker.phases: fetch code, pull image, setup, fetch data, first progress)."""
     usd = attempt_costs(s, job_id)
     out = []
     for a in s.exec(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)):
@@ -152,7 +154,8 @@ def job_attempts(s: Session, job_id: int) -> list[dict[str, Any]]:
                     "from_step": a.restored_step, "to_step": a.reached_step,
                     "reported_step": a.progress_step, "lost_gpu_hours": a.lost_gpu_s / 3600.0,
                     "gpu_util_pct": a.gpu_util_pct, "gpu_util_mean_pct": a.gpu_util_mean_pct,
-                    "usd": usd.get(a.id or 0, 0.0), "id": a.id})
+                    "usd": usd.get(a.id or 0, 0.0),
+                    "restart": describe(a.phases or {}, a.restart_overhead_s), "id": a.id})
     return out
 
 

@@ -7,6 +7,13 @@ onepool baked in starts at once. Everything the agent needs is in the script: th
 URL, the join token (one use, expiring), the node's identity and its expected GPUs.
 Environment variables already set when the script runs win over the script's defaults
 (ONEPOOL_AGENT_HOME: the agent's state folder; ONEPOOL_METADATA_URL: the metadata service).
+
+A pool's `prepull_images` are pulled while the node boots, in the background beside the
+agent's start (the agent joins at once; a job placed meanwhile waits for its image the usual
+way, and finds it pulled or half-pulled): with the pool's `container_runtime`, else podman,
+else docker, whichever the image has. Each pull's outcome goes to
+`$ONEPOOL_AGENT_HOME/prepull.log`; a failed pull is left to the job's own pull (its cause is
+reported there).
 """
 
 from __future__ import annotations
@@ -29,12 +36,34 @@ class Boot:
     gpu_type: str
     metadata: str = "none"
     agent_package: str | None = None
+    prepull_images: tuple[str, ...] = ()  # pulled in the background while the agent starts
+    container_runtime: str | None = None  # podman | docker (None: whichever the image has)
+
+
+def prepull(images: tuple[str, ...], runtime: str | None) -> str:
+    """The script lines that pull `images` in the background (nothing without any)."""
+    if not images:
+        return ""
+    q = shlex.quote
+    tools = [runtime] if runtime else ["podman", "docker"]
+    find = " ".join(tools)
+    pulls = "; ".join(f'if "$rt" pull {i} >/dev/null; then echo "pulled {i}"; '
+                      f'else echo "could not pull {i}"; fi' for i in (q(x) for x in images))
+    return (f"# pre-pull the pool's images while the agent starts (prepull_images)\n"
+            f"rt=\"\"\nfor c in {find}; do\n"
+            f"  if command -v \"$c\" >/dev/null 2>&1; then rt=$c; break; fi\ndone\n"
+            f"if [ -n \"$rt\" ]; then\n"
+            f"  ( {pulls} ) >>\"$ONEPOOL_AGENT_HOME/prepull.log\" 2>&1 &\n"
+            f"else\n"
+            f"  echo \"onepool: no container runtime ({find}) to pre-pull images with\" >&2\n"
+            f"fi\n")
 
 
 def user_data(b: Boot) -> str:
     """A cloud-init shell script that installs (if needed) and execs the agent."""
     q = shlex.quote
     pkg = b.agent_package or ""
+    pre = prepull(b.prepull_images, b.container_runtime)
     return f"""#!/bin/bash
 # onepool node bootstrap: start the onepool agent, which joins the broker as node {b.node_id}.
 set -euo pipefail
@@ -51,7 +80,7 @@ if ! command -v onepool >/dev/null 2>&1; then
   export PATH=/opt/onepool/bin:$PATH
 fi
 mkdir -p "$ONEPOOL_AGENT_HOME"
-# the join token goes in the environment, not the command line (which `ps` shows everyone)
+{pre}# the join token goes in the environment, not the command line (which `ps` shows everyone)
 export ONEPOOL_JOIN_TOKEN={q(b.join_token)}
 exec onepool agent --server {q(b.server_url)} \\
   --state-dir "$ONEPOOL_AGENT_HOME" --gpus {b.gpus} --gpu-type {q(b.gpu_type)} \\

@@ -27,6 +27,7 @@ no host folder but these. The container is named after the rank, removed when it
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -34,13 +35,14 @@ import pwd
 import shlex
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from providers.image_pull import pull_image, record
+from providers.image_pull import deaf_to_usr1, pull_image, record
 
 IMAGE_ENV = "ONEPOOL_IMAGE"
 RUNTIME_ENV = "ONEPOOL_CONTAINER_RUNTIME"
@@ -50,6 +52,7 @@ ARGS_ENV = "ONEPOOL_CONTAINER_ARGS"
 HOST_SETTINGS = (CLI_ENV, GPUS_ENV, ARGS_ENV)
 KINDS = ("podman", "docker")
 GPU_MODES = ("cdi", "gpus", "none")
+LOOKUP_S = 120.0  # an image lookup, a removal
 LIB_DIR = "/opt/onepool/lib"  # where the node's `broker` package is mounted (read-only)
 BROKER_PACKAGE = Path(__file__).resolve().parent.parent / "broker"
 # Variables the runtime's own process needs from the host (rootless podman, a remote docker):
@@ -132,6 +135,16 @@ class Runtime:
                 **{k: h[k] for k in CLI_HOST_VARS if k in h}}
 
 
+def node_runtime() -> tuple[str, str, dict[str, str]] | None:
+    """(cli, kind, its environment) of this node's container runtime, None without one (for
+    providers.image_pull.HeldImages)."""
+    try:
+        rt = Runtime.resolve(None)
+    except ContainerSetupError:
+        return None
+    return rt.cli, rt.kind, rt.cli_env()
+
+
 def container_name(run_dir: Path) -> str:
     """A name unique to the rank's run folder (across attempts and broker homes)."""
     return "onepool-" + hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:24]
@@ -174,28 +187,91 @@ def env_file(env: Mapping[str, str]) -> str:
 
 def build_run(rt: Runtime, image: str, argv: list[str], env: Mapping[str, str], *, cwd: str,
               job_dir: Path, run_dir: Path, user: tuple[int, int] | None, rootless: bool,
-              env_path: Path) -> tuple[list[str], str]:
+              env_path: Path, read_only: Sequence[str] = (), setup: bool = False) -> tuple[list[str], str]:
     """The `run` command line of a rank and the text of its env file (to be written at
     `env_path`, private to the broker). `env` is the rank's whole environment
-    (providers.isolation); `user` (uid, gid) the rank's user when isolation drops privileges."""
+    (providers.isolation); `user` (uid, gid) the rank's user when isolation drops privileges;
+    `read_only` more host folders mounted read-only at their paths (the node's data cache, which
+    the rank's `data` links point into). With `setup`, the container that runs the job's setup
+    (run_setup): kept after it exits (to be committed), named `<rank's name>-setup`, and as the
+    image's own user (root inside a rootless podman is this node's user, so a setup may install
+    into the image) unless isolation names the rank's user."""
     inner = {k: v for k, v in env.items() if k not in _NOT_INTO_CONTAINER}
     gflags, visible = gpu_args(rt, env.get("CUDA_VISIBLE_DEVICES", ""))
     if visible is not None:
         inner["CUDA_VISIBLE_DEVICES"] = visible
     inner["PYTHONPATH"] = ":".join(p for p in (env.get("PYTHONPATH"), LIB_DIR) if p)
-    cmd = [rt.cli, "run", "--rm", "--name", container_name(run_dir), "--init", "--sig-proxy=true",
+    name = container_name(run_dir) + ("-setup" if setup else "")
+    cmd = [rt.cli, "run", *([] if setup else ["--rm"]), "--name", name, "--init", "--sig-proxy=true",
            "--pull=never", "--network=host", "--label", f"onepool.rank={run_dir.resolve()}",
            "--workdir", cwd, "--env-file", str(env_path)]
     if user is not None:
         cmd += ["--user", f"{user[0]}:{user[1]}"]
-    elif rootless and rt.kind == "podman":
+    elif rootless and rt.kind == "podman" and not setup:
         cmd += ["--userns=keep-id"]  # the job's files in the mounted folders stay this user's
     mounts = dict.fromkeys([str(job_dir), cwd, store_path(env.get("ONEPOOL_CHECKPOINT_URI"))])
     for m in mounts:
         if m:
             cmd += ["--volume", f"{m}:{m}:rw"]
+    for m in dict.fromkeys(read_only):
+        if m not in mounts:
+            cmd += ["--volume", f"{m}:{m}:ro"]
     cmd += ["--volume", f"{BROKER_PACKAGE}:{LIB_DIR}/broker:ro"]
     return [*cmd, *gflags, *rt.extra, image, *argv], env_file(inner)
+
+
+SETUP_IMAGE = "localhost/onepool-setup"  # derived images: the job's image after its setup ran
+
+
+def setup_image(digest: str) -> str:
+    """The derived image of a setup digest (providers.rank_prep.setup_digest: image, code, commands)."""
+    return f"{SETUP_IMAGE}:{digest[:48]}"
+
+
+def setup_argv(commands: Sequence[str]) -> list[str]:
+    """What the setup container runs: the commands in order with `/bin/sh -c` (an image may
+    have no bash), stopping at the first that fails (`set -e`), each echoed first (`set -x`)."""
+    return ["/bin/sh", "-c", "set -ex\n" + "\n".join(commands)]
+
+
+class SetupFailed(Exception):
+    """The job's setup failed in its container: `code` is its exit status (the job's failure)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"setup failed with exit status {code}")
+        self.code = code
+
+
+def plan(d: Path, argv: list[str], env: Mapping[str, str], launch: Mapping[str, Any], job_dir: Path,
+         tags: Mapping[str, str], setup: Mapping[str, Any] | None,
+         read_only: Sequence[str]) -> dict[str, Any]:
+    """How the rank's supervisor (providers.local_runner) runs the rank in its image, with this
+    host's container settings, and its setup (providers.rank_prep.image_setup) in a first
+    container: for the launch file (`launch`: the rank's environment, working folder and user).
+    Recorded in `container.json` in the run folder `d`, so that whoever sees the rank end
+    removes a container its supervisor could not. `read_only`: host folders the rank reads (the
+    node's data cache, which its `data` links point into). Raises ContainerSetupError."""
+    rt = Runtime.resolve(env.get(RUNTIME_ENV) or None)
+    user = launch["user"]
+    store = store_path(env.get("ONEPOOL_CHECKPOINT_URI"))
+    if store is not None:
+        os.makedirs(store, exist_ok=True)  # (a rank user's own: Isolation.prepare_store)
+    image = env[IMAGE_ENV]
+    how: dict[str, Any] = {"cwd": launch["cwd"], "job_dir": job_dir, "run_dir": d,
+                           "rootless": os.geteuid() != 0, "env_path": d / ENV_FILE, "read_only": read_only,
+                           "user": None if user is None else (user[0], user[1])}
+    run, env_text = build_run(rt, image, argv, launch["env"], **how)
+    cli_env = {**rt.cli_env(), **tags}
+    tmp = d / (CONTAINER_FILE + ".tmp")
+    tmp.write_text(json.dumps({"cli": rt.cli, "kind": rt.kind, "cli_env": cli_env, "name": container_name(d),
+                               "setup": setup is not None}))
+    tmp.replace(d / CONTAINER_FILE)
+    out = {"cli": rt.cli, "kind": rt.kind, "image": image, "run": run, "image_at": len(run) - len(argv) - 1,
+           "env_file": env_text, "cli_env": cli_env}
+    if setup is not None:
+        inner = setup_argv(setup["commands"])
+        out["setup"] = {**setup, "run": build_run(rt, image, inner, launch["env"], setup=True, **how)[0]}
+    return out
 
 
 CONTAINER_FILE = "container.json"  # the rank's container (cli, kind, name): removed by whoever sees it end
@@ -216,7 +292,66 @@ def prepare(run_dir: Path, plan: Mapping[str, Any], say: Callable[[str], None]) 
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(plan["env_file"])
-    return list(plan["run"])
+    run = list(plan["run"])
+    if plan.get("setup"):
+        run[plan["image_at"]] = run_setup(run_dir, plan, say)
+    return run
+
+
+def run_setup(run_dir: Path, plan: Mapping[str, Any], say: Callable[[str], None],
+              clock: Callable[[], float] = time.monotonic) -> str:
+    """The job's setup with an image, once per node per (image, code, setup) digest: under an
+    exclusive lock (ranks of one node wait for the first), the derived image `setup_image(digest)`
+    is used if this node's runtime holds it ("cached"); else the setup runs in a container of
+    the job's image with the rank's mounts and environment (plan["setup"]["run"]), and that
+    container is committed as the derived image, then removed. What the setup changed in the
+    image (packages it installed) is in every later rank of the node; what it wrote into the
+    mounted folders (the rank's code copy) is that rank's only, as without an image. Its output
+    goes to the rank's log; its time to `setup.json` in the run folder (the `setup` phase).
+    Returns the image the rank runs. Raises SetupFailed (the job's failure: a retry runs it again)."""
+    s = plan["setup"]
+    derived = setup_image(s["digest"])
+    env = plan["cli_env"]
+    t0 = clock()
+    with open(s["lock"], "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lookup = [plan["cli"], "image", "exists" if plan["kind"] == "podman" else "inspect", derived]
+        cached = _quiet(lookup, env) == 0
+        if cached:
+            say(f"onepool setup: cached on this node ({derived})\n")
+        else:
+            name = container_name(run_dir) + "-setup"
+            _quiet([plan["cli"], "rm", "-f", name], env)  # a previous try's, killed before its commit
+            try:
+                # (deaf to SIGUSR1, "checkpoint now", sent to the rank's group: nothing to save yet)
+                r = subprocess.run(s["run"], env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, preexec_fn=deaf_to_usr1)
+                say(r.stdout.decode(errors="replace"))
+                if r.returncode != 0:
+                    say(f"onepool setup: failed (exit {r.returncode})\n")
+                    raise SetupFailed(r.returncode if 0 < r.returncode < 256 else 1)
+                c = subprocess.run([plan["cli"], "commit", "-q", name, derived], env=dict(env),
+                                   stdin=subprocess.DEVNULL, capture_output=True)
+                if c.returncode != 0:
+                    say(f"onepool setup: cannot keep its result: {c.stderr.decode(errors='replace')}\n")
+                    raise SetupFailed(1)
+            finally:
+                _quiet([plan["cli"], "rm", "-f", name], env)
+    took = clock() - t0
+    say(f"onepool setup: {'cached' if cached else 'done'} in {took:.2f} s\n")
+    tmp = run_dir / "setup.json.tmp"
+    tmp.write_text(json.dumps({"setup_s": round(took, 3), "cached": cached, "digest": s["digest"]}))
+    tmp.replace(run_dir / "setup.json")
+    return derived
+
+
+def _quiet(argv: list[str], env: Mapping[str, str]) -> int:
+    """Run a runtime command for its status only."""
+    try:
+        return subprocess.run(argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=LOOKUP_S).returncode
+    except (OSError, subprocess.TimeoutExpired):
+        return -1
 
 
 def remove(run_dir: Path, timeout_s: float = 30.0) -> None:
@@ -233,7 +368,7 @@ def remove(run_dir: Path, timeout_s: float = 30.0) -> None:
         return
     # (no stop grace: its job has ended, or is being killed with the rank)
     argv = [c["cli"], "rm", "-f", *(["--ignore", "--time", "0"] if c["kind"] == "podman" else []),
-            c["name"]]
+            c["name"], *([c["name"] + "-setup"] if c.get("setup") else [])]  # (a setup's, if it died in it)
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         for _ in range(3):  # a container whose monitor was killed is marked stopped by a first try
             done = subprocess.run(argv, env=c.get("cli_env"), stdin=subprocess.DEVNULL,

@@ -8,22 +8,32 @@ unchanged one is linked from the cache without a download. Entries are written a
 renamed into place, then made read-only (files 0444, folders 0555): a rank reads them through a
 symbolic link at the path the job named. A URI that cannot be read fails the rank's start with
 `start_failed:data_unavailable` (providers.start_errors). `stats.json` counts fetches and hits.
+
+The cache holds at most `cap_bytes` (like the code cache, providers.code_cache): after a new
+entry is added, the least recently used others go (a use touches the entry), except those a
+live rank links to (`in_use()`: their keys; a rank reads its data through the link while it
+runs). An entry in use stays even when that leaves the cache over its cap.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from providers import start_errors
 from providers.base import StartFailed
 
+log = logging.getLogger("onepool.data")
 DATA_ENV = "ONEPOOL_DATA"  # the rank's `data`, JSON {path: uri}
+DEFAULT_CAP = 100 * 1024**3
 IDENTITY = ("VersionId", "version_id", "ETag", "etag", "md5Hash", "crc32c", "checksum", "generation")
 
 
@@ -58,12 +68,51 @@ def _read_only(p: Path) -> None:
     os.chmod(p, 0o555 if p.is_dir() else 0o444)
 
 
-class DataCache:
-    """The data cache under `root`. Thread-safe in one process."""
+def _bytes(p: Path) -> int:
+    if p.is_file():
+        return p.stat().st_size
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file() and not f.is_symlink())
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+
+def _remove(p: Path) -> None:
+    """Remove a read-only entry (its folders made writable first)."""
+    for root, dirs, _ in os.walk(p):
+        os.chmod(root, 0o755)
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o755)
+    shutil.rmtree(p, ignore_errors=True)
+
+
+class DataCache:
+    """The data cache under `root` (see the module's doc). Thread-safe in one process."""
+
+    def __init__(self, root: str | os.PathLike[str], cap_bytes: int = DEFAULT_CAP,
+                 in_use: Callable[[], set[str]] = set) -> None:
         self.root = Path(root)
+        self.cap_bytes, self.in_use = cap_bytes, in_use
         self._lock = threading.Lock()
+
+    def key_of(self, entry: Path) -> str:
+        """The key of a path `get` returned (what `in_use` names)."""
+        return entry.relative_to(self.root).parts[0]
+
+    def _evict(self, keep: set[str]) -> None:
+        """Drop the least recently used entries (never those in `keep` nor in use) while over the cap."""
+        entries = [(p.stat().st_mtime, p) for p in self.root.iterdir()
+                   if p.is_dir() and not p.name.startswith(".")]
+        sizes = {p: _bytes(p) for _, p in entries}
+        total = sum(sizes.values())
+        if total <= self.cap_bytes:
+            return
+        busy = self.in_use() | keep
+        for _, p in sorted(entries, key=lambda e: e[0]):
+            if total <= self.cap_bytes:
+                break
+            if p.name in busy:
+                continue
+            _remove(p)
+            total -= sizes[p]
+            log.info("data: evicted %s from the cache (%d bytes)", p.name, sizes[p])
 
     @property
     def stats(self) -> dict[str, int]:
@@ -79,14 +128,17 @@ class DataCache:
         (self.root / "stats.json.tmp").write_text(json.dumps(st))
         (self.root / "stats.json.tmp").replace(self.root / "stats.json")
 
-    def get(self, uri: str) -> Path:
-        """The cached copy of `uri` as it is now (a file or folder, read-only). Raises StartFailed."""
+    def get(self, uri: str, keep: frozenset[str] = frozenset()) -> Path:
+        """The cached copy of `uri` as it is now (a file or folder, read-only); a fetch may evict
+        others, never those whose keys are in `keep`. Raises StartFailed."""
         with self._lock:
             self.root.mkdir(parents=True, exist_ok=True)
             try:
                 key, fs, path = content_key(uri)
                 entry = self.root / key / PurePosixPath(path.rstrip("/")).name
                 if entry.exists():
+                    now = time.time()
+                    os.utime(self.root / key, (now, now))
                     self._count(hits=1)
                     return entry
                 tmp = self.root / f".{key}.tmp"
@@ -100,13 +152,16 @@ class DataCache:
             _read_only(target)
             tmp.replace(self.root / key)
             self._count(fetches=1)
+            self._evict({key, *keep})
             return entry
 
-    def link(self, mapping: dict[str, str], into: Path) -> None:
+    def link(self, mapping: dict[str, str], into: Path) -> list[str]:
         """Link every `path: uri` of a job's `data` under `into` (its working folder). Paths were
-        checked at submit (relative, no `..`); an existing file there is replaced by the link."""
+        checked at submit (relative, no `..`); an existing file there is replaced by the link.
+        Returns the keys of the entries linked (in use while the rank lives)."""
+        keys: list[str] = []
         for rel, uri in sorted(mapping.items()):
-            src = self.get(uri)
+            src = self.get(uri, keep=frozenset(keys))
             dest = into / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             if dest.is_symlink() or dest.is_file():
@@ -114,3 +169,5 @@ class DataCache:
             elif dest.is_dir():
                 shutil.rmtree(dest)
             dest.symlink_to(src)
+            keys.append(self.key_of(src))
+        return keys

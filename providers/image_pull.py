@@ -63,7 +63,7 @@ def pull_image(cli: str, kind: str, image: str, env: Mapping[str, str], *,
     try:
         held = subprocess.run(lookup, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, timeout=LOOKUP_TIMEOUT_S,
-                              preexec_fn=_deaf_to_usr1).returncode == 0
+                              preexec_fn=deaf_to_usr1).returncode == 0
     except (OSError, subprocess.TimeoutExpired) as e:
         raise PullFailed("image_pull_failed", f"cannot ask {cli} for the image: {e}") from e
     if held:
@@ -71,7 +71,7 @@ def pull_image(cli: str, kind: str, image: str, env: Mapping[str, str], *,
     try:
         r = subprocess.run([cli, "pull", image], env=dict(env), stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout_s,
-                           preexec_fn=_deaf_to_usr1)
+                           preexec_fn=deaf_to_usr1)
     except subprocess.TimeoutExpired as e:
         raise PullFailed("image_pull_failed", f"pulling {image} took longer than {timeout_s:g}s "
                          f"({TIMEOUT_ENV})") from e
@@ -85,7 +85,7 @@ def pull_image(cli: str, kind: str, image: str, env: Mapping[str, str], *,
     return Pulled(image, clock() - t0, cached=False)
 
 
-def _deaf_to_usr1() -> None:
+def deaf_to_usr1() -> None:
     """In the pull's process: SIGUSR1 ("checkpoint now", sent to the rank's whole group) would
     end it; ignored, it stays ignored across exec. SIGTERM still stops it (the rank is stopped)."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
@@ -105,3 +105,48 @@ def pull_image_seconds(run_dir: Path) -> float | None:
         return float(json.loads((run_dir / PULL_FILE).read_text())["pull_image_s"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+LIST_FORMAT = "{{.Repository}}:{{.Tag}} {{.Repository}}@{{.Digest}}"  # podman's and docker's template
+
+
+MAX_REPORTED = 256  # references an agent reports (the sync's limit), each at most 512 characters
+
+
+def parse_images(text: str) -> list[str]:
+    """The references in `images --format LIST_FORMAT` output, without the `<none>` ones, each
+    once, in the runtime's order (newest first), at most MAX_REPORTED."""
+    refs = (r for line in text.splitlines() for r in line.split())
+    return list(dict.fromkeys(r for r in refs if "<none>" not in r and len(r) <= 512))[:MAX_REPORTED]
+
+
+class HeldImages:
+    """What this node's container runtime holds (issue 26: agents report it, the policy prefers
+    nodes holding a job's image), asked at most every `every_s` seconds (a listing costs a
+    runtime process). `ask()` gives (cli, kind, env) of the runtime, or None when this node has
+    none: then `get()` is None (nothing to report)."""
+
+    def __init__(self, ask: Callable[[], tuple[str, str, Mapping[str, str]] | None], every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ask, self.every_s, self.clock = ask, every_s, clock
+        self._at: float | None = None
+        self._held: list[str] | None = None
+
+    def get(self) -> list[str] | None:
+        now = self.clock()
+        if self._at is not None and now - self._at < self.every_s:
+            return self._held
+        self._at = now
+        rt = self.ask()
+        if rt is None:
+            self._held = None
+            return None
+        cli, _kind, env = rt
+        try:
+            r = subprocess.run([cli, "images", "--format", LIST_FORMAT], env=dict(env),
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=LOOKUP_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            return self._held  # (the last answer: tried again after every_s)
+        if r.returncode == 0:
+            self._held = parse_images(r.stdout.decode(errors="replace"))
+        return self._held

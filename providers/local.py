@@ -46,7 +46,6 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -54,7 +53,8 @@ from broker.output_log import CAP_ENV
 from providers import container, rank_prep, start_errors
 from providers.base import Handle, RankState, RankStatus, StartFailed
 from providers.code_cache import CodeCache
-from providers.data_cache import DataCache
+from providers.data_cache import DATA_ENV, DataCache
+from providers.image_pull import HeldImages
 from providers.isolation import TEAM_ENV, Isolation
 from providers.local_runner import LAUNCH_FILE, set_subreaper
 
@@ -108,7 +108,9 @@ class LocalProcesses:
         self.runs_dir = Path(runs_dir)
         # unpacked code snapshots (issue 26), shared by the ranks of this folder's parent
         self.code = code_cache or CodeCache(self.runs_dir.parent / "code-cache")
-        self.data = DataCache(self.runs_dir.parent / "data-cache")
+        self.data = DataCache(self.runs_dir.parent / "data-cache",
+                              in_use=lambda: rank_prep.data_in_use(self.runs_dir))
+        self.images = HeldImages(container.node_runtime)  # what this node's runtime holds (agents report it)
         self.iso = isolation if isolation is not None else Isolation.from_env()
         self._rank_uids = self.iso.rank_uids
         if self._rank_uids:  # a dead supervisor's processes come to us (see _end_adopted)
@@ -169,6 +171,8 @@ class LocalProcesses:
                                          markers=self.runs_dir.parent / "setup-cache")
                 cwd, argv = prep.cwd, [*prep.argv_prefix, *argv]
                 _write_json(d / rank_prep.PHASES_FILE, prep.phases)
+                if prep.data_keys:
+                    _write_json(d / rank_prep.DATA_FILE, {"keys": prep.data_keys})
                 self.iso.prepare_store(env.get("ONEPOOL_CHECKPOINT_URI"), env.get(TEAM_ENV), user)
                 if cg is not None:
                     cg.mkdir(exist_ok=True)
@@ -179,7 +183,9 @@ class LocalProcesses:
                 launch = {"env": self.iso.env({**env, **tags}, user, job_dir), "cwd": cwd or str(job_dir),
                           "user": None if user is None else [user.uid, user.gid, list(user.groups)]}
                 if env.get(container.IMAGE_ENV):  # the runtime's CLI runs it, as the rank's user
-                    launch["container"] = self._container_plan(d, argv, env, launch, job_dir, tags)
+                    launch["container"] = container.plan(
+                        d, argv, env, launch, job_dir, tags, prep.image_setup,
+                        read_only=[str(self.data.root)] if env.get(DATA_ENV) else [])
                     launch["user"] = None
                 _write_private(d / LAUNCH_FILE, launch)
                 with open(d / "output.log", "ab") as log:
@@ -208,26 +214,6 @@ class LocalProcesses:
             _write_json(d / "spawned.json", handle)  # found by a restarted broker, like handle.json
         threading.Thread(target=self._reap, args=(p, d), daemon=True).start()
         return handle
-
-    def _container_plan(self, d: Path, argv: list[str], env: dict[str, str], launch: dict[str, Any],
-                        job_dir: Path, tags: dict[str, str]) -> dict[str, Any]:
-        """How the supervisor runs this rank in its image (providers.container), with this
-        host's container settings; recorded in `container.json` so that whoever sees the rank
-        end removes a container its supervisor could not. Raises ContainerSetupError."""
-        rt = container.Runtime.resolve(env.get(container.RUNTIME_ENV) or None)
-        user = launch["user"]
-        store = container.store_path(env.get("ONEPOOL_CHECKPOINT_URI"))
-        if store is not None:
-            os.makedirs(store, exist_ok=True)  # (a rank user's own: Isolation.prepare_store)
-        run, env_text = container.build_run(
-            rt, env[container.IMAGE_ENV], argv, launch["env"], cwd=launch["cwd"], job_dir=job_dir,
-            run_dir=d, user=None if user is None else (user[0], user[1]), rootless=os.geteuid() != 0,
-            env_path=d / container.ENV_FILE)
-        cli_env = {**rt.cli_env(), **tags}
-        _write_json(d / container.CONTAINER_FILE, {"cli": rt.cli, "kind": rt.kind, "cli_env": cli_env,
-                                                   "name": container.container_name(d)})
-        return {"cli": rt.cli, "kind": rt.kind, "image": env[container.IMAGE_ENV], "run": run,
-                "env_file": env_text, "cli_env": cli_env}
 
     def _reap(self, p: subprocess.Popen[bytes], d: Path) -> None:
         """Wait for a supervisor. One that exited by itself (not by a signal) without recording

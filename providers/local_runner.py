@@ -141,6 +141,8 @@ def main(argv: list[str]) -> int:
         else:
             child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, **opts)
+    except container.SetupFailed as e:  # its setup, in the image: the job's failure (or a stop)
+        code = 128 + signal.SIGTERM if signal.SIGTERM in early else e.code
     except PullFailed as e:  # the image: the job's (not found) or maybe this node's
         if signal.SIGTERM in early:  # the group's SIGTERM stopped the pull too: not a failure
             code = 128 + signal.SIGTERM

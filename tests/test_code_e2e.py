@@ -75,6 +75,15 @@ def test_the_snapshot_follows_the_job_to_its_pools_store(make_cluster, tmp_path:
         assert row.code_uri and Path(row.code_uri.removeprefix("file://")).exists()  # the original stays
     [start] = [e for e in c.events(j) if e.kind == "started"]
     assert "reads packed" in c.logs(j).data and start
+    # the copy is egress of its attempt, like a checkpoint's (on-prem to on-prem: priced at $0)
+    [a] = c.get(j).attempt_list
+    assert a.egress_bytes == copy.stat().st_size and a.egress_usd == 0.0
+    [copied] = [e for e in c.events(j) if e.kind == "code_copied"]
+    assert copied.data["bytes"] == copy.stat().st_size and copied.data["to"] == f"file://{store}"
+    j2 = c.submit(name="g", team="research", command=[sys.executable, "run.py"],
+                  code=str(tmp_path / "proj")).id
+    drive(eng, lambda: c.get(j2).status == "SUCCEEDED")
+    assert c.get(j2).attempt_list[0].egress_bytes == 0  # already there: copied once, charged once
 
 
 def test_setup_runs_once_per_node_per_digest_with_its_output_in_the_log(make_cluster, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ deterministic, its size limit's message, hostile archives refused, the spec's `c
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import tarfile
@@ -216,3 +217,49 @@ def test_a_slurm_pool_refuses_to_start_what_it_cannot_unpack(env: dict[str, str]
     with pytest.raises(StartFailed) as e:
         SlurmExecutor(pools=None).start(1, 0, ["true"], env)  # type: ignore[arg-type]
     assert e.value.cause == "start_failed:code_unsupported" and "workdir" in str(e.value)
+
+
+@pytest.mark.parametrize("code, resolved", [
+    (".", "{yaml}"),
+    ("src", "{yaml}/src"),
+    ("../other", "{parent}/other"),
+    ("/abs/folder", "/abs/folder"),  # absolute: as written
+    ("~/proj", "~/proj"),  # (the home folder: expanded where it is packed)
+    ("none", "none"),
+    ("sha256:" + "a" * 64, "sha256:" + "a" * 64),
+    ("s3://b/x.tar.gz#sha256=" + "b" * 64, "s3://b/x.tar.gz#sha256=" + "b" * 64),
+    ("s3://b/x.tar.gz", "s3://b/x.tar.gz"),  # not a code form: left for validation to refuse
+    (7, 7),
+])
+def test_a_yaml_code_folder_is_relative_to_the_yaml_file(tmp_path: Path, code: object,
+                                                         resolved: object) -> None:
+    from broker.spec_code import relative_to_file
+
+    spec = tmp_path / "proj" / "job.yaml"
+    want = resolved.format(yaml=spec.parent, parent=tmp_path) if isinstance(resolved, str) else resolved
+    assert relative_to_file(code, spec) == want
+
+
+def test_submit_f_packs_the_folder_of_the_yaml_not_the_current_one(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from broker.client.cli import app
+    from tests.test_cli import CONFIG
+
+    proj = _tree(tmp_path / "proj", {"train.py": "print('proj')\n"})
+    (proj / "job.yaml").write_text("name: j\nteam: research\ncode: .\ncommand: [python, train.py]\n")
+    elsewhere = _tree(tmp_path / "elsewhere", {"other.py": "x\n"})
+    monkeypatch.chdir(elsewhere)
+    home = tmp_path / "home"
+    (tmp_path / "c.yaml").write_text(json.dumps(CONFIG))
+    run = CliRunner().invoke
+    assert run(app, ["--home", str(home), "apply", "-c", str(tmp_path / "c.yaml")]).exit_code == 0
+    res = run(app, ["--home", str(home), "submit", "--json", "-f", str(proj / "job.yaml")])
+    assert res.exit_code == 0, res.output
+    from broker.client.sdk import Client
+    from broker.state.model import Job
+
+    with Client(home).store.session() as s:
+        job = s.get(Job, json.loads(res.stdout)["id"])
+        assert job is not None and job.code_sha256 == pack(proj).sha256

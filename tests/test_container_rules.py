@@ -222,3 +222,16 @@ def test_the_container_example_is_a_valid_job() -> None:
     spec = parse_job(yaml.safe_load((Path(__file__).parent.parent / "examples" / "container" / "job.yaml")
                                     .read_text()))
     assert spec.image == "registry.example.com/lab/train-numpy:1" and "/app/train_numpy.py" in spec.command
+
+
+def test_the_code_and_setup_example_is_a_valid_job_shipping_the_examples_folder() -> None:
+    import yaml
+
+    from broker.spec_code import relative_to_file
+
+    path = Path(__file__).parent.parent / "examples" / "code-setup" / "job.yaml"
+    data = yaml.safe_load(path.read_text())
+    folder = Path(str(relative_to_file(data["code"], path)))
+    spec = parse_job({**data, "code": str(folder)})
+    assert folder == path.parent.parent and (folder / spec.command[1]).is_file()
+    assert spec.setup and all((folder / w).is_file() for c in spec.setup for w in c.split() if "/" in w)

@@ -54,6 +54,14 @@ def test_demo_json(tmp_path: Path, demo_run: dict[str, Any]) -> None:
         assert first["end_reason"] == "PREEMPTED" and last["end_reason"] == "COMPLETED"
     assert any(j["attempt_list"][-1]["node"] in {a["node"] for a in booted} for j in victims)
     assert "job None" not in demo_run["stderr"]  # node events name their node
+    # The jobs shipped their code: every agent's node fetched the snapshot once, then hit its cache.
+    assert demo_run["code"].startswith("sha256:")
+    caches = [*Path(demo_run["home"]).glob("hosts/*/code-cache"),
+              *Path(demo_run["home"]).glob("instances/*/agent/code-cache")]
+    assert len(caches) >= 3
+    for cache in caches:
+        assert json.loads((cache / "stats.json").read_text())["fetches"] == 1
+        assert (cache / demo_run["code"].removeprefix("sha256:") / "train_numpy.py").is_file()
     # The demo refuses to wipe a home that holds other work.
     other = tmp_path / "other"
     other.mkdir()

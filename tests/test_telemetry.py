@@ -86,6 +86,9 @@ def test_lost_work_restart_overhead_and_attribution_match_hand_computation(make_
     assert c.get(j).lost_gpu_s == pytest.approx(100.0)
     assert c.get(u).caused_lost_gpu_s == pytest.approx(100.0)
     assert [(r.key, r.lost_gpu_s, r.victims) for r in c.lost_work("team")] == [("prod", 100.0, [j])]
+    # the restart it forced: attempt 2's 7 s to its first new step x 2 GPUs
+    assert [(r.key, r.restart_gpu_s) for r in c.lost_work("team")] == [("prod", 14.0)]
+    assert [(r.key, r.restart_gpu_s) for r in c.lost_work("cause")] == [("preempted", 14.0)]
     assert [(r.key, r.lost_gpu_hours) for r in c.lost_work("job")] == [(str(u), 100.0 / 3600)]
     assert [(r.key, r.attempts) for r in c.lost_work("cause")] == [("preempted", 1)]
     caused = [e for e in c.events(u) if e.kind == "caused_loss"]
@@ -103,7 +106,7 @@ def test_lost_work_restart_overhead_and_attribution_match_hand_computation(make_
     assert pre["data"]["cause"] == f"preempted_by={u}" and pre["data"]["lost_gpu_s"] == 100.0
     lost = json.loads(run(app, ["--home", home, "lost", "--by", "team", "--json"]).stdout)
     assert lost == [{"key": "prod", "lost_gpu_s": 100.0, "lost_gpu_hours": 100.0 / 3600,
-                     "attempts": 1, "victims": [j]}]
+                     "attempts": 1, "victims": [j], "restart_gpu_s": 14.0}]
     table = run(app, ["--home", home, "status", str(j)], env={"COLUMNS": "250"}).stdout
     assert "preempted_by=" in table and "checkpoints lived in" in table
     assert run(app, ["--home", home, "lost", "--by", "pool"]).exit_code != 0

@@ -327,10 +327,11 @@ class Agent:
         from an outage renews its lease (its ranks' fence) and catches up right away."""
         if not self.connected:
             wait_s = 0.0
+        images = self.procs.images.get()  # (a runtime's listing, at most once a minute: outside the lock)
         with self.lock:
             body = {"ranks": self._reports(), "known": list(self.ranks),
                     "acked": {str(k): r.acked for k, r in self.ranks.items() if r.acked},
-                    "wait_s": wait_s, "code_held": self.procs.code.holds()[:64]}
+                    "wait_s": wait_s, "code_held": self.procs.code.holds()[:64], "images_held": images}
         try:
             r = self._post("/v1/agent/sync", body, timeout=wait_s + SYNC_SLACK_S)
         except (AgentError, httpx.HTTPError, OSError):

@@ -14,6 +14,10 @@ Per attempt (columns of Attempt, set by the engine):
 - `restore_bytes`, `egress_bytes`, `egress_usd`: the checkpoint it resumed from, and what
   was copied across stores for it.
 
+A lost attempt also costs the restart of the next one (its restart phases, broker.phases, up
+to its first new step): `lost_work` rows carry it as `restart_gpu_s` beside `lost_gpu_s` (the
+work since the last checkpoint), charged to the same key.
+
 The lost GPU-seconds of a preemption are charged to the preempting job and its team:
 `lost_work(s, by="team")` answers "whose urgent work cost how many GPU-hours of others' work".
 """
@@ -63,10 +67,11 @@ def lost_work(s: Session, by: By = "team") -> list[LostWorkRow]:
     by="team" / "job" / "user": the work lost to preemptions, charged to the preempting team /
     job / person (`team/user`, broker.state.costs.user_key).
     by="cause": every attempt's lost work by cause kind (preempted, spot_interruption, ...).
+    Each row's `restart_gpu_s`: the GPU-seconds the next attempts of its victims spent restarting.
     """
     if by not in LOST_BY:
         raise ValueError(f"by must be one of {', '.join(LOST_BY)} (got {by!r})")
-    acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     victims: dict[str, set[int]] = defaultdict(set)
     if by == "cause":
         rows = s.exec(select(Attempt).where(col(Attempt.cause).is_not(None))).all()
@@ -76,13 +81,27 @@ def lost_work(s: Session, by: By = "team") -> list[LostWorkRow]:
                        .where(Attempt.end_reason == EndReason.PREEMPTED)).all()
         keyed = [(j.team if by == "team" else user_key(j.team, j.user) if by == "user" else str(j.id), a)
                  for a, j in rows2]
+    restart = _restart_gpu_s(s, {a.job_id for _, a in keyed})
     for key, a in keyed:
         acc[key][0] += a.lost_gpu_s
         acc[key][1] += 1
+        acc[key][2] += restart.get((a.job_id, a.number + 1), 0.0)
         victims[key].add(a.job_id)
     out = [LostWorkRow(key=k, lost_gpu_s=v[0], lost_gpu_hours=v[0] / 3600.0, attempts=int(v[1]),
-                       victims=sorted(victims[k])) for k, v in acc.items()]
+                       victims=sorted(victims[k]), restart_gpu_s=v[2]) for k, v in acc.items()]
     return sorted(out, key=lambda r: (-r.lost_gpu_s, r.key))
+
+
+def _restart_gpu_s(s: Session, job_ids: set[int]) -> dict[tuple[int, int], float]:
+    """(job, attempt number) -> GPU-seconds its restart took: from its start to its first new
+    step (restart_overhead_s: fetch code, pull image, setup, fetch data, restore, the job's own
+    start-up; broker.phases) x its GPUs. Lost to whatever ended the attempt before it."""
+    if not job_ids:
+        return {}
+    rows = s.exec(select(Attempt.job_id, Attempt.number, Attempt.restart_overhead_s, Attempt.gpus)
+                  .where(col(Attempt.job_id).in_(sorted(job_ids)),
+                         col(Attempt.restart_overhead_s).is_not(None)))
+    return {(j, n): float(r or 0.0) * g for j, n, r, g in rows}
 
 
 def caused_lost_gpu_s(s: Session, job_ids: list[int]) -> dict[int, float]:

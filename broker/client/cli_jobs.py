@@ -33,6 +33,10 @@ def submit_data(file: Path | None, flags: dict[str, Any], env: list[str] | None,
             raise SpecError(str(file), [f"cannot read job spec: {e}"]) from None
         if not isinstance(loaded, dict):
             raise SpecError(str(file), ["(root): must be a mapping of job fields"])
+        if "code" in loaded:  # a folder named in the YAML is beside the YAML (issue 26)
+            from broker.codepack import relative_to_file
+
+            loaded["code"] = relative_to_file(loaded["code"], file)
         data.update(loaded)
     data.update({k: v for k, v in flags.items() if v is not None})
     if env:

@@ -76,9 +76,9 @@ def register(app: typer.Typer, client: Callable[[], Any], out: Callable[[], Cons
         from rich.table import Table
 
         t = Table(title=f"lost work by {by}" + (" (who preempted)" if by != "cause" else ""))
-        for col in (by, "lost GPU-s", "lost GPU-h", "attempts", "victim jobs"):
+        for col in (by, "lost GPU-s", "lost GPU-h", "restart GPU-s", "attempts", "victim jobs"):
             t.add_column(col)
         for r in rows:
-            t.add_row(r.key, f"{r.lost_gpu_s:.1f}", f"{r.lost_gpu_hours:.3f}", str(r.attempts),
-                      ", ".join(map(str, r.victims)))
+            t.add_row(r.key, f"{r.lost_gpu_s:.1f}", f"{r.lost_gpu_hours:.3f}", f"{r.restart_gpu_s:.1f}",
+                      str(r.attempts), ", ".join(map(str, r.victims)))
         out().print(t)

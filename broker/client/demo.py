@@ -18,6 +18,11 @@ the other agent. Everything finishes; the idle spot node is given back.
 The A100 pool keeps its checkpoints in a SIMULATED S3 bucket (moto again), the other pools in
 a local folder, so a victim resuming elsewhere has its newest checkpoint copied out of "S3",
 verified and charged AWS's egress price.
+
+The jobs ship their code (issue 26): the researchers' project folder (`project/` in the demo's
+home, holding examples/train_numpy.py) is packed and uploaded once per team, and every attempt
+runs in a private copy of that snapshot, fetched from its pool's store by the node that runs it
+(the agents run as if on hosts that never saw the folder: they are told only its digest).
 """
 
 from __future__ import annotations
@@ -83,8 +88,17 @@ def prepare_home(home: str | os.PathLike[str] | None) -> Path:
 
 
 def _train(steps: int) -> list[str]:
-    return [sys.executable, str(EXAMPLE), "--steps", str(steps), "--step-s", "0.25",
+    """The example trainer, run from the job's code snapshot (its working folder)."""
+    return [sys.executable, EXAMPLE.name, "--steps", str(steps), "--step-s", "0.25",
             "--ckpt-every", "4", "--state-kb", "1024"]
+
+
+def _project(h: Path) -> Path:
+    """The researchers' project folder: what their jobs ship as their code."""
+    proj = h / "project"
+    proj.mkdir(exist_ok=True)
+    shutil.copy2(EXAMPLE, proj / EXAMPLE.name)
+    return proj
 
 
 def run_demo(home: str | os.PathLike[str] | None, *, timeout: float = 180,
@@ -114,6 +128,10 @@ def _run(h: Path, say: Any, timeout: float) -> dict[str, Any]:
             f", home {h}")
         research, prod, admin = site.client("research"), site.client("prod"), site.client("admin")
         seen = 0
+        proj = _project(h)
+        code = {team: c.upload_code(str(proj)) for team, c in (("research", research), ("prod", prod))}
+        say(f"each team uploaded its project folder once as the code snapshot {code['research'][:19]}...: "
+            "every attempt runs in a private copy of it, fetched by its node")
 
         def wait(cond: Any) -> None:
             nonlocal seen
@@ -130,7 +148,7 @@ def _run(h: Path, say: Any, timeout: float) -> dict[str, Any]:
         # job comes, even on a busy machine where the spot node takes a while to boot.
         lows = [research.submit(name=f"sweep-{i}", experiment="lr-sweep",
                                 command=_train(100 if i < 4 else 40), gpus_per_node=2,
-                                priority="low", checkpoint_interval_s=1).id
+                                priority="low", checkpoint_interval_s=1, code=code["research"]).id
                 for i in range(5)]
         say("team research submitted 5 low-priority jobs (2 GPUs each) over the API: 4 fill the "
             "A100 hosts and the L4 pool, the 5th rents simulated AWS spot")
@@ -142,7 +160,7 @@ def _run(h: Path, say: Any, timeout: float) -> dict[str, Any]:
              and js[lows[4]].status == "RUNNING")
         urgent = prod.submit(name="hotfix-eval", experiment="release", command=_train(48),
                              gpus_per_node=2, nodes=2, gpu_types=["A100"], priority="urgent",
-                             budget_usd=5).id
+                             budget_usd=5, code=code["prod"]).id
         say("team prod submitted an urgent 2-node job needing both A100 hosts")
         ids = [*lows, urgent]
         wait(lambda: (js := by_id()) and all(js[i].status in FINAL for i in ids))
@@ -157,6 +175,7 @@ def _run(h: Path, say: Any, timeout: float) -> dict[str, Any]:
     return {
         "home": str(h),
         "server": site.url,
+        "code": code["research"],
         "instances_left_running": left,
         "agents": agents,
         "jobs": [{"id": j.id, "name": j.name, "priority": j.priority, "status": j.status,

@@ -87,6 +87,9 @@ class SyncRequest(BaseModel):
     # told): the policy prefers warm nodes among equals (broker.policy.warm)
     code_held: list[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] | None = Field(default=None,
                                                                                      max_length=64)
+    # the images its container runtime holds (None: not told, or no runtime): the same preference
+    images_held: list[Annotated[str, Field(min_length=1, max_length=512)]] | None = Field(default=None,
+                                                                                         max_length=256)
 
 
 class Assignment(BaseModel):
@@ -271,8 +274,9 @@ def sync(s: Session, agent: NodeAgent, req: SyncRequest, now: float, timing: Tim
         agent.seen_at = now
     if req.info:
         agent.info = {**agent.info, **_clean(req.info)}
-    if req.code_held is not None and agent.info.get("code_held") != req.code_held:
-        agent.info = {**agent.info, "code_held": req.code_held}
+    for key, held in (("code_held", req.code_held), ("images_held", req.images_held)):
+        if held is not None and agent.info.get(key) != held:
+            agent.info = {**agent.info, key: held}
     if heartbeat and (agent.lost_at is not None or node.state == NodeState.LOST):
         agent.lost_at = None
         if node.state == NodeState.LOST:

@@ -235,7 +235,9 @@ class CloudWorker:
             boot = Boot(server_url=settings.server_url or "", join_token=join, node_id=n.id,
                         pool=n.pool, provider=spec.provider, gpus=spec.gpus_per_node,
                         gpu_type=spec.gpu_type, agent_package=settings.agent_package,
-                        metadata=spec.provider if spec.provider in ("aws", "gcp") else "none")
+                        metadata=spec.provider if spec.provider in ("aws", "gcp") else "none",
+                        prepull_images=tuple(spec.prepull_images),
+                        container_runtime=spec.container_runtime.value if spec.container_runtime else None)
             req = LaunchRequest(token=n.token, broker_id=self.cm.broker_id, pool=n.pool, node_id=n.id,
                                 job_id=n.for_job_id, instance_type=spec.instance_type or "",
                                 market=spec.market.value, zone=spec.zone, image=spec.image,

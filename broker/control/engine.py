@@ -508,7 +508,7 @@ class Engine(AttemptGuards, Duties):
     def _start_ranks(self, a: Attempt, job: Job, *, recover: bool) -> None:
         pool = self.config.pool(a.pool)
         handles = list(a.handles)
-        code = code_env(job, ckpt_index.attempt_prefix(job, a))
+        code = code_env(job, ckpt_index.attempt_prefix(job, a), charge=(a, self.config, self.clock.now()))
         for rank, (node, slots) in enumerate(a.alloc):
             if rank < len(handles):
                 continue

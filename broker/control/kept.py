@@ -56,12 +56,13 @@ COUNTER = "rows"
 JOB_COLUMNS = (Job.id, Job.team, Job.experiment, Job.priority, Job.gpus_per_node, Job.nodes,
                Job.submit_time, Job.gpu_types, Job.spot, Job.expected_duration_s,
                Job.checkpoint_interval_s, Job.preemptions, Job.state, Job.cancel_requested,
-               Job.waiting_reason, *HOLD_COLUMNS[1:], Job.deadline_where, Job.code_sha256)
+               Job.waiting_reason, *HOLD_COLUMNS[1:], Job.deadline_where, Job.code_sha256,
+               Job.image)
 ATTEMPT_COLUMNS = (Attempt.id, Attempt.job_id, Attempt.alloc, Attempt.state, Attempt.started_at,
                    Attempt.last_checkpoint_at, Attempt.preempted_by, Attempt.stop_reason, Attempt.gpus)
 # the columns a pending view and its holds read (a change elsewhere keeps the view)
 VIEW_KEYS = tuple(c.key for c in (*JOB_COLUMNS[1:12], *HOLD_COLUMNS[1:], Job.deadline_where,
-                                   Job.code_sha256))
+                                   Job.code_sha256, Job.image))
 LIVE = (JobState.PENDING, JobState.RUNNING)
 UPDATES_PER_QUERY = 5000
 # what the leader's reasons write sets change_seq to: another number <= 0, which the triggers
@@ -105,8 +106,9 @@ class KeptState:
         self.holds: dict[int, tuple[Any, ...]] = {}  # pending jobs with a hold field (HOLD_COLUMNS)
         self.history = RuntimeHistory()
         self.by_key: dict[tuple[str, str], set[int]] = defaultdict(set)  # learned estimates' users
-        self.by_code: dict[str, set[int]] = defaultdict(set)  # pending jobs by code snapshot (issue 26)
-        self.held: dict[str, frozenset[str]] = {}  # node -> code digests its agent holds
+        # pending jobs by (code snapshot, image) (issue 26: broker.policy.warm)
+        self.by_code: dict[tuple[str | None, str | None], set[int]] = defaultdict(set)
+        self.held: dict[str, frozenset[str]] = {}  # node -> code digests and images its agent holds
         self.queue = PendingQueue()
         self._queued: dict[int, PendingView] = {}  # what `queue` holds
         self._dirty: set[int] = set()  # jobs whose view changed since the last sync_queue
@@ -177,15 +179,15 @@ class KeptState:
         self.holds.pop(jid, None)
         if j is not None:
             self.by_key.get((j.team, j.experiment), set()).discard(jid)
-            if j.code_sha256 is not None:
-                self.by_code.get(j.code_sha256, set()).discard(jid)
+            if j.code_sha256 is not None or j.image is not None:
+                self.by_code.get((j.code_sha256, j.image), set()).discard(jid)
 
     def _view(self, j: Any, failed_on: frozenset[str]) -> None:
         self._dirty.add(j.id)
         self.views[j.id] = pending_view(j, estimate(self.history, j), failed_on,
-                                        warm_nodes(j.code_sha256, self.held))
-        if j.code_sha256 is not None:
-            self.by_code[j.code_sha256].add(j.id)
+                                        warm_nodes(j.code_sha256, self.held, j.image))
+        if j.code_sha256 is not None or j.image is not None:
+            self.by_code[(j.code_sha256, j.image)].add(j.id)
         if j.expected_duration_s is None:
             self.by_key[(j.team, j.experiment)].add(j.id)
 
@@ -195,9 +197,9 @@ class KeptState:
         if held == self.held:
             return
         old, self.held = self.held, held
-        for code, ids in self.by_code.items():
-            now = warm_nodes(code, held)
-            if ids and now != warm_nodes(code, old):
+        for (code, image), ids in self.by_code.items():
+            now = warm_nodes(code, held, image)
+            if ids and now != warm_nodes(code, old, image):
                 for jid in ids:
                     v = self.views.get(jid)
                     if v is not None:

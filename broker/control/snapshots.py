@@ -66,6 +66,8 @@ class JobLike(Protocol):
     def deadline_where(self) -> str | None: ...
     @property
     def code_sha256(self) -> str | None: ...
+    @property
+    def image(self) -> str | None: ...
 
 
 class AttemptLike(Protocol):
@@ -112,7 +114,7 @@ def build_snapshot(s: Session, now: float, config: PolicyConfig, half_life_s: fl
     held = code_held(s)
     pending = tuple(
         pending_view(j, estimate(history, j), failed_on.get(j.id or 0, frozenset()),
-                     warm_nodes(j.code_sha256, held))
+                     warm_nodes(j.code_sha256, held, j.image))
         for j in s.exec(select(Job).where(Job.state == JobState.PENDING,
                                            col(Job.cancel_requested).is_(False))).all()
     )
@@ -197,9 +199,9 @@ def pending_view(j: JobLike, estimate: float | None = None, failed_on: frozenset
 
 
 def code_held(s: Session) -> dict[str, frozenset[str]]:
-    """Per agent node, the code snapshots its agent last reported holding (issue 26)."""
-    return {node: frozenset(info.get("code_held") or ()) for node, info in
-            s.exec(select(NodeAgent.node, NodeAgent.info)).all() if isinstance(info, dict)}
+    """Per agent node, the code snapshots and images its agent last reported holding (issue 26)."""
+    return {node: frozenset([*(info.get("code_held") or ()), *(info.get("images_held") or ())])
+            for node, info in s.exec(select(NodeAgent.node, NodeAgent.info)).all() if isinstance(info, dict)}
 
 
 def failed_start_nodes(s: Session, job_id: int | None = None,

@@ -142,3 +142,21 @@ def test_applying_the_config_again_keeps_what_the_agent_reported(site: Site) -> 
     site.client.apply(site.client.config())
     assert node(site, "box-6").gpus == 3
     assert node(site, "box-7").gpus == 8  # no agent yet: the pool's size
+
+
+def test_a_sync_reports_what_the_node_holds_and_the_policy_sees_it(site: Site) -> None:
+    """What an agent holds (its code cache, its runtime's images) is kept per node and makes the
+    node warm for a job needing them (broker.policy.warm); a sync that does not tell keeps it."""
+    from broker.control.snapshots import code_held
+
+    cred = join(site, "box-3").json()["credential"]
+    held = {"code_held": ["c" * 64], "images_held": ["ghcr.io/lab/train:3"]}
+    for body in (held, {}):
+        r = httpx.post(f"{site.url}/v1/agent/sync", timeout=10, headers={"Authorization": f"Bearer {cred}"},
+                       json={"wait_s": 0, **body})
+        assert r.status_code == 200, r.text
+        with site.client.store.session() as s:
+            assert code_held(s)["box-3"] == {"c" * 64, "ghcr.io/lab/train:3"}
+    bad = httpx.post(f"{site.url}/v1/agent/sync", timeout=10, headers={"Authorization": f"Bearer {cred}"},
+                     json={"wait_s": 0, "images_held": [""]})
+    assert bad.status_code == 422

@@ -13,10 +13,13 @@ ONEPOOL_CONTAINER_GPUS=none (the CDI and --gpus flags are checked by table tests
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -54,20 +57,36 @@ def _run(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=120, **kw)  # type: ignore[call-overload]
 
 
-def build_and_push(cli: Path, tag: str, image: str) -> str | None:
-    """Build the test image (a static busybox in an empty image: no network, no base image)
-    as `tag` in this machine's storage and push it as `image` (a plain-HTTP registry). Returns
-    why that cannot be done here, or None."""
+def build_and_push(cli: Path, tag: str, image: str, image_mb: int = 0) -> str | None:
+    """Build the test image (a static busybox, and /bin/sh linked to it, in an empty image: no
+    network, no base image; with `image_mb`, a layer of that many MiB of random bytes) as `tag`
+    in this machine's storage and push it as `image` (a plain-HTTP registry). Returns why that
+    cannot be done here, or None."""
     c = _run("buildah", "from", "scratch").stdout.strip()
-    steps = [("buildah", "copy", c, shutil.which("busybox") or "/bin/busybox", "/bin/busybox"),
-             ("buildah", "config", "--cmd", "/bin/busybox sh", c),
-             ("buildah", "commit", "-q", "--rm", c, tag),
-             (str(cli), "push", "-q", "--tls-verify=false", tag, image)]
-    for step in steps:
-        r = _run(*step)
-        if r.returncode != 0:
-            return f"cannot build the test image here ({' '.join(step[:2])}): {r.stderr.strip()[-300:]}"
+    work = Path(tempfile.mkdtemp())
+    try:
+        (work / "links").mkdir()
+        (work / "links" / "sh").symlink_to("busybox")  # /bin/sh, as every real image has (setup runs in it)
+        steps = [("buildah", "copy", c, shutil.which("busybox") or "/bin/busybox", "/bin/busybox"),
+                 ("buildah", "copy", c, str(work / "links"), "/bin/"),
+                 *([("buildah", "copy", c, str(_blob(work, image_mb)), "/blob.bin")] if image_mb else []),
+                 ("buildah", "config", "--cmd", "/bin/busybox sh", c),
+                 ("buildah", "commit", "-q", "--rm", c, tag),
+                 (str(cli), "push", "-q", "--tls-verify=false", tag, image)]
+        for step in steps:
+            r = _run(*step)
+            if r.returncode != 0:
+                return f"cannot build the test image here ({' '.join(step[:2])}): {r.stderr.strip()[-300:]}"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return None
+
+
+def _blob(d: Path, mb: int) -> Path:
+    """`mb` MiB of random bytes (no compression gain): an image layer of that size."""
+    path = d / "blob.bin"
+    path.write_bytes(os.urandom(mb * 1024 * 1024))
+    return path
 
 
 def mounts(*more: str) -> list[str]:
@@ -83,12 +102,19 @@ def mounts(*more: str) -> list[str]:
     return out
 
 
-@pytest.fixture(scope="session")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+class LabUnavailable(Exception):
+    """This machine cannot run the lab (a tool missing, the registry or podman failing): why."""
+
+
+@contextlib.contextmanager
+def registry_lab(d: Path, image_mb: int = 0) -> Iterator[Lab]:
+    """The registry on a free loopback port (its storage in `d`) with the test image pushed to it
+    (plus `image_mb` MiB of random bytes in a layer of its own, for a pull of that size), and the
+    node settings that run it here; all removed after. Raises LabUnavailable."""
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if missing:
-        pytest.skip(f"{', '.join(missing)} not installed: run infra/test/install-podman.sh (make test-deps)")
-    d = tmp_path_factory.mktemp("containers")
+        raise LabUnavailable(f"{', '.join(missing)} not installed: run infra/test/install-podman.sh "
+                             "(make test-deps)")
     port = _free_port()
     registry = f"127.0.0.1:{port}"
     (d / "registries.conf").write_text(f'[[registry]]\nlocation = "{registry}"\ninsecure = true\n')
@@ -116,17 +142,26 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                 break
             except OSError:
                 if reg.poll() is not None or time.monotonic() > deadline:
-                    pytest.skip(f"the registry on {registry} did not start")
+                    raise LabUnavailable(f"the registry on {registry} did not start") from None
                 time.sleep(0.05)
-        why = build_and_push(cli, tag, image)
+        why = build_and_push(cli, tag, image, image_mb)
         if why is not None:
-            pytest.skip(why)
+            raise LabUnavailable(why)
         probe = lab.podman("run", "--rm", *QUIRKS, tag, "/bin/busybox", "true", check=False)
         if probe.returncode != 0:
-            pytest.skip(f"podman cannot run a container here: {probe.stderr.strip()[-300:]}")
+            raise LabUnavailable(f"podman cannot run a container here: {probe.stderr.strip()[-300:]}")
         lab.podman("rmi", "-f", tag, check=False)  # the first rank pulls it cold
         yield lab
     finally:
         lab.podman("rmi", "-f", tag, image, check=False)
         reg.terminate()
         reg.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    try:
+        with registry_lab(tmp_path_factory.mktemp("containers")) as got:
+            yield got
+    except LabUnavailable as e:
+        pytest.skip(str(e))

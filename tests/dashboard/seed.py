@@ -32,6 +32,7 @@ ATTEMPTS = [
      "spot_interruption", 0.0, 0.0),
     ("sweep-2", "research", "lr-sweep", "low", "a100-1", [1], 3000, None, None, None, 0.0, 0.0),
 ]
+PHASES = {"fetch_code_s": 0.25, "pull_image_s": 3.0, "setup_s": 0.01, "setup_cached": True}
 STATES = {"sweep-0": "SUCCEEDED", "sweep-1": "SUCCEEDED", "hotfix": "SUCCEEDED", "sweep-2": "RUNNING"}
 
 
@@ -62,7 +63,10 @@ def seed(home: Path, start: float | None = None) -> Client:
                           preempted_by=3 if why == "PREEMPTED" else None, reached_step=12 if b else None,
                           progress_step=40 if b is None else None, progress_total=100 if b is None else None,
                           progress_at=t0 + SPAN_S - 10 if b is None else None,
-                          progress_rate=0.05 if b is None else None))
+                          progress_rate=0.05 if b is None else None,
+                          # the running attempt's restart phases (issue 26)
+                          phases=PHASES if b is None else None,
+                          restart_overhead_s=6.5 if b is None else None))
         s.add(Job(name="eval", team="prod", experiment="release", priority="normal", command=["x"],
                   submit_time=t0 + 5000, queued_at=t0 + 5000, state="PENDING",
                   waiting_reason="head of the queue: holding 1 GPUs in a100"))

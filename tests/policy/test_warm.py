@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from broker.policy import plan
-from broker.policy.warm import warm_first, warm_nodes
+from broker.policy.warm import image_ref, warm_first, warm_nodes
 from tests.policy.builders import job, placed, pool, running, snap
 
 
@@ -23,10 +23,37 @@ def test_warm_first_keeps_each_groups_order(nodes: list[str], warm: set[str], fi
     assert warm_first(nodes, warm) == first
 
 
-def test_warm_nodes_are_those_reporting_the_digest() -> None:
-    held = {"a-0": frozenset({"x" * 64}), "a-1": frozenset({"y" * 64}), "a-2": frozenset({"x" * 64})}
-    assert warm_nodes("x" * 64, held) == {"a-0", "a-2"}
-    assert warm_nodes(None, held) == frozenset()
+X, Y = "x" * 64, "y" * 64
+IMG = "ghcr.io/lab/train:3"
+
+
+@pytest.mark.parametrize("code, image, held, want", [
+    (X, None, {"a-0": {X}, "a-1": {Y}, "a-2": {X}}, {"a-0", "a-2"}),
+    (None, None, {"a-0": {X}}, set()),  # needs nothing: none warm
+    (X, None, {"a-0": {Y}}, set()),  # nobody holds it
+    (None, IMG, {"a-0": {X}, "a-1": {IMG}}, {"a-1"}),  # the image alone
+    (X, IMG, {"a-0": {X}, "a-1": {IMG}, "a-2": {X, IMG}}, {"a-2"}),  # both beat either
+    (X, IMG, {"a-0": {X}, "a-1": {IMG}}, {"a-0", "a-1"}),  # one each: equals
+    (None, "python:3.11", {"a-0": {"docker.io/library/python:3.11"}}, {"a-0"}),  # as runtimes list it
+    (None, "lab/train", {"a-0": {"docker.io/lab/train:latest"}}, {"a-0"}),
+    (None, "python:3.12", {"a-0": {"docker.io/library/python:3.11"}}, set()),  # another tag
+])
+def test_warm_nodes_hold_the_most_of_what_the_job_needs(code: str | None, image: str | None,
+                                                        held: dict[str, set[str]], want: set[str]) -> None:
+    assert warm_nodes(code, {n: frozenset(h) for n, h in held.items()}, image) == want
+
+
+@pytest.mark.parametrize("image, ref", [
+    ("python", "docker.io/library/python:latest"),
+    ("python:3.11", "docker.io/library/python:3.11"),
+    ("lab/train:3", "docker.io/lab/train:3"),
+    ("ghcr.io/lab/train", "ghcr.io/lab/train:latest"),
+    ("127.0.0.1:5055/onepool/bb:1", "127.0.0.1:5055/onepool/bb:1"),
+    ("localhost/onepool-setup:ab", "localhost/onepool-setup:ab"),
+    ("ghcr.io/lab/train@sha256:" + "c" * 64, "ghcr.io/lab/train@sha256:" + "c" * 64),
+])
+def test_image_references_are_normalized_as_runtimes_list_them(image: str, ref: str) -> None:
+    assert image_ref(image) == ref
 
 
 def warm(j, *nodes: str):  # type: ignore[no-untyped-def]
