@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from dashboard.tabs import TABS
 from tests.conftest import ROOT
 from tests.dashboard.seed import seed
 
@@ -247,6 +248,7 @@ def test_every_tab_of_a_seeded_home(browser: DevTools, tmp_path: Path) -> None:
             "Nodes & pools": (["pools", "nodes", "a100-0", "spot-0", "4"], 0),
             "Budgets": (["team budgets", "research"], 1),
             "Rebalancing": (["rebalancing moves", "onepool rebalance --dry-run"], 0),
+            "Replay": (["replay the history under other settings", "PATH=VALUE"], 0),
         })
     finally:
         _stop(proc, port, out)
@@ -272,6 +274,7 @@ def test_every_tab_of_a_real_demo_run(browser: DevTools, demo_run: dict[str, Any
             "Nodes & pools": (["aws-spot", "a100-0", "l4-0"], 0),
             "Budgets": (["team budgets", "research", "prod"], 0),
             "Rebalancing": (["rebalancing moves"], 0),
+            "Replay": (["replay the history under other settings"], 0),
         })
     finally:
         _stop(proc, port, out)
@@ -308,7 +311,7 @@ def test_a_member_logs_in_over_the_api_and_sees_its_team_only(browser: DevTools,
           if (b) b.click();
           return !!b; })()"""), timeout=15)
         _until("the dashboard's tabs", lambda: browser.eval(
-            "document.querySelectorAll('[role=\"tab\"]').length") == 7, timeout=60, every=0.2)
+            "document.querySelectorAll('[role=\"tab\"]').length") == len(TABS), timeout=60, every=0.2)
         _until("the link's tab and job", lambda: browser.eval(ACTIVE_TAB) == "Jobs" and
                f"{waiting}: eval (pending)" in (browser.eval(ACTIVE_PANEL) or ""), timeout=30, every=0.2)
         seen = {tab: _look(browser, tab, must, 0) for tab, must in {

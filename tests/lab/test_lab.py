@@ -92,7 +92,8 @@ def test_a_victim_resumes_on_the_other_box_from_the_object_store(readme_lab: Rea
         filler_node = _node(lab.job(filler))
         assert {first, filler_node} == set(lab.box_of_node)
         wait_until("a checkpoint of the victim is committed in the bucket",
-                   lambda: any(k.endswith("manifest.json") for k in lab.bucket_keys()), 30, step=0.3)
+                   lambda: any(f"/{victim}/step-" in k and k.endswith("manifest.json")  # its own
+                                   for k in lab.bucket_keys()), 30, step=0.3)
         urgent = _submit(lab, "--name", "urgent", "--priority", "urgent", "--gpus", "8", "--",
                          *shlex.split(SLEEP))
         wait_until("the urgent job runs where the victim ran",
