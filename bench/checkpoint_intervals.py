@@ -11,28 +11,21 @@ saving, their sum, and the effect on completion times and cloud cost.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from bench.trace_variants import POLICY, arguments, pct, run_all, write  # noqa: E402
 from broker.sim.policies import resolve  # noqa: E402
 from broker.sim.run import scenario_summary  # noqa: E402
 from broker.sim.scenario import load_scenario  # noqa: E402
 from broker.sim.simulator import Simulator  # noqa: E402
 from broker.sim.trace import read_trace  # noqa: E402
 
-TRACE = HERE.parent.parent / "shared" / "data" / "traces" / "ms_itp_2021.csv"
-SCENARIO = HERE / "scenarios" / "itp.yaml"
-OUT = HERE / "results"
-QUICK_LIMIT = 8000
-POLICY = "onepool"
 # (name, scenario overrides): who saves on the signal decides how much a periodic save matters
 VARIANTS = [
     ("half_save_on_signal", {}),
@@ -71,19 +64,11 @@ def waste(m: dict[str, Any]) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--trace", default=str(TRACE))
-    ap.add_argument("--scenario", default=str(SCENARIO))
-    ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--quick", action="store_true", help=f"the first {QUICK_LIMIT:,} jobs")
-    ap.add_argument("--workers", type=int, default=2)
-    a = ap.parse_args()
-    limit = QUICK_LIMIT if a.quick and a.limit is None else a.limit
+    a, limit = arguments()
     jobs = [(a.trace, a.scenario, limit, v, over, mode)
             for v, over in VARIANTS for mode in ("fixed", "advised")]
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(a.workers) as ex:
-        runs = list(ex.map(one, jobs))
+    runs = run_all(one, jobs, a.workers)
     res: dict[str, dict[str, Any]] = {v: {} for v, _ in VARIANTS}
     for v, mode, m in runs:
         res[v][mode] = m
@@ -95,7 +80,7 @@ def main() -> None:
             "saving_gpu_hours_fixed": f["checkpoints"]["saving_gpu_hours"],
             "saving_gpu_hours_advised": d["checkpoints"]["saving_gpu_hours"],
             "waste_gpu_hours_fixed": waste(f), "waste_gpu_hours_advised": waste(d),
-            "waste_change": _pct(waste(d), waste(f)),
+            "waste_change": pct(waste(d), waste(f)),
             "mean_interval_s_advised": d["checkpoints"]["mean_interval_s"],
             "jct_p50_s_fixed": f["jct_s"]["all"]["p50"], "jct_p50_s_advised": d["jct_s"]["all"]["p50"],
             "cloud_cost_usd_fixed": f["cloud_cost_usd"], "cloud_cost_usd_advised": d["cloud_cost_usd"],
@@ -106,19 +91,14 @@ def main() -> None:
                         "variants": dict(VARIANTS)},
            "assumptions": ASSUMPTIONS, "summary": summary, "runs": res,
            "wall_s": round(time.perf_counter() - t0, 1)}
-    OUT.mkdir(parents=True, exist_ok=True)
-    name = "checkpoint_intervals_quick.json" if limit == QUICK_LIMIT else "checkpoint_intervals.json"
-    (OUT / name).write_text(json.dumps(out, indent=2) + "\n")
+    path = write("checkpoint_intervals", limit, out)
     for v, s in summary.items():
         print(f"{v:<30} lost {s['lost_gpu_hours_fixed']:,.1f} -> {s['lost_gpu_hours_advised']:,.1f} GPU-h, "
               f"saving {s['saving_gpu_hours_fixed']:,.1f} -> {s['saving_gpu_hours_advised']:,.1f} GPU-h, "
               f"waste {s['waste_gpu_hours_fixed']:,.1f} -> {s['waste_gpu_hours_advised']:,.1f} "
               f"({s['waste_change']}); mean advised interval {s['mean_interval_s_advised']:,.0f} s")
-    print(f"wrote {OUT / name} in {out['wall_s']} s")
+    print(f"wrote {path} in {out['wall_s']} s")
 
-
-def _pct(new: float, old: float) -> str:
-    return f"{(new - old) / old * 100:+.1f}%" if old else "n/a"
 
 
 if __name__ == "__main__":

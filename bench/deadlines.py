@@ -10,17 +10,15 @@ broker.sim.deadlines), and write bench/results/deadlines.json: their cost and de
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from bench.trace_variants import POLICY, arguments, pct, run_all, write  # noqa: E402
 from broker.sim.policies import resolve  # noqa: E402
 from broker.sim.run import scenario_summary  # noqa: E402
 from broker.sim.scenario import Scenario, load_scenario  # noqa: E402
@@ -28,11 +26,6 @@ from broker.sim.simulator import Simulator  # noqa: E402
 from broker.sim.trace import read_trace  # noqa: E402
 from broker.spec import Market  # noqa: E402
 
-TRACE = HERE.parent.parent / "shared" / "data" / "traces" / "ms_itp_2021.csv"
-SCENARIO = HERE / "scenarios" / "itp.yaml"
-OUT = HERE / "results"
-QUICK_LIMIT = 8000
-POLICY = "onepool"
 MODES = ("on_demand", "spot", "aware")
 FRACTION, SLACK = 0.2, 2.0
 # (name, scenario overrides, spot reclaims per node-hour or None: the scenario's)
@@ -81,18 +74,10 @@ def one(args: Job) -> tuple[str, str, dict[str, Any]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--trace", default=str(TRACE))
-    ap.add_argument("--scenario", default=str(SCENARIO))
-    ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--quick", action="store_true", help=f"the first {QUICK_LIMIT:,} jobs")
-    ap.add_argument("--workers", type=int, default=2)
-    a = ap.parse_args()
-    limit = QUICK_LIMIT if a.quick and a.limit is None else a.limit
+    a, limit = arguments()
     jobs = [(a.trace, a.scenario, limit, v, over, rate, m) for v, over, rate in VARIANTS for m in MODES]
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(a.workers) as ex:
-        runs = list(ex.map(one, jobs))
+    runs = run_all(one, jobs, a.workers)
     res: dict[str, dict[str, Any]] = {v: {} for v, _, _ in VARIANTS}
     for v, m, r in runs:
         res[v][m] = r
@@ -101,7 +86,7 @@ def main() -> None:
         r = res[v]
         summary[v] = {f"{k}_{m}": r[m][k] for m in MODES for k in ("cost_usd", "cloud_cost_usd", "missed")}
         summary[v] |= {"jobs_with_deadline": r["aware"]["jobs"],
-                       "aware_cost_vs_on_demand": _pct(r["aware"]["cost_usd"], r["on_demand"]["cost_usd"]),
+                       "aware_cost_vs_on_demand": pct(r["aware"]["cost_usd"], r["on_demand"]["cost_usd"]),
                        "aware_moves_off_spot": r["aware"]["moved_off_spot"],
                        "aware_moves_back_to_spot": r["aware"]["moved_back_to_spot"]}
     sc = load_scenario(a.scenario)
@@ -111,18 +96,13 @@ def main() -> None:
                                      for v, over, rate in VARIANTS}},
            "assumptions": ASSUMPTIONS, "summary": summary, "runs": res,
            "wall_s": round(time.perf_counter() - t0, 1)}
-    OUT.mkdir(parents=True, exist_ok=True)
-    name = "deadlines_quick.json" if limit == QUICK_LIMIT else "deadlines.json"
-    (OUT / name).write_text(json.dumps(out, indent=2) + "\n")
+    path = write("deadlines", limit, out)
     for v, s in summary.items():
         print(f"{v:<26} {s['jobs_with_deadline']} jobs: " + "; ".join(
             f"{m} ${s[f'cost_usd_{m}']:,.0f} (cloud ${s[f'cloud_cost_usd_{m}']:,.0f}), "
             f"{s[f'missed_{m}']} missed" for m in MODES))
-    print(f"wrote {OUT / name} in {out['wall_s']} s")
+    print(f"wrote {path} in {out['wall_s']} s")
 
-
-def _pct(new: float, old: float) -> str:
-    return f"{(new - old) / old * 100:+.1f}%" if old else "n/a"
 
 
 if __name__ == "__main__":

@@ -192,13 +192,20 @@ def drop(kept: ReclaimIndex, aids: Iterable[int], gone: set[int], counts: list[i
                 d = delta[node] = [0] * RANKS
             d[rank] += g
     for node, d in delta.items():
-        rc = recl.get(node)
+        rc = writable(recl, own, node)
         if rc is None:
             continue
-        if node not in own:
-            rc = recl[node] = rc.copy()
-            own.add(node)
         acc = 0
         for c in range(1, RANKS + 1):
             acc += d[c - 1]
             rc[c] -= acc
+
+
+def writable(recl: dict[str, list[int]], own: set[str], node: str) -> list[int] | None:
+    """`recl[node]` made this plan's own before its first change (copied unless `node` is in
+    `own`, then added there); None for a node with no sums."""
+    rc = recl.get(node)
+    if rc is not None and node not in own:
+        rc = recl[node] = rc.copy()
+        own.add(node)
+    return rc

@@ -52,6 +52,7 @@ from broker.policy.reclaim_index import (
     drop,
     index_key,
     lost_gpu_s,
+    writable,
 )
 from broker.policy.snapshot import Alloc, RunningView
 from broker.spec import Priority
@@ -214,12 +215,9 @@ class VictimIndex:
         in the per-node sums, copying a node's kept list before its first change."""
         recl, own = self._recl, self._own
         for node, g in alloc:
-            rc = recl.get(node)
+            rc = writable(recl, own, node)
             if rc is None:
                 continue
-            if node not in own:
-                rc = recl[node] = rc.copy()
-                own.add(node)
             if to > rank:
                 for c in range(rank + 1, to + 1):
                     rc[c] -= g
