@@ -2,7 +2,7 @@
 commands and data; an attempt's restart phases
 
 Revision ID: 0021
-Revises: 0019
+Revises: 0027
 Create Date: 2026-12-04
 """
 

@@ -1,7 +1,7 @@
 """a job's container image (issue 26 part 2): the OCI reference each rank runs in
 
 Revision ID: 0022
-Revises: 0019
+Revises: 0025
 Create Date: 2026-12-04
 """
 

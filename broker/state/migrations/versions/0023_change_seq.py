@@ -13,7 +13,7 @@ a row at 0). The leader writes its "why waiting" reasons so (only on rows unchan
 knows what it wrote, and reading 100,000 reasons back would cost more than the cycle.
 
 Revision ID: 0023
-Revises: 0019
+Revises: 0021
 Create Date: 2026-12-04
 """
 

@@ -3,7 +3,7 @@ whether a job's interval is advised by the broker (`checkpoint_interval_s: auto`
 advice at its last start; a job's deadline and where the deadline rule last said it may run
 
 Revision ID: 0027
-Revises: 0019
+Revises: 0022
 Create Date: 2026-12-04
 """
 
