@@ -1,7 +1,7 @@
 """A mypyc-compiled copy of the policy and the simulator, for the benchmarks' `--compiled`.
 
 The same source, compiled to C by mypyc (the compiler mypy and black ship with): broker/policy
-and broker/sim's replay core (simulator, state, metrics, setup, rebalance). mypyc enforces the
+and broker/sim's replay core (simulator, world, state, metrics, setup, rebalance). mypyc enforces the
 type hints at run time, so a hint that lies fails loudly instead of replaying differently;
 `make lint` keeps both packages `mypy --strict` clean so they stay compilable.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("broker", "providers", "pricing")
-MODULES = ("broker/policy/", "broker/sim/simulator.py", "broker/sim/state.py",
+MODULES = ("broker/policy/", "broker/sim/simulator.py", "broker/sim/world.py", "broker/sim/state.py",
            "broker/sim/metrics.py", "broker/sim/setup.py", "broker/sim/rebalance.py")
 ENV = "ONEPOOL_COMPILED"
 

@@ -29,7 +29,7 @@ def fake_repo(root: Path, policy_src: str) -> Path:
     (root / "broker" / "policy" / "__init__.py").write_text(policy_src)
     (root / "broker" / "sim").mkdir()
     (root / "broker" / "sim" / "__init__.py").write_text("")
-    for m in ("simulator", "state", "metrics", "setup", "rebalance"):
+    for m in ("simulator", "world", "state", "metrics", "setup", "rebalance"):
         (root / "broker" / "sim" / f"{m}.py").write_text("X: int = 1\n")
     (root / "pyproject.toml").write_text("[tool.mypy]\nstrict = true\n")
     return root

@@ -65,7 +65,6 @@ checkpoint written by another process is seen at once.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import posixpath
 import re
@@ -79,7 +78,11 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from broker.checkpoint.localdisk import confine, link_or_create, open_regular
-from broker.checkpoint.manifest import FileEntry, Manifest, Pairs, damaged, entries_of
+from broker.checkpoint.manifest import FileEntry, Manifest, damaged
+from broker.checkpoint.markers import ATTEMPTS_DIR as ATTEMPTS_DIR  # re-exported: where it is imported
+from broker.checkpoint.markers import MAX_MARKER_BYTES as MAX_MARKER_BYTES
+from broker.checkpoint.markers import ShardsAndMarkers, TooLarge
+from broker.checkpoint.markers import shard_dir as shard_dir
 from broker.checkpoint.names import (
     ASIDE_PREFIX,
     MANIFEST,
@@ -94,7 +97,6 @@ from broker.errors import CheckpointError
 STEP_PREFIX = "step-"
 MAX_STEP = 10**18 - 1  # a step folder with a larger number is not a checkpoint (int64 columns)
 _STEP_RE = re.compile(r"step-([0-9]{1,18})")
-ATTEMPTS_DIR = "_attempts"
 CHUNK = 1 << 20
 
 Source = bytes | str | Path
@@ -117,21 +119,9 @@ def step_name(step: int) -> str:
     return f"{STEP_PREFIX}{step:012d}"
 
 
-def shard_dir(rank: int) -> str:
-    return f"rank-{rank:05d}"
-
-
 def new_writer_token(*parts: object) -> str:
     """A token unique to one writer of one step."""
     return "-".join([*(str(p) for p in parts if p is not None), uuid.uuid4().hex[:12]])
-
-
-MAX_MARKER_BYTES = 64 << 10
-"""The largest progress or done marker the broker reads (they hold a few numbers)."""
-
-
-class TooLarge(CheckpointError):
-    """A file a job wrote for the broker to read is larger than its limit: it is refused."""
 
 
 class NotAsDeclared(CheckpointError):
@@ -139,11 +129,12 @@ class NotAsDeclared(CheckpointError):
     was made visible under its name."""
 
 
-class CheckpointStore:
+class CheckpointStore(ShardsAndMarkers):
     """The checkpoints of one job, at one prefix URI (file://, s3://, gs://, memory://...).
 
     Credentials come from the provider's usual chain (environment, config files, instance
-    roles); `storage_options` are for tests and special endpoints only.
+    roles); `storage_options` are for tests and special endpoints only. Multi-node shards and
+    the attempts' markers: broker.checkpoint.markers.ShardsAndMarkers.
     """
 
     def __init__(self, prefix_uri: str, storage_options: Mapping[str, Any] | None = None) -> None:
@@ -401,81 +392,6 @@ class CheckpointStore:
         except FileExistsError:
             raise CheckpointError(f"{final} already exists: another writer committed this step "
                                   "first; this save did not take effect") from None
-
-    # -- multi-node shards ------------------------------------------------------------------
-    def write_shard(self, step: int, rank: int, files: Mapping[str, Source]) -> dict[str, FileEntry]:
-        """Rank `rank` uploads its shard under `rank-{r}/`, then its marker (last)."""
-        if not files:
-            raise CheckpointError("a shard needs at least one file")
-        self._refuse_committed(step)
-        entries = self.put_files(step, files, under=shard_dir(rank))
-        marker = {k: asdict(v) for k, v in entries.items()}
-        self._write_durable(self.step_path(step, f"{shard_dir(rank)}.json"),
-                            json.dumps(marker, sort_keys=True).encode())
-        return entries
-
-    def missing_shards(self, step: int, world_size: int) -> list[int]:
-        """Ranks whose shard marker for `step` is not present yet."""
-        return [r for r in range(world_size)
-                if not self._exists(self.step_path(step, f"{shard_dir(r)}.json"))]
-
-    def gather_shards(self, step: int, world_size: int) -> dict[str, FileEntry]:
-        """Every rank's file entries from their markers. Raises CheckpointError if one is missing."""
-        out: dict[str, FileEntry] = {}
-        for r in range(world_size):
-            try:
-                text = self._read_small(self.step_path(step, f"{shard_dir(r)}.json"), MAX_MANIFEST_BYTES)
-                got = entries_of(json.loads(text, object_pairs_hook=Pairs))
-            except (FileNotFoundError, ValueError, KeyError, TypeError, TooLarge):
-                raise CheckpointError(f"step {step}: rank {r} has no complete shard; "
-                                      "not committing") from None
-            outside = [n for n in got if not n.startswith(f"{shard_dir(r)}/")]
-            if outside:
-                raise BadName(f"step {step}: rank {r}'s marker lists {outside[0]!r}, outside "
-                              f"its shard folder {shard_dir(r)}/; not committing")
-            out.update(got)
-        return out
-
-    # -- attempts' first step ---------------------------------------------------------------
-    def mark_progress(self, attempt: int, step: int, now: float, *, total: int | None = None,
-                      first_step: int | None = None, first_time: float | None = None) -> None:
-        """Record that attempt `attempt` completed `step` at `now` (of `total` steps, when known;
-        its first reported step and time, for a rate). Rewritten as it progresses; the first
-        write also tells the broker its restart is over."""
-        path = self._path(ATTEMPTS_DIR, f"attempt-{attempt:05d}.json")
-        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        self.fs.pipe_file(path, json.dumps({
-            "step": step, "time": now, "total": total,
-            "first_step": step if first_step is None else first_step,
-            "first_time": now if first_time is None else first_time}).encode())
-
-    def mark_done(self, attempt: int, rank: int, now: float) -> None:
-        """Record that rank `rank` of attempt `attempt` finished its work (runtime.done())."""
-        path = self._path(ATTEMPTS_DIR, f"attempt-{attempt:05d}-done-rank-{rank:05d}.json")
-        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        self.fs.pipe_file(path, json.dumps({"time": now}).encode())
-
-    def all_done(self, attempt: int, world_size: int) -> bool:
-        """Whether every rank of `attempt` recorded mark_done (read object by object: no
-        cached listing)."""
-        for rank in range(world_size):
-            try:
-                self._read_small(self._path(ATTEMPTS_DIR, f"attempt-{attempt:05d}-done-rank-{rank:05d}.json"),
-                                 MAX_MARKER_BYTES)
-            except (TooLarge, BadName):
-                continue  # present (a FIFO, say: never read): its content does not matter
-            except FileNotFoundError:
-                return False
-        return True
-
-    def progress(self, attempt: int) -> dict[str, Any] | None:
-        """What mark_progress wrote for `attempt`, or None."""
-        try:
-            got = json.loads(self._read_small(self._path(ATTEMPTS_DIR, f"attempt-{attempt:05d}.json"),
-                                              MAX_MARKER_BYTES))
-            return got if isinstance(got, dict) else None
-        except (FileNotFoundError, ValueError, TooLarge, BadName):
-            return None
 
     def _read_small(self, path: str, limit: int) -> bytes:
         """A file a job wrote, read whole only if it holds at most `limit` bytes (a job cannot

@@ -19,7 +19,7 @@ from broker.policy.snapshot import PendingView
 
 _ID = attrgetter("job_id")
 _FIRST = itemgetter(0)
-# what a job's candidate pools depend on, besides the pools (broker.policy.plan._candidates)
+# what a job's candidate pools depend on, besides the pools (broker.policy.plan_state.PlanState._candidates)
 _CAND_ATTRS = [attrgetter(a) for a in ("gpu_types", "spot", "team", "gpus_per_node", "nodes", "priority")]
 _BEYOND_LIST_KEY = _CAND_ATTRS[:2]  # what the jobs of one list (broker.policy.queue) may differ in
 

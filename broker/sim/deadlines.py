@@ -33,7 +33,7 @@ from broker.sim.state import SimAttempt, SimJob, SimPool
 from broker.spec import Market, SpotPolicy
 
 if TYPE_CHECKING:
-    from broker.sim.simulator import Simulator
+    from broker.sim.world import SimWorld
 
 SAFE = (Where.SAFE, Where.LATE)
 
@@ -41,7 +41,7 @@ SAFE = (Where.SAFE, Where.LATE)
 class SimDeadlines:
     """The deadline mode of one replay (module docstring)."""
 
-    def __init__(self, sim: Simulator) -> None:
+    def __init__(self, sim: SimWorld) -> None:
         self.sim, sc = sim, sim.sc
         self.mode = sc.deadlines
         self.due: dict[int, float] = {}

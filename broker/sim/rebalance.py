@@ -52,8 +52,8 @@ BREAKDOWN = (
 HOLD = -1  # GPUs held for a move are "used" by attempt id HOLD - job id (never a real id)
 
 if TYPE_CHECKING:
-    from broker.sim.simulator import Simulator
     from broker.sim.state import SimAttempt, SimJob
+    from broker.sim.world import SimWorld
 
 
 @dataclass
@@ -75,7 +75,7 @@ class _Due:
 
 
 class SimRebalancer:
-    def __init__(self, sim: Simulator, rc: RebalanceConfig, interval_s: float = 300.0,
+    def __init__(self, sim: SimWorld, rc: RebalanceConfig, interval_s: float = 300.0,
                  corrected: bool = False) -> None:
         self.sim, self.rc, self.interval_s = sim, rc, interval_s
         # corrected: each round's RebalanceConfig carries what past moves realized
