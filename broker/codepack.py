@@ -2,8 +2,10 @@
 named by its sha256, that any node fetches, verifies and unpacks.
 
 What is packed: in a git work tree, the files `git ls-files --cached --others
---exclude-standard` lists (tracked, plus untracked but not ignored); elsewhere every regular
-file under the folder. Then the patterns of the folder's `.onepoolignore` (gitignore syntax,
+--exclude-standard` lists (tracked, plus untracked but not ignored); elsewhere, and when git
+ignores the folder itself (one asked for by name, e.g. under an ignored build folder), every
+regular file under the folder. A folder with nothing to pack is refused (EmptySnapshot).
+Then the patterns of the folder's `.onepoolignore` (gitignore syntax,
 matched by the pathspec library) are left out, and so is `.git/`. Symbolic links are packed as
 links only when they point inside the folder; others are left out (a node would not have
 their target).
@@ -103,6 +105,15 @@ def relative_to_file(v: object, spec_file: str | os.PathLike[str]) -> object:
 
 
 
+class EmptySnapshot(ValueError):
+    """Nothing in the folder is packed (every file excluded by `.onepoolignore`, or no file):
+    name the folder the code is in, or submit with `code: none`."""
+
+    def __init__(self, folder: str) -> None:
+        super().__init__(f"code: the folder {folder} holds no file to pack (none, or all excluded by "
+                         f"{IGNORE_FILE}); give the folder the job's code is in")
+
+
 class SnapshotTooLarge(ValueError):
     """The folder's files add up to more than the limit: exclude some (`.onepoolignore`), or
     submit with `code: none` and a shared `workdir`. The message names the largest files."""
@@ -149,6 +160,9 @@ def _git_files(folder: Path) -> list[str] | None:
                                 capture_output=True, text=True, timeout=30)
         if inside.returncode != 0 or inside.stdout.strip() != "true":
             return None
+        if subprocess.run(["git", "-C", str(folder), "check-ignore", "-q", "."],
+                          capture_output=True, timeout=30).returncode == 0:
+            return None  # git ignores the folder itself: the user named it, so it is packed whole
         out = subprocess.run(["git", "-C", str(folder), "ls-files", "-z", "--cached", "--others",
                               "--exclude-standard", "--", "."], capture_output=True, timeout=120, check=True)
     except (OSError, subprocess.SubprocessError):
@@ -201,11 +215,14 @@ def _link_inside(base: Path, link: Path) -> bool:
 
 def pack(folder: str | os.PathLike[str], limit: int = DEFAULT_LIMIT) -> Snapshot:
     """Pack `folder` (see the module's doc). Raises SnapshotTooLarge (before reading any file)
-    when its files add up to more than `limit` bytes, NotADirectoryError when it is no folder."""
+    when its files add up to more than `limit` bytes, EmptySnapshot when none is packed,
+    NotADirectoryError when it is no folder."""
     base = Path(folder)
     if not base.is_dir():
         raise NotADirectoryError(f"code: {str(base)!r} is not a folder to pack")
     names = file_list(base)
+    if not names:
+        raise EmptySnapshot(str(base))
     sizes = {n: (0 if (base / n).is_symlink() else (base / n).stat().st_size) for n in names}
     total = sum(sizes.values())
     if total > limit:

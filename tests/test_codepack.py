@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.codepack import BadArchive, SnapshotTooLarge, file_list, pack, unpack
+from broker.codepack import BadArchive, EmptySnapshot, SnapshotTooLarge, file_list, pack, unpack
 from broker.errors import SpecError
 from broker.spec import parse_job
 from broker.spec_code import parse_code
@@ -90,6 +90,26 @@ def test_a_pack_is_deterministic_across_times_modes_and_machines(tmp_path: Path)
         m.name for m in ms if not m.isdir())
     assert {(m.mtime, m.uid, m.gid, m.uname, m.gname) for m in ms} == {(0, 0, 0, "", "")}
     assert first.ref == f"sha256:{first.sha256}" and first.files == len(FILES)
+
+
+def test_a_folder_git_ignores_is_packed_whole_when_named(tmp_path: Path) -> None:
+    """A project folder under an ignored one (the demo's `.onepool/project` in a checkout) is
+    asked for by name: its files are packed, not git's empty list of it."""
+    repo = _tree(tmp_path / "repo", {".gitignore": "build/\n", "src/a.py": "a\n",
+                                     "build/project/train.py": "t\n", "build/project/lib/m.py": "m\n"})
+    _git(repo, ".gitignore", "src/a.py")
+    assert file_list(repo / "build" / "project") == ["lib/m.py", "train.py"]
+    assert file_list(repo / "src") == ["a.py"]  # a folder git does not ignore stays git-aware
+
+
+@pytest.mark.parametrize("files", [{}, {".onepoolignore": "*\n", "train.py": "t\n"}],
+                         ids=["no file", "all excluded"])
+def test_a_folder_with_nothing_to_pack_is_refused_naming_it(tmp_path: Path, files: dict[str, str]) -> None:
+    root = tmp_path / "proj"
+    root.mkdir()
+    _tree(root, files)
+    with pytest.raises(EmptySnapshot, match=r"code: the folder .*proj holds no file to pack"):
+        pack(root)
 
 
 def test_over_the_limit_names_the_largest_files_and_how_to_exclude_them(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 
 from broker.checkpoint import code_store
-from broker.codepack import NONE, SnapshotTooLarge, pack, parse_code
+from broker.codepack import NONE, EmptySnapshot, SnapshotTooLarge, pack, parse_code
 from broker.errors import SpecError
 from broker.spec import JobSpec
 
@@ -34,7 +34,7 @@ def resolve_code(js: JobSpec, *, local: bool, store_root: str) -> ResolvedCode:
         folder = os.path.abspath(os.path.expanduser(ref.folder or "."))
         try:
             snap = pack(folder)
-        except (SnapshotTooLarge, NotADirectoryError) as e:
+        except (SnapshotTooLarge, EmptySnapshot, NotADirectoryError) as e:
             raise SpecError("job", [str(e)]) from e
         code_store.put(store_root, js.team, snap.sha256, snap.data)
         return ResolvedCode(js.model_copy(update={"code": snap.ref}), snap.sha256,

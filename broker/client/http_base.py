@@ -123,7 +123,7 @@ class HttpBase:
         (broker.codepack) and uploaded unless the server holds that digest for the team
         already (asked first: a sweep from one folder uploads once); any other value is
         returned as is. Raises SpecError (a folder over the size limit: its largest files)."""
-        from broker.codepack import SnapshotTooLarge, pack, parse_code
+        from broker.codepack import EmptySnapshot, SnapshotTooLarge, pack, parse_code
 
         try:
             ref = parse_code(code)
@@ -133,7 +133,7 @@ class HttpBase:
             return code
         try:
             snap = pack(os.path.abspath(os.path.expanduser(ref.folder or ".")))
-        except (SnapshotTooLarge, NotADirectoryError) as e:
+        except (SnapshotTooLarge, EmptySnapshot, NotADirectoryError) as e:
             raise SpecError("job", [str(e)]) from None
         params = {"team": team} if team else {}
         path = f"/v1/code/{snap.sha256}"
