@@ -62,11 +62,12 @@ def facts(j: Job, attempts: list[Attempt], now: float) -> DeadlineFacts:
         else:
             worked += max(0.0, now - first)
             margin = max(0.0, now - (a.last_checkpoint_at or first))
-    if j.deadline_where in SAFE and all(a.state == AttemptState.ENDED for a in attempts):
-        # Waiting after it was moved to safe capacity: a stop on cheap capacity could cost it up
-        # to one checkpoint interval of work, not the nothing a job without a running attempt
-        # risks now; without this it would flip back to cheap at once, and back again (thrash).
-        margin = j.checkpoint_interval_s
+    if j.deadline_where in SAFE:
+        # On (or bound for) safe capacity, it goes back to cheap only if it could afford a stop
+        # there, which may cost up to one checkpoint interval of work: not the little it risks
+        # just after a move (waiting, or freshly restored), which would send it straight back
+        # to cheap and then off again (thrash).
+        margin = max(margin, j.checkpoint_interval_s)
     overheads = [a.restart_overhead_s for a in attempts if a.restart_overhead_s is not None]
     return DeadlineFacts(now=now, start=j.submit_time, deadline=max(j.deadline, j.submit_time + 1.0),
                          restart_s=sum(overheads) / len(overheads) if overheads else DEFAULT_RESTART_S,
