@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker.checkpoint.localdisk import open_regular
+from broker.checkpoint.names import BadName
 from broker.codepack import SHA_ENV, URI_ENV
 from broker.phases import clean
 from providers.code_cache import CodeCache
@@ -23,6 +25,7 @@ from providers.image_pull import pull_image_seconds
 from providers.isolation import User, owned_dirs
 from providers.setup_runner import SETUP_ENV
 
+MAX_SETUP_RECORD = 4096  # bytes of setup.json read (a few numbers)
 PHASES_FILE = "phases.json"  # in the rank's run folder: what the node timed (broker.phases)
 DATA_FILE = "data.json"  # in the rank's run folder: the data cache entries it links
 AWAITS = "awaits"  # in PHASES_FILE: what is still to come ("pull": its image, "setup": its setup)
@@ -151,10 +154,11 @@ def read_phases(run_dir: Path, job_dir: Path) -> dict[str, float | bool] | None:
         left.discard("pull")
     setup = None
     for where in (run_dir, job_dir) if "setup" in awaits else ():
-        try:
-            setup = json.loads((where / "setup.json").read_text())
+        try:  # the job's folder is the job's: a FIFO, a link or a huge file there is refused
+            with open_regular(str(where / "setup.json")) as f:
+                setup = json.loads(f.read(MAX_SETUP_RECORD))
             break
-        except (OSError, ValueError):
+        except (OSError, ValueError, BadName):
             continue
     if isinstance(setup, dict):
         got = {**got, "setup_s": setup.get("setup_s"), "setup_cached": setup.get("cached")}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,23 @@ def test_a_ranks_phases_stay_pending_until_its_pull_and_setup_are_recorded(
     for name, body in files.items():
         (tmp_path / name).write_text(body if isinstance(body, str) else json.dumps(body))
     assert read_phases(run, job) == want
+
+
+@pytest.mark.parametrize("plant", ["fifo", "link", "huge"])
+def test_a_hostile_setup_record_in_the_jobs_folder_is_refused_without_waiting(tmp_path: Path,
+                                                                              plant: str) -> None:
+    """The job's folder is the job's: a FIFO (a read would wait for a writer without end), a link
+    to another file, or a record padded past its size bound is no setup time."""
+    run, job = tmp_path / "run", tmp_path / "job"
+    run.mkdir()
+    job.mkdir()
+    (run / PHASES_FILE).write_text(json.dumps({"fetch_code_s": 0.1, "pending": True, AWAITS: ["setup"]}))
+    target = job / "setup.json"
+    if plant == "fifo":
+        os.mkfifo(target)
+    elif plant == "link":
+        (tmp_path / "elsewhere.json").write_text(json.dumps(SETUP_DONE))
+        target.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        target.write_text(json.dumps({**SETUP_DONE, "pad": "x" * 10_000}))
+    assert read_phases(run, job) == {"fetch_code_s": 0.1, "pending": True}
