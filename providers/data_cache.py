@@ -9,6 +9,13 @@ renamed into place, then made read-only (files 0444, folders 0555): a rank reads
 symbolic link at the path the job named. A URI that cannot be read fails the rank's start with
 `start_failed:data_unavailable` (providers.start_errors). `stats.json` counts fetches and hits.
 
+The node fetches with its own authority, so a job's URI is hostile until checked (`reachable`):
+a local path (`file://`) is read only under the roots the node names in
+ONEPOOL_DATA_FILE_ROOTS (os.pathsep-separated; none by default: a job must not copy the node's
+own files, its credentials among them, into its folder), every file of a folder included
+after links are resolved; an http(s) URI must not name a loopback, link-local (the cloud
+metadata service and the node's credentials), unspecified or multicast address.
+
 The cache holds at most `cap_bytes` (like the code cache, providers.code_cache): after a new
 entry is added, the least recently used others go (a use touches the entry), except those a
 live rank links to (`in_use()`: their keys; a rank reads its data through the link while it
@@ -18,15 +25,18 @@ runs). An entry in use stays even when that leaves the cache over its cap.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import logging
 import os
 import shutil
+import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 from providers import start_errors
 from providers.base import StartFailed
@@ -34,7 +44,41 @@ from providers.base import StartFailed
 log = logging.getLogger("onepool.data")
 DATA_ENV = "ONEPOOL_DATA"  # the rank's `data`, JSON {path: uri}
 DEFAULT_CAP = 100 * 1024**3
+FILE_ROOTS_ENV = "ONEPOOL_DATA_FILE_ROOTS"  # where a job's file:// data may be read on this node
 IDENTITY = ("VersionId", "version_id", "ETag", "etag", "md5Hash", "crc32c", "checksum", "generation")
+
+
+def file_roots_from_env() -> list[Path]:
+    """The node's roots for file:// data (FILE_ROOTS_ENV), resolved; none when unset."""
+    return [Path(r).resolve() for r in os.environ.get(FILE_ROOTS_ENV, "").split(os.pathsep) if r]
+
+
+def reachable(uri: str, roots: Sequence[Path]) -> None:
+    """Raise ValueError, naming the rule, when this node must not fetch `uri` for a job (see
+    the module's doc), before anything of it is read."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(uri)
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol in ("file", "local"):
+        top = Path(path).resolve()
+        found = [top] + ([Path(r, n).resolve() for r, _, files in os.walk(top) for n in files]
+                         if top.is_dir() else [])
+        outside = [p for p in found if not any(p == r or r in p.parents for r in roots)]
+        if outside:
+            raise ValueError(f"{uri}: a file:// URI is read on this node only under its "
+                             f"{FILE_ROOTS_ENV} ({os.pathsep.join(map(str, roots)) or 'none named'}); "
+                             f"{outside[0]} is not")
+    elif protocol in ("http", "https"):
+        host = urlsplit(uri).hostname or ""
+        try:
+            addrs = {ipaddress.ip_address(a[4][0].split("%")[0]) for a in socket.getaddrinfo(host, None)}
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{uri}: its host cannot be resolved ({e})") from None
+        bad = [a for a in addrs if a.is_loopback or a.is_link_local or a.is_unspecified or a.is_multicast]
+        if bad:
+            raise ValueError(f"{uri}: {host} is {bad[0]}, a loopback or link-local address this node "
+                             "does not fetch for a job (the metadata service holds the node's credentials)")
 
 
 def _identity(info: dict[str, Any]) -> list[Any]:
@@ -87,8 +131,9 @@ class DataCache:
     """The data cache under `root` (see the module's doc). Thread-safe in one process."""
 
     def __init__(self, root: str | os.PathLike[str], cap_bytes: int = DEFAULT_CAP,
-                 in_use: Callable[[], set[str]] = set) -> None:
+                 in_use: Callable[[], set[str]] = set, file_roots: Sequence[Path] | None = None) -> None:
         self.root = Path(root)
+        self.file_roots = list(file_roots) if file_roots is not None else file_roots_from_env()
         self.cap_bytes, self.in_use = cap_bytes, in_use
         self._lock = threading.Lock()
 
@@ -134,6 +179,7 @@ class DataCache:
         with self._lock:
             self.root.mkdir(parents=True, exist_ok=True)
             try:
+                reachable(uri, self.file_roots)
                 key, fs, path = content_key(uri)
                 entry = self.root / key / PurePosixPath(path.rstrip("/")).name
                 if entry.exists():

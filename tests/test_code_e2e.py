@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from broker.state.model import Job
 from tests.conftest import drive
 
@@ -129,7 +131,9 @@ print("modes", oct(os.stat("inputs/train.csv").st_mode & 0o777), oct(os.stat("ds
 """
 
 
-def test_data_is_fetched_once_per_version_and_linked_read_only(make_cluster, tmp_path: Path) -> None:
+def test_data_is_fetched_once_per_version_and_linked_read_only(make_cluster, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONEPOOL_DATA_FILE_ROOTS", str(tmp_path))  # the node lets jobs read file:// here
     c, eng = make_cluster()
     src = tmp_path / "bucket"
     (src / "ds").mkdir(parents=True)

@@ -51,6 +51,7 @@ def test_setup_runs_once_per_node_into_a_derived_image_and_code_and_data_are_vis
            "ONEPOOL_DATA": json.dumps({"data/corpus.txt": f"file://{tmp_path}/corpus.txt"})}
     derived = setup_image(setup_digest(env))
     lab.podman("rmi", "-f", derived, check=False)
+    monkeypatch.setenv("ONEPOOL_DATA_FILE_ROOTS", str(tmp_path))  # the node lets jobs read file:// here
     procs = LocalProcesses(tmp_path / "node" / "runs")
     try:
         logs = []
